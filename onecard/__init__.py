@@ -1,0 +1,17 @@
+"""onecard: a one-GPU inference server for 4-bit MoE coding models (V100 to H200).
+
+Public offline API (vLLM-compatible): ``LLM`` and ``SamplingParams``.
+"""
+from onecard.sampling_params import SamplingParams
+
+__version__ = "0.1.0"
+__all__ = ["LLM", "SamplingParams", "__version__"]
+
+
+def __getattr__(name: str):
+    # Lazy so that `import onecard` (process A, CLI --help) does not import torch.
+    if name == "LLM":
+        from onecard.llm import LLM
+
+        return LLM
+    raise AttributeError(name)

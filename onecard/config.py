@@ -1,0 +1,284 @@
+"""Configuration dataclasses and the one place that reads the environment.
+
+Contract: ``EngineArgs`` carries vLLM's engine-argument names (the CLI and ``LLM(**kwargs)`` both fill it);
+``EngineArgs.create_config()`` resolves the model, reads config.json / quantization config (metadata only,
+no tensor data), validates every option and returns an ``EngineConfig``. Every error is a ``ConfigError``
+naming the option, the value and what would work. No other module reads ``os.environ``.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot work. The message names the option, the value and what would."""
+
+
+# ---------------------------------------------------------------- environment (the only reads)
+@dataclass(slots=True)
+class Env:
+    hf_home: str | None
+    hf_hub_cache: str | None
+    kernel_backend: str            # "auto" | "ref" | "triton"  (ONECARD_KERNEL_BACKEND)
+    triton_interpret: bool         # TRITON_INTERPRET=1: Triton kernels run on the CPU (tests)
+    cpu_kv_cache_bytes: int        # ONECARD_CPU_KV_CACHE_BYTES: KV pool on CPU (default 256 MiB)
+    log_level: str
+
+    @staticmethod
+    def read() -> "Env":
+        e = os.environ
+        return Env(
+            hf_home=e.get("HF_HOME"),
+            hf_hub_cache=e.get("HF_HUB_CACHE") or e.get("HUGGINGFACE_HUB_CACHE"),
+            kernel_backend=e.get("ONECARD_KERNEL_BACKEND", "auto"),
+            triton_interpret=e.get("TRITON_INTERPRET", "0") == "1",
+            cpu_kv_cache_bytes=int(e.get("ONECARD_CPU_KV_CACHE_BYTES", str(256 << 20))),
+            log_level=e.get("ONECARD_LOG_LEVEL", "INFO"),
+        )
+
+
+# ---------------------------------------------------------------- config pieces
+@dataclass(slots=True)
+class QuantConfig:
+    """GPTQ settings read from quantize_config.json or config.json's quantization_config."""
+
+    method: str                    # "gptq"
+    bits: int
+    group_size: int                # -1 = whole column
+    desc_act: bool
+    sym: bool
+    checkpoint_format: str         # "gptq" (v1, zeros stored minus one) | "gptq_v2"
+    lm_head: bool
+    dynamic: dict[str, dict[str, Any]] = field(default_factory=dict)  # regex -> overrides; "-:" = skip
+
+
+@dataclass(slots=True)
+class ModelConfig:
+    model: str                     # as given (hub id or path): the `root` of /v1/models cards
+    path: Path                     # resolved local directory
+    hf_config: dict[str, Any]      # config.json
+    architecture: str
+    dtype: str                     # "float16" | "bfloat16" | "float32"
+    quant: QuantConfig | None
+    max_model_len: int
+    seed: int
+    tokenizer: str                 # path of the tokenizer (defaults to `path`)
+    chat_template: str | None = None
+    served_model_names: list[str] = field(default_factory=list)
+    generation_config: dict[str, Any] = field(default_factory=dict)
+
+    # Shapes used by the KV cache and the planner.
+    @property
+    def num_layers(self) -> int:
+        return int(self.hf_config["num_hidden_layers"])
+
+    @property
+    def num_kv_heads(self) -> int:
+        return int(self.hf_config.get("num_key_value_heads", self.hf_config["num_attention_heads"]))
+
+    @property
+    def head_dim(self) -> int:
+        c = self.hf_config
+        return int(c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"])
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        ids = self.generation_config.get("eos_token_id", self.hf_config.get("eos_token_id"))
+        if ids is None:
+            return []
+        return [int(i) for i in (ids if isinstance(ids, list) else [ids])]
+
+
+@dataclass(slots=True)
+class CacheConfig:
+    block_size: int = 16
+    kv_cache_dtype: str = "auto"               # "auto" = model dtype
+    gpu_memory_utilization: float = 0.9
+    kv_cache_memory_bytes: int | None = None   # overrides the profiled size
+    enable_prefix_caching: bool = True
+    num_gpu_blocks: int | None = None          # set by the runner after profiling (or tests)
+
+
+@dataclass(slots=True)
+class SchedulerConfig:
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len: int = 4096
+    long_prefill_token_threshold: int = 0
+    enable_chunked_prefill: bool = True
+    max_num_queued_reqs: int | None = None     # None = unbounded
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    model: ModelConfig
+    cache: CacheConfig
+    scheduler: SchedulerConfig
+    device: str                    # "cuda" | "cpu"
+    enforce_eager: bool
+    env: Env
+
+
+# ---------------------------------------------------------------- engine args (vLLM names)
+@dataclass(slots=True)
+class EngineArgs:
+    model: str | None = None                   # None = the bundled default model
+    served_model_name: list[str] | None = None
+    tokenizer: str | None = None
+    dtype: str = "auto"
+    quantization: str | None = None
+    kv_cache_dtype: str = "auto"
+    max_model_len: int | None = None
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.9
+    kv_cache_memory_bytes: int | None = None
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    long_prefill_token_threshold: int = 0
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    block_size: int = 16
+    seed: int = 0
+    enforce_eager: bool = False
+    chat_template: str | None = None
+    max_num_queued_reqs: int | None = None
+    device: str = "auto"                       # "auto" | "cuda" | "cpu"
+    num_gpu_blocks_override: int | None = None  # tests: a tiny KV pool to force preemption
+
+    def create_config(self) -> EngineConfig:
+        from onecard.models.resolve import resolve_model, DEFAULT_MODEL_NAME, default_model_path
+
+        env = Env.read()
+        if self.tensor_parallel_size != 1:
+            raise ConfigError(
+                f"--tensor-parallel-size={self.tensor_parallel_size} is not supported: onecard serves one "
+                "model on one GPU. Use --tensor-parallel-size=1.")
+        if self.pipeline_parallel_size != 1:
+            raise ConfigError(
+                f"--pipeline-parallel-size={self.pipeline_parallel_size} is not supported: onecard serves one "
+                "model on one GPU. Use --pipeline-parallel-size=1.")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ConfigError(f"--gpu-memory-utilization={self.gpu_memory_utilization} must be in (0, 1].")
+        if self.block_size not in (8, 16, 32, 64, 128):
+            raise ConfigError(f"--block-size={self.block_size} is not supported; use 8, 16, 32, 64 or 128.")
+        if self.kv_cache_dtype not in ("auto", "float16", "bfloat16", "float32", "fp8", "fp8_e4m3", "fp8_e5m2"):
+            raise ConfigError(f"--kv-cache-dtype={self.kv_cache_dtype} is unknown; use auto.")
+        if self.kv_cache_dtype.startswith("fp8"):
+            raise ConfigError(
+                f"--kv-cache-dtype={self.kv_cache_dtype} is not supported by onecard yet (FP8 also needs "
+                "compute capability 8.9+); use --kv-cache-dtype=auto.")
+
+        if self.model is None:
+            path, given = default_model_path(), DEFAULT_MODEL_NAME
+            names = self.served_model_name or [DEFAULT_MODEL_NAME]
+        else:
+            path, given = resolve_model(self.model, env), self.model
+            names = self.served_model_name or [self.model]
+
+        hf_config = _read_json(path / "config.json")
+        gen_config = _read_json(path / "generation_config.json") if (path / "generation_config.json").exists() else {}
+        archs = hf_config.get("architectures") or []
+        if not archs:
+            raise ConfigError(f"{path / 'config.json'} names no `architectures`; cannot pick a model class.")
+        quant = read_quant_config(path, hf_config)
+        if self.quantization not in (None, "gptq", "gptq_marlin", "auto"):
+            raise ConfigError(f"--quantization={self.quantization} is not supported; onecard runs gptq (4-bit).")
+        if self.quantization in ("gptq", "gptq_marlin") and quant is None:
+            raise ConfigError(f"--quantization={self.quantization} but {path} has no GPTQ quantization config.")
+
+        device = self.device
+        if device == "auto":
+            try:
+                import torch
+
+                device = "cuda" if torch.cuda.is_available() else "cpu"
+            except ImportError:
+                device = "cpu"
+        dtype = self._resolve_dtype(hf_config, quant, device)
+
+        max_len_cfg = int(hf_config.get("max_position_embeddings", 4096))
+        max_model_len = self.max_model_len or max_len_cfg
+        if self.max_model_len and self.max_model_len > max_len_cfg and not hf_config.get("rope_scaling"):
+            raise ConfigError(
+                f"--max-model-len={self.max_model_len} is larger than the model's max_position_embeddings "
+                f"({max_len_cfg}); use --max-model-len<={max_len_cfg}.")
+        batched = self.max_num_batched_tokens
+        if batched is None:
+            batched = 8192 if self.enable_chunked_prefill else max(max_model_len, 2048)
+        if not self.enable_chunked_prefill and batched < max_model_len:
+            raise ConfigError(
+                f"--max-num-batched-tokens={batched} is smaller than --max-model-len={max_model_len} with "
+                "chunked prefill disabled; raise it or pass --enable-chunked-prefill.")
+        if self.max_num_seqs < 1:
+            raise ConfigError(f"--max-num-seqs={self.max_num_seqs} must be at least 1.")
+        if self.long_prefill_token_threshold < 0:
+            raise ConfigError(f"--long-prefill-token-threshold={self.long_prefill_token_threshold} must be >= 0.")
+
+        model = ModelConfig(
+            model=given, path=path, hf_config=hf_config, architecture=archs[0], dtype=dtype, quant=quant,
+            max_model_len=max_model_len, seed=self.seed, tokenizer=self.tokenizer or str(path),
+            chat_template=self.chat_template, served_model_names=list(names), generation_config=gen_config)
+        cache = CacheConfig(
+            block_size=self.block_size, kv_cache_dtype=self.kv_cache_dtype,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            kv_cache_memory_bytes=self.kv_cache_memory_bytes,
+            enable_prefix_caching=self.enable_prefix_caching, num_gpu_blocks=self.num_gpu_blocks_override)
+        sched = SchedulerConfig(
+            max_num_seqs=self.max_num_seqs, max_num_batched_tokens=batched, max_model_len=max_model_len,
+            long_prefill_token_threshold=self.long_prefill_token_threshold,
+            enable_chunked_prefill=self.enable_chunked_prefill, max_num_queued_reqs=self.max_num_queued_reqs)
+        return EngineConfig(model=model, cache=cache, scheduler=sched, device=device,
+                            enforce_eager=self.enforce_eager, env=env)
+
+    def _resolve_dtype(self, hf_config: dict, quant: QuantConfig | None, device: str) -> str:
+        aliases = {"half": "float16", "fp16": "float16", "float16": "float16", "bf16": "bfloat16",
+                   "bfloat16": "bfloat16", "float": "float32", "float32": "float32", "fp32": "float32"}
+        if self.dtype == "auto":
+            if quant is not None:
+                return "float16" if device == "cuda" else "float32"
+            cfg = str(hf_config.get("torch_dtype") or hf_config.get("dtype") or "float32")
+            dtype = aliases.get(cfg, "float32")
+            return dtype if device == "cuda" else "float32"
+        if self.dtype not in aliases:
+            raise ConfigError(f"--dtype={self.dtype} is unknown; use auto, float16, bfloat16 or float32.")
+        dtype = aliases[self.dtype]
+        if quant is not None and dtype == "bfloat16":
+            raise ConfigError("--dtype=bfloat16 is not supported with GPTQ (as in vLLM); use --dtype=float16.")
+        return dtype
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path} is missing: not a Hugging Face model directory.") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path} is not valid JSON: {e}") from None
+
+
+def read_quant_config(path: Path, hf_config: dict[str, Any]) -> QuantConfig | None:
+    """GPTQ settings from config.json's quantization_config, else quantize_config.json; None if neither."""
+    raw = hf_config.get("quantization_config")
+    qfile = path / "quantize_config.json"
+    if raw is None and qfile.exists():
+        raw = _read_json(qfile)
+    if raw is None:
+        return None
+    method = str(raw.get("quant_method", "gptq")).lower()
+    if method not in ("gptq",):
+        raise ConfigError(f"quantization method {method!r} in {path} is not supported; onecard runs gptq.")
+    bits = int(raw.get("bits", 4))
+    if bits != 4:
+        raise ConfigError(f"GPTQ bits={bits} in {path} is not supported; onecard runs 4-bit GPTQ only.")
+    fmt = str(raw.get("checkpoint_format") or raw.get("format") or "gptq").lower()
+    if fmt not in ("gptq", "gptq_v2"):
+        raise ConfigError(f"GPTQ checkpoint_format={fmt!r} is not supported; use gptq (v1) or gptq_v2.")
+    return QuantConfig(
+        method="gptq", bits=bits, group_size=int(raw.get("group_size", 128)),
+        desc_act=bool(raw.get("desc_act", False)), sym=bool(raw.get("sym", True)), checkpoint_format=fmt,
+        lm_head=bool(raw.get("lm_head", False)), dynamic=dict(raw.get("dynamic") or {}))

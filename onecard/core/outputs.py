@@ -1,0 +1,40 @@
+"""What the scheduler hands the runner each step, and what the runner hands back. No torch.
+
+Contract: the runner computes ``num_new_tokens`` tokens for each scheduled request, starting at
+``num_computed_tokens`` (its token ids are ``request.all_token_ids[start:start + n]``), writing their KV
+through ``block_ids``. It samples a next token only for requests where ``samples`` is True (the chunk
+reaches the end of the known tokens). Request objects are shared in-process (B owns both sides).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from onecard.core.request import Request
+from onecard.protocol import TokenLogprobs
+
+
+@dataclass(slots=True)
+class ScheduledRequest:
+    request: Request
+    num_computed_tokens: int          # before this step
+    num_new_tokens: int
+    block_ids: list[int]              # every block of the request, in order (covers start + n tokens)
+    samples: bool                     # True when start + n == request.num_tokens
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest]            # decodes first, then prefill chunks (stable order)
+    total_num_scheduled_tokens: int
+    finished_request_ids: set[str] = field(default_factory=set)   # ended since last step: drop runner state
+    preempted_request_ids: set[str] = field(default_factory=set)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+@dataclass(slots=True)
+class RunnerOutput:
+    sampled_token_ids: dict[str, int]                       # request_id -> token, for requests that sample
+    logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)

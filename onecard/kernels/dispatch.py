@@ -1,0 +1,102 @@
+"""Pick a kernel backend per device and call it. The op signatures here ARE the contract.
+
+Backends: "ref" (plain PyTorch, any device) and "triton" (CUDA, or CPU under TRITON_INTERPRET=1).
+"auto" = triton on CUDA, ref elsewhere. ``use_backend("ref")`` is a context manager for tests; the
+runner sets the process default once from ``Env.kernel_backend`` with ``set_default_backend``.
+
+Ops (all tensors on one device; "T" = flattened tokens):
+  w4a16_gemm(x[M,K], w: GPTQWeight, bias[N]|None) -> [M,N] in x.dtype
+  fused_moe(x[T,H], router_logits[T,E], w_gate, w_up, w_down: MoEWeight, top_k, renormalize) -> [T,H]
+      router: softmax (fp32) -> top-k -> renormalise if `renormalize`; out = sum_k p_k * down(silu(gate) * up)
+      float MoEWeight layout [E, K, N]: w_gate/w_up [E, H, I], w_down [E, I, H]
+  store_kv(k[T,Hkv,D], v[T,Hkv,D], k_cache[NB,BS,Hkv,D], v_cache, slot_mapping[T]) -> None (in place; -1 skipped)
+  paged_attention(q[T,Hq,D], k_cache, v_cache, md: AttentionMetadata, scale) -> [T,Hq,D]  (causal, GQA)
+  rms_norm(x[T,H], weight[H], eps, residual[T,H]|None) -> (out[T,H], residual_out[T,H])
+      residual None: residual_out = x; else residual_out = x + residual; out = norm(residual_out) * weight
+      (statistics in fp32; output in x.dtype)
+  qk_norm_rope(q[T,Hq,D], k[T,Hkv,D], q_weight[D], k_weight[D], positions[T], cos_sin_cache[P,D], eps)
+      -> (q_out, k_out): per-head RMSNorm then neox RoPE; cos_sin_cache fp32 = cat(cos[P,D/2], sin[P,D/2])
+  silu_and_mul(x[T,2I]) -> [T,I]   (silu(x[:, :I]) * x[:, I:])
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+from typing import Iterator
+
+import torch
+
+_OPS = {
+    "w4a16_gemm": "gptq_gemm",
+    "fused_moe": "fused_moe",
+    "store_kv": "attention",
+    "paged_attention": "attention",
+    "rms_norm": "norm",
+    "qk_norm_rope": "rope",
+    "silu_and_mul": "activation",
+}
+_BACKENDS = ("auto", "ref", "triton")
+
+
+class _State:
+    """The process-wide backend choice (set once by the runner; tests override with use_backend)."""
+
+    default = "auto"
+    interpret = False          # TRITON_INTERPRET=1: "auto" picks triton on CPU too
+
+
+def set_default_backend(name: str, interpret: bool = False) -> None:
+    if name not in _BACKENDS:
+        raise ValueError(f"kernel backend {name!r} is unknown; use one of {_BACKENDS}.")
+    _State.default = name
+    _State.interpret = interpret
+
+
+@contextlib.contextmanager
+def use_backend(name: str) -> Iterator[None]:
+    old = _State.default
+    set_default_backend(name, _State.interpret)
+    try:
+        yield
+    finally:
+        _State.default = old
+
+
+def backend_for(device: torch.device) -> str:
+    if _State.default != "auto":
+        return _State.default
+    return "triton" if (device.type == "cuda" or _State.interpret) else "ref"
+
+
+def _impl(op: str, device: torch.device):
+    backend = backend_for(device)
+    module = importlib.import_module(f"onecard.kernels.{_OPS[op]}.{backend}")
+    return getattr(module, op)
+
+
+def w4a16_gemm(x, w, bias=None):
+    return _impl("w4a16_gemm", x.device)(x, w, bias)
+
+
+def fused_moe(x, router_logits, w_gate, w_up, w_down, top_k, renormalize):
+    return _impl("fused_moe", x.device)(x, router_logits, w_gate, w_up, w_down, top_k, renormalize)
+
+
+def store_kv(k, v, k_cache, v_cache, slot_mapping):
+    return _impl("store_kv", k.device)(k, v, k_cache, v_cache, slot_mapping)
+
+
+def paged_attention(q, k_cache, v_cache, md, scale):
+    return _impl("paged_attention", q.device)(q, k_cache, v_cache, md, scale)
+
+
+def rms_norm(x, weight, eps, residual=None):
+    return _impl("rms_norm", x.device)(x, weight, eps, residual)
+
+
+def qk_norm_rope(q, k, q_weight, k_weight, positions, cos_sin_cache, eps):
+    return _impl("qk_norm_rope", q.device)(q, k, q_weight, k_weight, positions, cos_sin_cache, eps)
+
+
+def silu_and_mul(x):
+    return _impl("silu_and_mul", x.device)(x)

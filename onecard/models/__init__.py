@@ -1,0 +1,1 @@
+"""Model code (ours), the architecture registry and the checkpoint loader."""

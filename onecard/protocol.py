@@ -1,0 +1,89 @@
+"""The only types that cross the boundary between process A (server/frontend) and B (engine core).
+
+Contract: plain picklable dataclasses, no torch. A sends ``EngineRequest`` and ``Abort``; B sends lists of
+``EngineOutput`` (one per request that made progress in a step). Stop *strings* are process A's business:
+on a match A sends ``Abort`` and finishes the request itself with ``FinishReason.STOP``.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from onecard.sampling_params import SamplingParams
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"        # EOS, a stop token id, or a stop string (set by A)
+    LENGTH = "length"    # max_tokens reached, or max_model_len reached
+    ABORT = "abort"      # client went away / aborted
+    ERROR = "error"      # rejected by the engine (see EngineOutput.error)
+
+
+@dataclass(slots=True)
+class EngineRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams      # n == 1 here: A fans n out into child requests
+    arrival_time: float
+    eos_token_ids: list[int] = field(default_factory=list)  # from the model's generation_config
+    priority: int = 0
+
+
+@dataclass(slots=True)
+class Abort:
+    request_ids: list[str]
+
+
+@dataclass(slots=True)
+class TokenLogprobs:
+    """Logprobs for one generated token: the sampled token's, and the top-N alternatives (id → logprob)."""
+
+    token_id: int
+    logprob: float
+    rank: int                     # 1 = most likely
+    top: dict[int, float]
+
+
+@dataclass(slots=True)
+class EngineOutput:
+    request_id: str
+    new_token_ids: list[int]
+    finish_reason: FinishReason | None = None
+    stop_reason: int | str | None = None          # the stop token id that ended it, if any
+    new_logprobs: list[TokenLogprobs] | None = None
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0                    # prompt tokens served from the prefix cache
+    error: str | None = None                      # set with FinishReason.ERROR (e.g. prompt too long)
+    error_status: int = 400
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(slots=True)
+class EngineStats:
+    """A snapshot B publishes for /metrics (sent with outputs)."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_cache_usage: float = 0.0                   # fraction of blocks in use, 0..1
+    prefix_cache_queries: int = 0                 # tokens looked up (cumulative)
+    prefix_cache_hits: int = 0                    # tokens found (cumulative)
+    num_preemptions: int = 0                      # cumulative
+
+
+@dataclass(slots=True)
+class EngineInfo:
+    """Sent once by B when the model is loaded and the KV cache allocated (start-up logs, /health)."""
+
+    num_gpu_blocks: int
+    block_size: int
+    kv_capacity_tokens: int
+    max_concurrency_at_max_len: float
+    weights_bytes: int
+    kv_cache_bytes: int
+    dtype: str
+    quantization: str | None
+    device: str
+    load_seconds: float

@@ -1,0 +1,1 @@
+"""Process B, torch side: model runner, batch building, attention metadata, CUDA graphs, sampler."""

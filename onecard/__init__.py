@@ -2,10 +2,11 @@
 
 Public offline API (vLLM-compatible): ``LLM`` and ``SamplingParams``.
 """
+from onecard.outputs import CompletionOutput, RequestOutput
 from onecard.sampling_params import SamplingParams
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "SamplingParams", "__version__"]
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "__version__"]
 
 
 def __getattr__(name: str):

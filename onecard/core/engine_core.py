@@ -1,0 +1,89 @@
+"""The engine core loop body (process B): scheduler + runner, one step at a time.
+
+Contract: ``EngineCore(config)`` loads the model (through the runner), sizes the KV cache, builds the
+scheduler and fills ``info``. ``add_request`` returns an error ``EngineOutput`` when the request is rejected
+(too long, queue full) and None when admitted to the queue; ``abort`` returns the aborted requests' final
+outputs; ``step()`` runs schedule → execute → update and returns the outputs of that step. A failure inside
+the runner fails only the requests of that step (FinishReason.ERROR, status 500) and frees their blocks.
+This module imports no torch itself: the runner is created through ``runner_factory``.
+"""
+from __future__ import annotations
+
+import gc
+import logging
+import time
+from typing import Callable
+
+from onecard.config import EngineConfig
+from onecard.core.request import Request
+from onecard.core.scheduler import Scheduler
+from onecard.protocol import EngineInfo, EngineOutput, EngineRequest, EngineStats, FinishReason
+
+logger = logging.getLogger(__name__)
+
+
+def _default_runner_factory(config: EngineConfig):
+    from onecard.runner.model_runner import ModelRunner
+
+    return ModelRunner(config)
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig, runner_factory: Callable | None = None):
+        t0 = time.perf_counter()
+        self.config = config
+        self.runner = (runner_factory or _default_runner_factory)(config)
+        num_blocks = self.runner.determine_num_blocks()
+        self.runner.initialize_kv_cache(num_blocks)
+        if config.device == "cuda" and not config.enforce_eager and hasattr(self.runner, "capture_graphs"):
+            self.runner.capture_graphs()
+        self.scheduler = Scheduler(config.scheduler, config.cache, num_blocks)
+        bs = config.cache.block_size
+        capacity = self.scheduler.kv_cache_manager.num_usable_blocks * bs   # block 0 is the null block
+        self.info = EngineInfo(
+            num_gpu_blocks=num_blocks, block_size=bs, kv_capacity_tokens=capacity,
+            max_concurrency_at_max_len=capacity / config.scheduler.max_model_len,
+            weights_bytes=self.runner.weights_bytes, kv_cache_bytes=self.runner.kv_cache_bytes,
+            dtype=config.model.dtype, quantization=config.model.quant.method if config.model.quant else None,
+            device=config.device, load_seconds=time.perf_counter() - t0)
+        gc.collect()
+        gc.freeze()  # start-up objects never die: keep them out of the collector's scans (tail latency)
+        logger.info("engine ready: %d KV blocks (%d tokens), %.2f GiB weights, %.1f s", num_blocks, capacity,
+                    self.info.weights_bytes / 2**30, self.info.load_seconds)
+
+    def add_request(self, er: EngineRequest) -> EngineOutput | None:
+        sp = er.sampling_params
+        req = Request(request_id=er.request_id, prompt_token_ids=list(er.prompt_token_ids),
+                      sampling_params=sp, arrival_time=er.arrival_time, eos_token_ids=list(er.eos_token_ids))
+        return self.scheduler.add_request(req)
+
+    def abort(self, request_ids: list[str]) -> list[EngineOutput]:
+        return self.scheduler.abort(request_ids)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def stats(self) -> EngineStats:
+        return self.scheduler.stats()
+
+    def step(self) -> list[EngineOutput]:
+        sched = self.scheduler.schedule()
+        if sched.is_empty:
+            # still let the runner drop state of requests that ended (aborts between steps)
+            if sched.finished_request_ids or sched.preempted_request_ids:
+                self.runner.execute(sched)
+            return []
+        try:
+            result = self.runner.execute(sched)
+        except Exception as e:  # fail this step's requests, keep serving
+            logger.exception("engine step failed; failing %d requests", len(sched.scheduled))
+            ids = [s.request.request_id for s in sched.scheduled]
+            aborted = self.scheduler.abort(ids)
+            outs = []
+            for o in aborted:
+                o.finish_reason = FinishReason.ERROR
+                o.error = f"internal error in the engine step: {type(e).__name__}"
+                o.error_status = 500
+                outs.append(o)
+            return outs
+        return self.scheduler.update(sched, result)

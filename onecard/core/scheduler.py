@@ -1,0 +1,301 @@
+"""The engine core's scheduler (vLLM v1 "one model of work"). Pure Python, no torch.
+
+Contract:
+- ``add_request(request)`` validates and queues a request; it returns an ``EngineOutput`` with
+  ``FinishReason.ERROR`` (and ``error``/``error_status``) instead when the request cannot run: empty prompt,
+  prompt + max_tokens over max_model_len (vLLM's messages), more KV than the whole pool, a full queue (503).
+  ``max_tokens=None`` becomes ``max_model_len - len(prompt)`` (on a copy of the sampling params).
+- ``schedule()`` hands out a token budget (``max_num_batched_tokens``): running requests first, in arrival
+  order (decodes and unfinished prefill chunks), then waiting ones FCFS with a prefix-cache lookup, at most
+  ``max_num_seqs`` running. When a running request cannot get blocks, the latest-arrived running request is
+  preempted (recompute: blocks freed, ``num_computed_tokens = 0``, front of the waiting queue) until it can;
+  no new request is admitted in a step that preempted. The oldest request is never preempted for a newer
+  one, so every request finishes. Output: decodes (1 new token) first, then prefill chunks, stable order.
+- ``update(scheduler_output, runner_output)`` advances ``num_computed_tokens``, appends sampled tokens, checks
+  stops (EOS unless ignore_eos, stop_token_ids, min_tokens, max_tokens, max_model_len), frees finished
+  requests and returns one ``EngineOutput`` per request that got a token or finished.
+- ``abort(ids)`` ends requests with ``FinishReason.ABORT`` and frees their blocks. Finished and aborted ids
+  come in the next ``SchedulerOutput.finished_request_ids``; ``preempted_request_ids`` are this step's
+  preemptions (never scheduled in the same step). Both mean: drop the runner's per-request state (a
+  preempted request comes back later with entirely new block ids). Block 0 is never handed out.
+"""
+from __future__ import annotations
+
+import bisect
+import logging
+from collections import deque
+
+from onecard.config import CacheConfig, SchedulerConfig
+from onecard.core.block_hash import update_block_hashes
+from onecard.core.kv_cache_manager import KVCacheManager
+from onecard.core.outputs import RunnerOutput, ScheduledRequest, SchedulerOutput
+from onecard.core.request import Request, RequestStatus
+from onecard.protocol import EngineOutput, EngineStats, FinishReason
+
+logger = logging.getLogger(__name__)
+
+_RUNNING = RequestStatus.RUNNING
+
+
+class Scheduler:
+    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, num_blocks: int) -> None:
+        self.config = scheduler_config
+        self.max_model_len = scheduler_config.max_model_len
+        self.block_size = cache_config.block_size
+        self.kv_cache_manager = KVCacheManager(num_blocks, cache_config.block_size,
+                                               cache_config.enable_prefix_caching)
+        self.requests: dict[str, Request] = {}
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []                 # sorted by arrival (admission sequence)
+        self._arrival: dict[str, int] = {}               # request id -> arrival sequence number
+        self._next_arrival = 0
+        # request id -> (eos ids, stop ids, min_tokens, max_tokens): precomputed for update()'s hot loop
+        self._stop_info: dict[str, tuple[frozenset[int], frozenset[int], int, int]] = {}
+        self._finished_ids: set[str] = set()
+        self.num_preemptions = 0
+
+    # ------------------------------------------------------------------ requests in and out
+    def add_request(self, request: Request) -> EngineOutput | None:
+        error = self._validate(request)
+        if error is not None:
+            msg, status = error
+            return EngineOutput(request.request_id, [], FinishReason.ERROR, error=msg, error_status=status,
+                                num_prompt_tokens=request.num_prompt_tokens)
+        sp = request.sampling_params
+        if sp.max_tokens is None:
+            # A copy: the same SamplingParams may be shared by requests with other prompt lengths.
+            try:
+                sp = sp.clone(max_tokens=self.max_model_len - request.num_prompt_tokens)
+            except ValueError as e:         # e.g. min_tokens above the room left in the context
+                return EngineOutput(request.request_id, [], FinishReason.ERROR, error=str(e), error_status=400,
+                                    num_prompt_tokens=request.num_prompt_tokens)
+            request.sampling_params = sp
+        eos = frozenset() if sp.ignore_eos else frozenset(request.eos_token_ids)
+        self._stop_info[request.request_id] = (eos, frozenset(sp.stop_token_ids or ()), sp.min_tokens,
+                                               sp.max_tokens)
+        request.status = RequestStatus.WAITING
+        self.requests[request.request_id] = request
+        self._arrival[request.request_id] = self._next_arrival
+        self._next_arrival += 1
+        if self.kv_cache_manager.enable_prefix_caching:
+            update_block_hashes(request, self.block_size, hash_fn=self.kv_cache_manager.hash_fn)
+        self.waiting.append(request)
+        return None
+
+    def _validate(self, request: Request) -> tuple[str, int] | None:
+        n = request.num_prompt_tokens
+        length = self.max_model_len
+        cfg = self.config
+        if request.request_id in self.requests:
+            return f"Request id {request.request_id!r} is already in use.", 400
+        if n == 0:
+            return "The decoder prompt cannot be empty", 400
+        if n >= length:
+            return (f"The decoder prompt (length {n}) is longer than the maximum model length of {length}. "
+                    "Make sure that `max_model_len` is no smaller than the number of text tokens."), 400
+        m = request.sampling_params.max_tokens
+        if m is None:
+            m = length - n
+        if n + m > length:
+            return (f"You passed {n} input tokens and requested {m} output tokens. However, the model's "
+                    f"context length is only {length} tokens, resulting in a maximum input length of "
+                    f"{length - m} tokens. Please reduce the length of the input prompt."), 400
+        capacity = self.kv_cache_manager.num_usable_blocks * self.block_size
+        if n + m > capacity:
+            # It could never run to completion: it would preempt itself forever.
+            return (f"The request needs up to {n + m} tokens of KV cache ({n} input + {m} output tokens), but "
+                    f"the KV cache holds only {capacity} tokens. Reduce max_tokens or the prompt, or give the "
+                    "KV cache more memory (--gpu-memory-utilization, --num-gpu-blocks-override)."), 400
+        if not cfg.enable_chunked_prefill and n > cfg.max_num_batched_tokens:
+            return (f"The prompt has {n} tokens, more than --max-num-batched-tokens="
+                    f"{cfg.max_num_batched_tokens} with chunked prefill disabled; raise "
+                    "--max-num-batched-tokens or pass --enable-chunked-prefill."), 400
+        if cfg.max_num_queued_reqs is not None and len(self.waiting) >= cfg.max_num_queued_reqs:
+            return (f"The server is overloaded: {len(self.waiting)} requests are already waiting "
+                    f"(--max-num-queued-reqs={cfg.max_num_queued_reqs}). Try again later."), 503
+        return None
+
+    def abort(self, request_ids: list[str] | set[str]) -> list[EngineOutput]:
+        outputs: list[EngineOutput] = []
+        gone_running: set[str] = set()
+        gone_waiting: set[str] = set()
+        for rid in request_ids:
+            req = self.requests.get(rid)
+            if req is None:
+                continue                                   # unknown or already finished: nothing to do
+            (gone_running if req.status == _RUNNING else gone_waiting).add(rid)
+            self._finish(req, FinishReason.ABORT)
+            outputs.append(EngineOutput(rid, [], FinishReason.ABORT, num_prompt_tokens=req.num_prompt_tokens,
+                                        num_cached_tokens=max(req.num_cached_tokens, 0)))
+        if gone_running:
+            self.running = [r for r in self.running if r.request_id not in gone_running]
+        if gone_waiting:
+            self.waiting = deque(r for r in self.waiting if r.request_id not in gone_waiting)
+        return outputs
+
+    def _finish(self, req: Request, reason: FinishReason, stop_reason: int | None = None) -> None:
+        rid = req.request_id
+        req.status = RequestStatus.FINISHED
+        req.finish_reason = reason
+        req.stop_reason = stop_reason
+        self.kv_cache_manager.free(req)
+        del self.requests[rid]
+        del self._stop_info[rid]
+        del self._arrival[rid]
+        self._finished_ids.add(rid)
+
+    def _preempt(self, req: Request) -> None:
+        self.kv_cache_manager.free(req)
+        req.status = RequestStatus.PREEMPTED
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)        # before newer waiting requests: it is older than all of them
+        logger.debug("preempted %s (%d tokens)", req.request_id, req.num_tokens)
+
+    # ------------------------------------------------------------------ one step
+    def schedule(self) -> SchedulerOutput:
+        cfg = self.config
+        kv = self.kv_cache_manager
+        budget = cfg.max_num_batched_tokens
+        threshold = cfg.long_prefill_token_threshold
+        decodes: list[ScheduledRequest] = []
+        prefills: list[ScheduledRequest] = []
+        preempted: set[str] = set()
+
+        running = self.running
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            start = req.num_computed_tokens
+            n = len(req.all_token_ids) - start
+            if 0 < threshold < n:
+                n = threshold
+            if n > budget:
+                n = budget
+            if n <= 0:                      # the runner did not sample it last step: nothing to compute
+                i += 1
+                continue
+            while True:
+                ids = kv.allocate_slots(req, n)
+                if ids is not None:
+                    break
+                victim = running.pop()      # the latest arrival; never one already scheduled this step
+                self._preempt(victim)
+                preempted.add(victim.request_id)
+                if victim is req:
+                    break
+            if ids is None:
+                break
+            sr = ScheduledRequest(req, start, n, ids, start + n == len(req.all_token_ids))
+            (decodes if n == 1 else prefills).append(sr)
+            budget -= n
+            i += 1
+
+        if not preempted:
+            self._admit_waiting(budget, decodes, prefills)
+
+        finished, self._finished_ids = self._finished_ids, set()
+        decodes.extend(prefills)
+        total = sum(sr.num_new_tokens for sr in decodes)
+        return SchedulerOutput(decodes, total, finished, preempted)
+
+    def _admit_waiting(self, budget: int, decodes: list[ScheduledRequest],
+                       prefills: list[ScheduledRequest]) -> None:
+        cfg = self.config
+        kv = self.kv_cache_manager
+        threshold = cfg.long_prefill_token_threshold
+        waiting, running, arrival = self.waiting, self.running, self._arrival
+        while waiting and budget > 0 and len(running) < cfg.max_num_seqs:
+            if kv.num_free_blocks == 0:
+                break                       # its last token always needs a fresh block: skip the lookup
+            req = waiting[0]
+            hit_blocks, num_hit = kv.get_computed_blocks(req)
+            n = req.num_tokens - num_hit
+            if 0 < threshold < n:
+                n = threshold
+            if n > budget:
+                if not cfg.enable_chunked_prefill:
+                    break                   # FCFS: it waits for a step with room, and so do later ones
+                n = budget
+            ids = kv.allocate_slots(req, n, hit_blocks)
+            if ids is None:
+                break
+            waiting.popleft()
+            req.num_computed_tokens = num_hit
+            if req.num_cached_tokens < 0:
+                req.num_cached_tokens = num_hit
+            req.status = _RUNNING
+            key = arrival[req.request_id]
+            if not running or arrival[running[-1].request_id] < key:
+                running.append(req)
+            else:                           # a re-admitted preempted request goes back to its place
+                bisect.insort(running, req, key=lambda r: arrival[r.request_id])
+            sr = ScheduledRequest(req, num_hit, n, ids, num_hit + n == req.num_tokens)
+            (decodes if n == 1 else prefills).append(sr)
+            budget -= n
+
+    def update(self, scheduler_output: SchedulerOutput, runner_output: RunnerOutput) -> list[EngineOutput]:
+        sampled = runner_output.sampled_token_ids
+        logprobs = runner_output.logprobs
+        max_model_len = self.max_model_len
+        stop_info = self._stop_info
+        outputs: list[EngineOutput] = []
+        any_finished = False
+        for sr in scheduler_output.scheduled:
+            req = sr.request
+            if req.status is not _RUNNING:      # aborted between schedule() and update()
+                continue
+            req.num_computed_tokens = sr.num_computed_tokens + sr.num_new_tokens
+            if not sr.samples:
+                continue
+            rid = req.request_id
+            token = sampled.get(rid)
+            if token is None:
+                continue
+            out_ids = req.output_token_ids
+            out_ids.append(token)               # Request.append_output_token, inlined (hot loop)
+            req.all_token_ids.append(token)
+            eos, stop_ids, min_tokens, max_tokens = stop_info[rid]
+            num_out = len(out_ids)
+            reason = None
+            stop_reason = None
+            if num_out >= min_tokens:
+                if token in eos:
+                    reason = FinishReason.STOP
+                elif token in stop_ids:
+                    reason = FinishReason.STOP
+                    stop_reason = token
+            if reason is None and (num_out >= max_tokens or len(req.all_token_ids) >= max_model_len):
+                reason = FinishReason.LENGTH
+            lp = logprobs.get(rid) if logprobs else None
+            cached = req.num_cached_tokens
+            outputs.append(EngineOutput(rid, [token], reason, stop_reason, None if lp is None else [lp],
+                                        len(req.prompt_token_ids), cached if cached > 0 else 0))
+            if reason is not None:
+                self._finish(req, reason, stop_reason)
+                any_finished = True
+        if any_finished:
+            self.running = [r for r in self.running if r.status is _RUNNING]
+        return outputs
+
+    # ------------------------------------------------------------------ state
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def reset_prefix_cache(self) -> bool:
+        return self.kv_cache_manager.reset_prefix_cache()
+
+    def stats(self) -> EngineStats:
+        kv = self.kv_cache_manager
+        return EngineStats(num_running=len(self.running), num_waiting=len(self.waiting),
+                           kv_cache_usage=kv.usage, prefix_cache_queries=kv.prefix_cache_queries,
+                           prefix_cache_hits=kv.prefix_cache_hits, num_preemptions=self.num_preemptions)

@@ -1,0 +1,81 @@
+"""Turn a SchedulerOutput into flat device tensors for one forward (numpy on the host, one copy each).
+
+Contract: ``build_inputs(sched, block_size, cached_tables) -> ModelInputs``. Rows of the flattened batch
+follow ``sched.scheduled`` order. ``cached_tables`` maps request id -> numpy array of its block ids, grown
+incrementally so a decode step costs O(new blocks), not O(context), per request.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from onecard.core.outputs import SchedulerOutput
+
+
+@dataclass(slots=True)
+class ModelInputs:
+    input_ids: np.ndarray        # [T] int64
+    positions: np.ndarray        # [T] int64
+    slot_mapping: np.ndarray     # [T] int64
+    query_start_loc: np.ndarray  # [B+1] int32
+    seq_lens: np.ndarray         # [B] int32
+    block_table: np.ndarray      # [B, max_blocks] int32
+    logits_indices: np.ndarray   # [S] int64: last row of each sampling request
+    sample_rows: list[int]       # indices into sched.scheduled of the S sampling requests
+    max_query_len: int
+    max_seq_len: int
+    num_decode_tokens: int       # leading requests with query length 1
+
+
+def block_ids_array(cached: dict[str, np.ndarray], req_id: str, block_ids: list[int]) -> np.ndarray:
+    arr = cached.get(req_id)
+    n = len(block_ids)
+    if arr is None or arr.shape[0] > n:
+        arr = np.asarray(block_ids, dtype=np.int32)
+    elif arr.shape[0] < n:
+        arr = np.concatenate([arr, np.asarray(block_ids[arr.shape[0]:], dtype=np.int32)])
+    cached[req_id] = arr
+    return arr
+
+
+def build_inputs(sched: SchedulerOutput, block_size: int, cached: dict[str, np.ndarray]) -> ModelInputs:
+    reqs = sched.scheduled
+    n = len(reqs)
+    q_lens = np.fromiter((s.num_new_tokens for s in reqs), dtype=np.int64, count=n)
+    starts = np.fromiter((s.num_computed_tokens for s in reqs), dtype=np.int64, count=n)
+    cu = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(q_lens, out=cu[1:])
+    total = int(cu[-1])
+
+    ids: list[int] = []
+    for s in reqs:
+        ids.extend(s.request.all_token_ids[s.num_computed_tokens:s.num_computed_tokens + s.num_new_tokens])
+    input_ids = np.asarray(ids, dtype=np.int64)
+
+    # position of token t = start of its request + (t - first row of its request)
+    req_of_row = np.repeat(np.arange(n), q_lens)                           # [T]
+    positions = np.arange(total, dtype=np.int64) + np.repeat(starts - cu[:-1], q_lens)
+
+    tables = [block_ids_array(cached, s.request.request_id, s.block_ids) for s in reqs]
+    max_blocks = max((t.shape[0] for t in tables), default=1) or 1
+    block_table = np.zeros((n, max_blocks), dtype=np.int32)
+    for i, t in enumerate(tables):
+        block_table[i, :t.shape[0]] = t
+    slot_mapping = (block_table[req_of_row, positions // block_size].astype(np.int64) * block_size
+                    + positions % block_size)
+
+    seq_lens = (starts + q_lens).astype(np.int32)
+    sample_rows = [i for i, s in enumerate(reqs) if s.samples]
+    logits_indices = cu[1:][sample_rows] - 1 if sample_rows else np.zeros(0, dtype=np.int64)
+    num_decode = 0
+    for q in q_lens:
+        if q != 1:
+            break
+        num_decode += 1
+    return ModelInputs(
+        input_ids=input_ids, positions=positions, slot_mapping=slot_mapping,
+        query_start_loc=cu.astype(np.int32), seq_lens=seq_lens, block_table=block_table,
+        logits_indices=np.asarray(logits_indices, dtype=np.int64), sample_rows=sample_rows,
+        max_query_len=int(q_lens.max()) if n else 0, max_seq_len=int(seq_lens.max()) if n else 0,
+        num_decode_tokens=num_decode)

@@ -1,0 +1,267 @@
+"""The model runner (process B, torch): loads the model, sizes and owns the paged KV cache, runs steps.
+
+Contract: ``ModelRunner(config)`` loads weights; ``determine_num_blocks()`` sizes the KV pool (GPU: profile a
+forward at max_num_batched_tokens, then blocks = (total × util − peak torch memory − non-torch memory) /
+bytes per block; ``kv_cache_memory_bytes`` or ``num_gpu_blocks`` override; CPU: ``Env.cpu_kv_cache_bytes``);
+``initialize_kv_cache(num_blocks)`` allocates ``[num_blocks, block_size, kv_heads, head_dim]`` K and V per
+layer; ``execute(SchedulerOutput) -> RunnerOutput`` runs one forward over the flattened batch and samples each
+request's last position when it ``samples``. The only host sync per step is reading the sampled ids.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from onecard.config import ConfigError, EngineConfig
+from onecard.core.outputs import RunnerOutput, SchedulerOutput
+from onecard.kernels import dispatch
+from onecard.protocol import TokenLogprobs
+from onecard.runner.attn_metadata import AttentionMetadata
+from onecard.runner.input_batch import ModelInputs, build_inputs
+from onecard.runner.sampler import Sampler, SamplingBatch, compute_logprobs
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+@dataclass(slots=True)
+class _RequestState:
+    generator: torch.Generator | None
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig):
+        from onecard.models.loader import load_model
+
+        self.config = config
+        self.device = torch.device(config.device)
+        self.dtype = _DTYPES[config.model.dtype]
+        dispatch.set_default_backend(config.env.kernel_backend, config.env.triton_interpret)
+        torch.manual_seed(config.model.seed)
+        t0 = time.perf_counter()
+        self.model = load_model(config.model, self.device, self.dtype)
+        self.load_seconds = time.perf_counter() - t0
+        self.weights_bytes = int(getattr(self.model, "weights_bytes", 0))
+        self.block_size = config.cache.block_size
+        self.num_layers = config.model.num_layers
+        self.num_kv_heads = config.model.num_kv_heads
+        self.head_dim = config.model.head_dim
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.num_blocks = 0
+        self.sampler = Sampler(config.model.seed, self.device)
+        self.states: dict[str, _RequestState] = {}
+        self.block_tables: dict[str, np.ndarray] = {}
+        self.vocab_size = int(config.model.hf_config["vocab_size"])
+        self.graphs = None  # CUDAGraphRunner, set by capture_graphs()
+
+    # ------------------------------------------------------------------ KV sizing
+    @property
+    def block_bytes(self) -> int:
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * elem
+
+    def determine_num_blocks(self) -> int:
+        cache = self.config.cache
+        if cache.num_gpu_blocks:
+            num = cache.num_gpu_blocks
+        elif cache.kv_cache_memory_bytes:
+            num = cache.kv_cache_memory_bytes // self.block_bytes
+        elif self.device.type == "cuda":
+            num = self._profile_num_blocks()
+        else:
+            num = self.config.env.cpu_kv_cache_bytes // self.block_bytes
+        max_len = self.config.scheduler.max_model_len
+        usable = max(0, num - 1) * self.block_size          # block 0 is the scheduler's null block
+        if usable < max_len:
+            raise ConfigError(
+                f"--max-model-len={max_len} does not fit: the KV cache holds {usable} tokens "
+                f"({num} blocks of {self.block_size}, one reserved). The largest max_model_len that fits is "
+                f"{usable}; lower --max-model-len, or raise --gpu-memory-utilization / "
+                "--kv-cache-memory-bytes.")
+        return int(num)
+
+    def _profile_num_blocks(self) -> int:
+        sched = self.config.scheduler
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        free0, total = torch.cuda.mem_get_info()
+        tokens = sched.max_num_batched_tokens
+        seqs = max(1, min(sched.max_num_seqs, tokens))
+        tmp_blocks = (tokens + self.block_size - 1) // self.block_size + seqs
+        self.initialize_kv_cache(tmp_blocks, log=False)
+        tmp_bytes = tmp_blocks * self.block_bytes
+        self._dummy_forward(tokens, seqs)
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - tmp_bytes
+        self.kv_caches = []
+        torch.cuda.empty_cache()
+        free1, _ = torch.cuda.mem_get_info()
+        reserved = torch.cuda.memory_reserved()
+        non_torch = max(0, (total - free1) - reserved - (total - free0 - torch.cuda.memory_reserved()))
+        budget = total * self.config.cache.gpu_memory_utilization - peak - non_torch
+        budget = min(budget, free1 - (256 << 20))
+        logger.info("memory profile: total %.2f GiB, peak torch %.2f GiB, non-torch %.2f GiB, KV budget %.2f GiB",
+                    total / 2**30, peak / 2**30, non_torch / 2**30, budget / 2**30)
+        return max(0, int(budget // self.block_bytes))
+
+    @torch.inference_mode()
+    def _dummy_forward(self, tokens: int, seqs: int) -> None:
+        per = tokens // seqs
+        lens = [per] * seqs
+        lens[-1] += tokens - per * seqs
+        bs = self.block_size
+        ids = torch.zeros(tokens, dtype=torch.long, device=self.device)
+        pos = torch.cat([torch.arange(n, device=self.device) for n in lens])
+        blocks_per = [(n + bs - 1) // bs for n in lens]
+        table = torch.zeros(seqs, max(blocks_per), dtype=torch.int32, device=self.device)
+        slot = []
+        nxt = 0
+        for i, n in enumerate(lens):
+            table[i, :blocks_per[i]] = torch.arange(nxt, nxt + blocks_per[i], dtype=torch.int32)
+            slot.append(torch.arange(n, device=self.device) + nxt * bs)
+            nxt += blocks_per[i]
+        cu = torch.tensor([0] + list(np.cumsum(lens)), dtype=torch.int32, device=self.device)
+        md = AttentionMetadata(
+            slot_mapping=torch.cat(slot).long(), query_start_loc=cu,
+            seq_lens=torch.tensor(lens, dtype=torch.int32, device=self.device), block_table=table,
+            max_query_len=max(lens), max_seq_len=max(lens))
+        hidden = self.model(ids, pos, self.kv_caches, md)
+        last = hidden[cu[1:].long() - 1]
+        logits = self.model.compute_logits(last.repeat((self.config.scheduler.max_num_seqs + seqs - 1) // seqs, 1))
+        torch.softmax(logits, dim=-1)
+
+    def initialize_kv_cache(self, num_blocks: int, log: bool = True) -> None:
+        shape = (num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
+        self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
+                           torch.zeros(shape, dtype=self.dtype, device=self.device))
+                          for _ in range(self.num_layers)]
+        self.num_blocks = num_blocks
+        if log:
+            logger.info("KV cache: %d blocks x %d tokens = %d tokens, %.2f GiB", num_blocks, self.block_size,
+                        num_blocks * self.block_size, num_blocks * self.block_bytes / 2**30)
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return self.num_blocks * self.block_bytes
+
+    # ------------------------------------------------------------------ one step
+    @torch.inference_mode()
+    def execute(self, sched: SchedulerOutput) -> RunnerOutput:
+        for rid in sched.finished_request_ids:
+            self.states.pop(rid, None)
+            self.block_tables.pop(rid, None)
+        for rid in sched.preempted_request_ids:
+            self.block_tables.pop(rid, None)
+        if sched.is_empty:
+            return RunnerOutput(sampled_token_ids={})
+        inputs = build_inputs(sched, self.block_size, self.block_tables)
+        hidden = self._forward(inputs)
+        if not inputs.sample_rows:
+            return RunnerOutput(sampled_token_ids={})
+        idx = torch.from_numpy(inputs.logits_indices).to(self.device, non_blocking=True)
+        logits = self.model.compute_logits(hidden[idx])                       # [S, V] fp32
+        reqs = [sched.scheduled[i].request for i in inputs.sample_rows]
+        batch = self._sampling_batch(reqs, logits.shape[-1])
+        result = self.sampler.sample(logits, batch)
+        want = [r.sampling_params.logprobs for r in reqs]
+        max_n = max((n for n in want if n is not None), default=None)
+        lp = compute_logprobs(logits, result.token_ids, max_n) if max_n is not None else None
+        tokens = result.token_ids.tolist()
+        out = RunnerOutput(sampled_token_ids={r.request_id: t for r, t in zip(reqs, tokens)})
+        if lp is not None:
+            chosen, ranks = lp.logprobs.tolist(), lp.ranks.tolist()
+            top_ids = lp.top_ids.tolist() if lp.top_ids is not None else None
+            top_lp = lp.top_logprobs.tolist() if lp.top_logprobs is not None else None
+            for i, r in enumerate(reqs):
+                n = want[i]
+                if n is None:
+                    continue
+                top = dict(zip(top_ids[i][:n], top_lp[i][:n])) if (n and top_ids is not None) else {}
+                out.logprobs[r.request_id] = TokenLogprobs(tokens[i], chosen[i], ranks[i], top)
+        return out
+
+    def _forward(self, inputs: ModelInputs) -> torch.Tensor:
+        if self.graphs is not None:
+            hidden = self.graphs.try_run(inputs)
+            if hidden is not None:
+                return hidden
+        dev = self.device
+
+        def t(a: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(a).to(dev, non_blocking=True)
+
+        md = AttentionMetadata(
+            slot_mapping=t(inputs.slot_mapping), query_start_loc=t(inputs.query_start_loc),
+            seq_lens=t(inputs.seq_lens), block_table=t(inputs.block_table),
+            max_query_len=inputs.max_query_len, max_seq_len=inputs.max_seq_len,
+            num_decode_tokens=inputs.num_decode_tokens)
+        return self.model(t(inputs.input_ids), t(inputs.positions), self.kv_caches, md)
+
+    def _sampling_batch(self, reqs, vocab: int) -> SamplingBatch:
+        dev = self.device
+        sps = [r.sampling_params for r in reqs]
+        temps = [sp.temperature for sp in sps]
+        all_greedy = all(t < 1e-5 for t in temps)
+        gens: list[torch.Generator | None] = []
+        for r in reqs:
+            st = self.states.get(r.request_id)
+            if st is None:
+                gen = None
+                if r.sampling_params.seed is not None:
+                    gen = torch.Generator(device=dev)
+                    gen.manual_seed(r.sampling_params.seed)
+                st = self.states[r.request_id] = _RequestState(generator=gen)
+            gens.append(st.generator)
+        b = SamplingBatch(
+            temperature=torch.tensor(temps, dtype=torch.float32, device=dev),
+            top_p=torch.tensor([sp.top_p for sp in sps], dtype=torch.float32, device=dev),
+            top_k=torch.tensor([sp.top_k for sp in sps], dtype=torch.int64, device=dev),
+            min_p=torch.tensor([sp.min_p for sp in sps], dtype=torch.float32, device=dev),
+            all_greedy=all_greedy,
+            any_top_p_k=any(sp.top_p < 1.0 or sp.top_k > 0 for sp in sps),
+            any_min_p=any(sp.min_p > 0 for sp in sps),
+            generators=gens)
+        banned = []
+        for r, sp in zip(reqs, sps):
+            if r.num_output_tokens < sp.min_tokens:
+                ids = set(sp.stop_token_ids or [])
+                if not sp.ignore_eos:
+                    ids |= set(r.eos_token_ids)
+                banned.append(sorted(i for i in ids if 0 <= i < vocab))
+            else:
+                banned.append([])
+        if any(banned):
+            b.banned = banned
+        if any(sp.presence_penalty or sp.frequency_penalty or sp.repetition_penalty != 1.0 for sp in sps):
+            n = len(reqs)
+            counts = torch.zeros(n, vocab, dtype=torch.float32, device=dev)
+            seen = torch.zeros(n, vocab, dtype=torch.bool, device=dev)
+            for i, r in enumerate(reqs):
+                if r.output_token_ids:
+                    out_ids = torch.tensor(r.output_token_ids, dtype=torch.long, device=dev)
+                    counts[i].index_add_(0, out_ids, torch.ones_like(out_ids, dtype=torch.float32))
+                    seen[i, out_ids] = True
+                seen[i, torch.tensor(r.prompt_token_ids, dtype=torch.long, device=dev)] = True
+            b.presence = torch.tensor([sp.presence_penalty for sp in sps], dtype=torch.float32, device=dev)
+            b.frequency = torch.tensor([sp.frequency_penalty for sp in sps], dtype=torch.float32, device=dev)
+            b.repetition = torch.tensor([sp.repetition_penalty for sp in sps], dtype=torch.float32, device=dev)
+            b.output_counts, b.seen_mask = counts, seen
+        return b
+
+    # ------------------------------------------------------------------ CUDA graphs
+    def capture_graphs(self) -> None:
+        from onecard.runner.cuda_graphs import CUDAGraphRunner
+
+        max_seqs = self.config.scheduler.max_num_seqs
+        sizes = [b for b in (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256) if b <= max_seqs]
+        if max_seqs not in sizes:
+            sizes.append(max_seqs)
+        max_blocks = (self.config.scheduler.max_model_len + self.block_size - 1) // self.block_size
+        self.graphs = CUDAGraphRunner(self.model, self.kv_caches, sizes, max_blocks,
+                                      self.config.scheduler.max_model_len, self.device)
+        self.graphs.capture()

@@ -1,0 +1,122 @@
+"""Sampling on the device: penalties, temperature, top-k, top-p, min-p, seeded per-request draws.
+
+Contract: ``Sampler.sample(logits[B, V] fp32, batch: SamplingBatch) -> SamplerResult``. Greedy rows take the
+argmax of the penalised logits. Random rows draw with the exponential-race trick (argmax p / q, q ~ Exp(1)),
+which needs no host sync and lets a seeded request use its own ``torch.Generator`` so its samples do not
+depend on what else is in the batch. Logprobs are vLLM's default "raw" logprobs (log_softmax of the model's
+logits before any processing). The only host sync is the final ``.tolist()`` in the runner.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(slots=True)
+class SamplingBatch:
+    temperature: torch.Tensor           # [B] fp32; 0 = greedy
+    top_p: torch.Tensor                 # [B] fp32
+    top_k: torch.Tensor                 # [B] int64; 0 = off (vocab)
+    min_p: torch.Tensor                 # [B] fp32
+    all_greedy: bool
+    any_top_p_k: bool
+    any_min_p: bool
+    generators: list[torch.Generator | None]     # per row; None = the engine's shared generator
+    # Penalties (None when no row uses any): counts of output tokens and a mask of prompt+output tokens.
+    presence: torch.Tensor | None = None         # [B] fp32
+    frequency: torch.Tensor | None = None        # [B] fp32
+    repetition: torch.Tensor | None = None       # [B] fp32
+    output_counts: torch.Tensor | None = None    # [B, V] fp32
+    seen_mask: torch.Tensor | None = None        # [B, V] bool (prompt or output)
+    banned: list[list[int]] | None = None        # per row: stop ids masked until min_tokens
+
+
+@dataclass(slots=True)
+class SamplerResult:
+    token_ids: torch.Tensor                  # [B] int64
+    logprobs: torch.Tensor | None = None     # [B] fp32: sampled token's raw logprob
+    ranks: torch.Tensor | None = None        # [B] int64
+    top_ids: torch.Tensor | None = None      # [B, N]
+    top_logprobs: torch.Tensor | None = None # [B, N]
+
+
+class Sampler:
+    def __init__(self, seed: int, device: torch.device):
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(seed)
+
+    def sample(self, logits: torch.Tensor, b: SamplingBatch) -> SamplerResult:
+        logits = logits.float()
+        if b.banned is not None:
+            logits = logits.clone()
+            for row, ids in enumerate(b.banned):
+                if ids:
+                    logits[row, ids] = float("-inf")
+        if b.seen_mask is not None:
+            logits = apply_penalties(logits, b)
+
+        if b.all_greedy:
+            tokens = logits.argmax(dim=-1)
+        else:
+            tokens = self._random(logits, b)
+
+        return SamplerResult(token_ids=tokens)
+
+    def _random(self, logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
+        greedy = logits.argmax(dim=-1)                                   # [B]
+        temp = torch.where(b.temperature < 1e-5, torch.ones_like(b.temperature), b.temperature)
+        logits = logits / temp.unsqueeze(1)
+        if b.any_top_p_k:
+            logits = apply_top_k_top_p(logits, b.top_k, b.top_p)
+        probs = torch.softmax(logits, dim=-1)                            # [B, V]
+        if b.any_min_p:
+            top = probs.amax(dim=-1, keepdim=True)
+            probs = torch.where(probs < b.min_p.unsqueeze(1) * top, torch.zeros_like(probs), probs)
+        q = torch.empty_like(probs)
+        if all(g is None for g in b.generators):
+            q.exponential_(generator=self.generator)
+        else:
+            for row, g in enumerate(b.generators):
+                q[row].exponential_(generator=g or self.generator)
+        sampled = (probs / q).argmax(dim=-1)
+        return torch.where(b.temperature < 1e-5, greedy, sampled)
+
+
+def compute_logprobs(raw_logits: torch.Tensor, tokens: torch.Tensor, n: int) -> SamplerResult:
+    """Raw logprobs of the sampled tokens, their ranks, and the top-n alternatives."""
+    lp = torch.log_softmax(raw_logits.float(), dim=-1)                    # [B, V]
+    chosen = lp.gather(1, tokens.unsqueeze(1)).squeeze(1)                  # [B]
+    ranks = (lp > chosen.unsqueeze(1)).sum(dim=-1) + 1
+    res = SamplerResult(token_ids=tokens, logprobs=chosen, ranks=ranks)
+    if n > 0:
+        top_lp, top_ids = lp.topk(n, dim=-1)
+        res.top_ids, res.top_logprobs = top_ids, top_lp
+    return res
+
+
+def apply_penalties(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
+    # vLLM semantics: repetition over prompt+output tokens (divide positive, multiply negative logits);
+    # presence/frequency over output tokens only (OpenAI's formula).
+    rep = b.repetition.unsqueeze(1)                                       # [B, 1]
+    penalised = torch.where(logits > 0, logits / rep, logits * rep)
+    logits = torch.where(b.seen_mask, penalised, logits)
+    counts = b.output_counts
+    logits = logits - b.frequency.unsqueeze(1) * counts
+    logits = logits - b.presence.unsqueeze(1) * (counts > 0).float()
+    return logits
+
+
+def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Mask logits outside each row's top-k and nucleus top-p (sort-based; no host sync)."""
+    vocab = logits.shape[-1]
+    sorted_logits, sorted_idx = logits.sort(dim=-1, descending=False)     # ascending
+    k = torch.where(top_k <= 0, torch.full_like(top_k, vocab), top_k.clamp(max=vocab))
+    kth = sorted_logits.gather(1, (vocab - k).unsqueeze(1))              # [B, 1] k-th largest
+    sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, float("-inf"))
+    probs = sorted_logits.softmax(dim=-1)
+    cum = probs.cumsum(dim=-1)
+    drop = cum <= (1 - top_p.unsqueeze(1))
+    drop[:, -1] = False                                                  # always keep the best token
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(1, sorted_idx, sorted_logits)

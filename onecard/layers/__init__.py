@@ -1,1 +1,1 @@
-"""layers."""
+"""nn.Modules that hold parameters and call kernels through ``onecard.kernels.dispatch``."""

@@ -1,0 +1,155 @@
+"""Qwen3 (dense) and Qwen3-MoE causal LMs: our modules, calling kernels through ``dispatch``.
+
+Contract: ``forward(input_ids[T], positions[T], kv_caches, md) -> hidden[T, H]`` over a flattened
+variable-length batch (see runner/attn_metadata.py); ``compute_logits(hidden[B, H]) -> [B, V]`` fp32.
+Weights are placed by models/loader.py; this file only defines structure and arithmetic.
+Per layer: RMSNorm(+residual) → qkv → per-head q/k RMSNorm + RoPE → store KV → paged attention → o_proj →
+RMSNorm(+residual) → MLP (dense SiLU-gated, or sparse MoE: router → softmax → top-k → renormalise → experts).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from onecard.kernels import dispatch as ops
+from onecard.kernels.types import MoEWeight
+from onecard.layers.linear import Linear
+from onecard.layers.rotary import rope_cache
+from onecard.runner.attn_metadata import AttentionMetadata
+
+
+class Attention(nn.Module):
+    def __init__(self, c: dict[str, Any], fuse_qkv: bool):
+        super().__init__()
+        self.num_heads = int(c["num_attention_heads"])
+        self.num_kv_heads = int(c.get("num_key_value_heads", self.num_heads))
+        self.head_dim = int(c.get("head_dim") or c["hidden_size"] // self.num_heads)
+        self.eps = float(c.get("rms_norm_eps", 1e-6))
+        h = int(c["hidden_size"])
+        self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.fuse_qkv = fuse_qkv
+        if fuse_qkv:
+            self.qkv_proj = Linear(h, self.q_size + 2 * self.kv_size)
+        else:
+            self.q_proj = Linear(h, self.q_size)
+            self.k_proj = Linear(h, self.kv_size)
+            self.v_proj = Linear(h, self.kv_size)
+        self.o_proj = Linear(self.q_size, h)
+        self.q_norm: torch.Tensor | None = None   # [D]
+        self.k_norm: torch.Tensor | None = None   # [D]
+        self.scale = self.head_dim ** -0.5
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
+                kv_cache: tuple[torch.Tensor, torch.Tensor], md: AttentionMetadata) -> torch.Tensor:
+        t = x.shape[0]
+        if self.fuse_qkv:
+            q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.reshape(t, self.num_heads, self.head_dim)                  # [T, Hq, D]
+        k = k.reshape(t, self.num_kv_heads, self.head_dim)               # [T, Hkv, D]
+        v = v.reshape(t, self.num_kv_heads, self.head_dim).contiguous()  # [T, Hkv, D]
+        q, k = ops.qk_norm_rope(q.contiguous(), k.contiguous(), self.q_norm, self.k_norm, positions, cos_sin,
+                                self.eps)
+        k_cache, v_cache = kv_cache
+        ops.store_kv(k, v, k_cache, v_cache, md.slot_mapping)
+        o = ops.paged_attention(q, k_cache, v_cache, md, self.scale)     # [T, Hq, D]
+        return self.o_proj(o.reshape(t, self.q_size))
+
+
+class DenseMLP(nn.Module):
+    def __init__(self, hidden: int, inter: int, fuse: bool):
+        super().__init__()
+        self.fuse = fuse
+        if fuse:
+            self.gate_up_proj = Linear(hidden, 2 * inter)
+        else:
+            self.gate_proj = Linear(hidden, inter)
+            self.up_proj = Linear(hidden, inter)
+        self.down_proj = Linear(inter, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gu = self.gate_up_proj(x) if self.fuse else torch.cat([self.gate_proj(x), self.up_proj(x)], dim=-1)
+        return self.down_proj(ops.silu_and_mul(gu))
+
+
+class SparseMoE(nn.Module):
+    def __init__(self, c: dict[str, Any]):
+        super().__init__()
+        self.num_experts = int(c.get("num_experts") or c.get("num_local_experts"))
+        self.top_k = int(c["num_experts_per_tok"])
+        self.renormalize = bool(c.get("norm_topk_prob", False))
+        self.gate: torch.Tensor | None = None    # router [E, H], float
+        self.w_gate: MoEWeight | None = None     # [E, H, I] or GPTQ
+        self.w_up: MoEWeight | None = None       # [E, H, I] or GPTQ
+        self.w_down: MoEWeight | None = None     # [E, I, H] or GPTQ
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        router_logits = F.linear(x, self.gate)                            # [T, E]
+        return ops.fused_moe(x, router_logits, self.w_gate, self.w_up, self.w_down, self.top_k, self.renormalize)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, c: dict[str, Any], layer_idx: int, fuse_qkv: bool, fuse_mlp: bool):
+        super().__init__()
+        self.eps = float(c.get("rms_norm_eps", 1e-6))
+        self.self_attn = Attention(c, fuse_qkv)
+        self.is_moe = is_moe_layer(c, layer_idx)
+        if self.is_moe:
+            self.mlp: nn.Module = SparseMoE(c)
+        else:
+            self.mlp = DenseMLP(int(c["hidden_size"]), int(c["intermediate_size"]), fuse_mlp)
+        self.input_layernorm: torch.Tensor | None = None
+        self.post_attention_layernorm: torch.Tensor | None = None
+
+    def forward(self, x, residual, positions, cos_sin, kv_cache, md):
+        h, residual = ops.rms_norm(x, self.input_layernorm, self.eps, residual)
+        h = self.self_attn(h, positions, cos_sin, kv_cache, md)
+        h, residual = ops.rms_norm(h, self.post_attention_layernorm, self.eps, residual)
+        return self.mlp(h), residual
+
+
+def is_moe_layer(c: dict[str, Any], i: int) -> bool:
+    if not (c.get("num_experts") or c.get("num_local_experts")):
+        return False
+    if i in (c.get("mlp_only_layers") or []):
+        return False
+    step = int(c.get("decoder_sparse_step", 1) or 1)
+    return (i + 1) % step == 0
+
+
+class Qwen3ForCausalLM(nn.Module):
+    """Also Qwen3-MoE: the layer type follows the config (``is_moe_layer``)."""
+
+    def __init__(self, c: dict[str, Any], max_positions: int, fuse_qkv: list[bool], fuse_mlp: list[bool]):
+        super().__init__()
+        self.config = c
+        self.num_layers = int(c["num_hidden_layers"])
+        self.layers = nn.ModuleList(DecoderLayer(c, i, fuse_qkv[i], fuse_mlp[i]) for i in range(self.num_layers))
+        self.embed_tokens: torch.Tensor | None = None    # [V, H]
+        self.norm: torch.Tensor | None = None             # [H]
+        self.lm_head = Linear(int(c["hidden_size"]), int(c["vocab_size"]))  # the embedding when tied
+        self.eps = float(c.get("rms_norm_eps", 1e-6))
+        a = self.layers[0].self_attn
+        self.num_kv_heads, self.head_dim = a.num_kv_heads, a.head_dim
+        self.cos_sin = rope_cache(c, a.head_dim, max_positions)            # [P, D] fp32
+        self.dtype = torch.float32
+        self.weights_bytes = 0
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]], md: AttentionMetadata) -> torch.Tensor:
+        x = F.embedding(input_ids, self.embed_tokens)                      # [T, H]
+        residual = None
+        for layer, kv in zip(self.layers, kv_caches):
+            x, residual = layer(x, residual, positions, self.cos_sin, kv, md)
+        x, _ = ops.rms_norm(x, self.norm, self.eps, residual)
+        return x
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()                                # [B, V]
+
+
+Qwen3MoeForCausalLM = Qwen3ForCausalLM

@@ -1,0 +1,433 @@
+"""`onecard bench URL ...`: a serving benchmark client (what `vllm bench serve --dataset-name random` does).
+
+Contract: ``main(argv) -> int``. It sends ``--num-prompts`` streaming requests to an OpenAI-compatible server,
+either at most ``--concurrency`` at a time or arriving as a Poisson process at ``--request-rate`` per second,
+with prompts of ``--input-len`` tokens and ``max_tokens=--output-len`` plus ``ignore_eos`` (a vLLM extra) so
+outputs are exactly that long; ``--range-ratio X`` draws each length uniformly from [L(1-X), L(1+X)].
+Prompt lengths are fitted with the server's ``/tokenize`` (else a ``max_tokens=1`` probe's usage). It reports
+TTFT, TPOT, ITL and end-to-end latency (mean, median, std, p90, p99, in ms), request and token throughput;
+``--json FILE`` writes those figures (vLLM's key names) plus one record per request (seconds);
+``--plot FILE.png`` draws latency against time and a TTFT histogram. Exit 0 when every request succeeded.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import logging
+import math
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import httpx
+import numpy as np
+from tqdm import tqdm
+
+log = logging.getLogger(__name__)
+
+# Short common words: most are one token with a leading space in BPE vocabularies, so a first guess of one
+# word per token is close and /tokenize only has to correct it.
+_WORDS = ("the of and to in is you that it he was for on are as with his they at be this have from or one "
+          "had by word but not what all were we when your can said there use an each which she do how their "
+          "if will up other about out many then them these so some her would make like him into time has look "
+          "two more write go see number no way could people my than first water been call who oil its now find "
+          "long down day did get come made may part def return class import self print list dict value key "
+          "data file line code test run loop int str true false none while break else try except yield").split()
+
+
+@dataclass(slots=True)
+class RequestSpec:
+    index: int
+    prompt: str
+    prompt_len: int          # tokens asked for
+    output_len: int
+    measured_len: int        # tokens in `prompt` as the server counts them (== prompt_len when fitted exactly)
+
+
+@dataclass(slots=True)
+class RequestResult:
+    index: int
+    success: bool
+    prompt_len: int          # requested input tokens
+    output_len: int          # requested output tokens
+    fitted_len: int = 0      # tokens in the prompt by the server's /tokenize (the closest to prompt_len found)
+    prompt_tokens: int = 0   # usage.prompt_tokens as the server counted them
+    output_tokens: int = 0   # usage.completion_tokens (else the number of streamed token chunks)
+    start_s: float = 0.0     # send time, seconds after the benchmark started
+    ttft_s: float = 0.0
+    e2el_s: float = 0.0
+    itl_s: list[float] = field(default_factory=list)
+    error: str = ""
+
+    @property
+    def tpot_s(self) -> float | None:
+        return (self.e2el_s - self.ttft_s) / (self.output_tokens - 1) if self.output_tokens > 1 else None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="onecard bench", description=(
+        "Benchmark an OpenAI-compatible server with random prompts of fixed or ranged length (streaming)."))
+    p.add_argument("url", help="base URL of the server, e.g. http://127.0.0.1:8000")
+    p.add_argument("--model", default=None, help="served name to use; default: the first id in /v1/models")
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--endpoint", default="/v1/completions", choices=["/v1/completions", "/v1/chat/completions"],
+                   help="with chat, --input-len counts the chat template's tokens too")
+    p.add_argument("--num-prompts", type=int, required=True)
+    load = p.add_mutually_exclusive_group()
+    load.add_argument("--concurrency", "--max-concurrency", dest="concurrency", type=int, default=None,
+                      help="at most C requests in flight (default: no limit)")
+    load.add_argument("--request-rate", type=float, default=math.inf,
+                      help="Poisson arrivals at R requests/s (default inf: all at once)")
+    p.add_argument("--input-len", type=int, required=True)
+    p.add_argument("--output-len", type=int, required=True)
+    p.add_argument("--range-ratio", type=float, default=0.0, help="lengths uniform in [L(1-X), L(1+X)]")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--json", dest="json_file", default=None, metavar="FILE", help="write the results as JSON")
+    p.add_argument("--plot", default=None, metavar="FILE.png", help="latency over time + TTFT histogram")
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds per request")
+    p.add_argument("--disable-tqdm", action="store_true")
+    p.add_argument("--skip-initial-test", action="store_true",
+                   help="do not send one unmeasured request first (it checks the setup and warms up)")
+    return p
+
+
+def _check_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    if a.num_prompts < 1 or a.input_len < 1 or a.output_len < 1:
+        p.error("--num-prompts, --input-len and --output-len must be >= 1")
+    if not 0.0 <= a.range_ratio < 1.0:
+        p.error(f"--range-ratio={a.range_ratio} must be in [0, 1)")
+    if a.concurrency is not None and a.concurrency < 1:
+        p.error(f"--concurrency={a.concurrency} must be >= 1")
+    if not a.request_rate > 0:
+        p.error(f"--request-rate={a.request_rate} must be > 0")
+
+
+# ---------------------------------------------------------------- prompts
+def draw_lengths(rng: random.Random, n: int, length: int, ratio: float) -> list[int]:
+    lo, hi = max(1, math.floor(length * (1 - ratio))), max(1, math.ceil(length * (1 + ratio)))
+    return [rng.randint(lo, hi) for _ in range(n)]
+
+
+class TokenCounter:
+    """Counts prompt tokens as the server will: /tokenize, else a max_tokens=1 probe's usage, else words.
+
+    For the chat endpoint it counts the whole templated conversation (vLLM's /tokenize takes `messages`), so
+    --input-len is the prompt the model sees, template included."""
+
+    def __init__(self, client: httpx.AsyncClient, model: str, endpoint: str) -> None:
+        self.client, self.model, self.endpoint = client, model, endpoint
+        self.chat = endpoint.endswith("chat/completions")
+        self.method: str | None = None
+
+    def _payload(self, text: str) -> dict[str, Any]:
+        if self.chat:
+            return {"model": self.model, "messages": [{"role": "user", "content": text}]}
+        return {"model": self.model, "prompt": text}
+
+    async def count(self, text: str) -> int:
+        if self.method in (None, "tokenize"):
+            r = await self.client.post("/tokenize", json=self._payload(text))
+            if r.status_code == 200 and "count" in r.json():
+                self.method = "tokenize"
+                return int(r.json()["count"])
+            if self.method == "tokenize":
+                raise RuntimeError(f"/tokenize failed: {r.status_code} {r.text[:200]}")
+            self.method = "probe"
+            log.warning("/tokenize unavailable (%s); measuring prompts with max_tokens=1 probes", r.status_code)
+        if self.method == "probe":
+            r = await self.client.post(self.endpoint, json=self._payload(text) | {"max_tokens": 1})
+            usage = r.json().get("usage") if r.status_code == 200 else None
+            if usage and "prompt_tokens" in usage:
+                return int(usage["prompt_tokens"])
+            self.method = "words"
+            log.warning("no way to count tokens on the server; assuming one token per word")
+        return len(text.split())
+
+
+async def fit_prompt(counter: TokenCounter, rng: random.Random, target: int) -> tuple[str, int]:
+    """A random word sequence whose token count is `target`, or the closest found in a bounded search.
+
+    Whole words first (a proportional correction), then character-level trimming or one-letter words, since a
+    word can be several tokens in a small vocabulary."""
+    words = [rng.choice(_WORDS) for _ in range(2 * target + 16)]
+    n_words = target
+    best: tuple[int, str, int] | None = None          # (distance, text, tokens)
+
+    async def measure(text: str) -> int:
+        nonlocal best
+        n = await counter.count(text)
+        if best is None or abs(n - target) < best[0]:
+            best = (abs(n - target), text, n)
+        return n
+
+    for _ in range(6):
+        n_words = max(1, min(n_words, len(words) - 1))
+        n = await measure(" ".join(words[:n_words]))
+        if n == target:
+            return best[1], best[2]
+        step = round(n_words * (target / n - 1)) if n else n_words
+        n_words += step if step else (1 if n < target else -1)
+    assert best is not None
+    text, n = best[1], best[2]
+    for _ in range(8):                                # fine steps from the best whole-word prompt
+        if n == target or counter.method == "words":
+            break
+        if n > target:
+            moves = [text[:-1].rstrip() or text]
+        else:                                         # a letter glued on often adds one token, spaced two
+            c = rng.choice("abcdefghijklmnopqrstuvwxyz")
+            moves = [text + c, text + " " + c]
+        for cand in moves:
+            m = await measure(cand)
+            if m == target:
+                return cand, m
+        text, n = cand, m
+    return best[1], best[2]
+
+
+async def build_specs(client: httpx.AsyncClient, a: argparse.Namespace, model: str) -> list[RequestSpec]:
+    rng = random.Random(a.seed)
+    in_lens = draw_lengths(rng, a.num_prompts, a.input_len, a.range_ratio)
+    out_lens = draw_lengths(rng, a.num_prompts, a.output_len, a.range_ratio)
+    counter = TokenCounter(client, model, a.endpoint)
+    # One prompt first so the counting method is settled before the rest run concurrently.
+    first = await fit_prompt(counter, random.Random(rng.random()), in_lens[0])
+    sem = asyncio.Semaphore(8)
+
+    async def one(seed: float, target: int) -> tuple[str, int]:
+        async with sem:
+            return await fit_prompt(counter, random.Random(seed), target)
+
+    rest = await asyncio.gather(*(one(rng.random(), t) for t in in_lens[1:]))
+    fitted = [first, *rest]
+    if counter.method == "words":
+        log.warning("prompt lengths are estimates (one token per word)")
+    return [RequestSpec(i, text, t, o, n) for i, ((text, n), t, o) in enumerate(zip(fitted, in_lens, out_lens))]
+
+
+# ---------------------------------------------------------------- requests
+def _request_body(spec: RequestSpec, a: argparse.Namespace, model: str) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": model, "max_tokens": spec.output_len, "stream": True,
+                            "stream_options": {"include_usage": True}, "ignore_eos": True,
+                            "temperature": a.temperature}
+    if a.endpoint.endswith("chat/completions"):
+        body["messages"] = [{"role": "user", "content": spec.prompt}]
+    else:
+        body["prompt"] = spec.prompt
+    return body
+
+
+def _has_token(choice: dict[str, Any]) -> bool:
+    if choice.get("text"):
+        return True
+    delta = choice.get("delta") or {}
+    return any(delta.get(k) for k in ("content", "reasoning", "reasoning_content", "tool_calls"))
+
+
+async def send_request(client: httpx.AsyncClient, spec: RequestSpec, a: argparse.Namespace, model: str,
+                       t_zero: float) -> RequestResult:
+    res = RequestResult(spec.index, False, spec.prompt_len, spec.output_len, fitted_len=spec.measured_len)
+    st = time.perf_counter()
+    res.start_s = st - t_zero
+    ttft: float | None = None
+    last = st
+    chunks, usage = 0, None
+    try:
+        async with client.stream("POST", a.endpoint, json=_request_body(spec, a, model)) as resp:
+            if resp.status_code != 200:
+                res.error = f"HTTP {resp.status_code}: {(await resp.aread()).decode(errors='replace')[:300]}"
+                return res
+            async for line in resp.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    res.error = f"stream error: {json.dumps(chunk['error'])[:300]}"
+                    return res
+                usage = chunk.get("usage") or usage
+                choices = chunk.get("choices") or []
+                if choices and _has_token(choices[0]):
+                    now = time.perf_counter()
+                    if ttft is None:
+                        ttft = now - st
+                    else:
+                        res.itl_s.append(now - last)
+                    last = now
+                    chunks += 1
+    except (httpx.HTTPError, json.JSONDecodeError) as e:
+        res.error = f"{type(e).__name__}: {e}"
+        return res
+    res.e2el_s = time.perf_counter() - st
+    if ttft is None:
+        res.error = "the stream carried no tokens"
+        return res
+    res.ttft_s = ttft
+    res.prompt_tokens = int(usage["prompt_tokens"]) if usage else spec.measured_len
+    res.output_tokens = int(usage["completion_tokens"]) if usage else chunks
+    res.success = True
+    return res
+
+
+def arrival_offsets(rng: random.Random, n: int, rate: float) -> list[float]:
+    if math.isinf(rate):
+        return [0.0] * n
+    t, out = 0.0, []
+    for _ in range(n):
+        out.append(t)
+        t += rng.expovariate(rate)
+    return out
+
+
+async def run_load(client: httpx.AsyncClient, specs: list[RequestSpec], a: argparse.Namespace,
+                   model: str) -> tuple[list[RequestResult], float]:
+    sem = asyncio.Semaphore(a.concurrency) if a.concurrency else None
+    offsets = arrival_offsets(random.Random(a.seed + 1), len(specs), a.request_rate)
+    bar = tqdm(total=len(specs), disable=a.disable_tqdm, desc="requests", file=sys.stderr)
+    t_zero = time.perf_counter()
+
+    async def one(spec: RequestSpec) -> RequestResult:
+        if sem is None:
+            r = await send_request(client, spec, a, model, t_zero)
+        else:
+            async with sem:
+                r = await send_request(client, spec, a, model, t_zero)
+        bar.update(1)
+        return r
+
+    tasks = []
+    for spec, off in zip(specs, offsets):
+        wait = t_zero + off - time.perf_counter()
+        if wait > 0:                       # the arrival schedule, not a delay for its own sake
+            await asyncio.sleep(wait)
+        tasks.append(asyncio.create_task(one(spec)))
+    results = await asyncio.gather(*tasks)
+    duration = time.perf_counter() - t_zero
+    bar.close()
+    return list(results), duration
+
+
+# ---------------------------------------------------------------- figures
+def _stats(prefix: str, values_s: list[float]) -> dict[str, float]:
+    v = np.asarray(values_s, dtype=np.float64) * 1000.0 if values_s else np.zeros(1)
+    return {f"mean_{prefix}_ms": float(v.mean()), f"median_{prefix}_ms": float(np.median(v)),
+            f"std_{prefix}_ms": float(v.std()), f"p90_{prefix}_ms": float(np.percentile(v, 90)),
+            f"p99_{prefix}_ms": float(np.percentile(v, 99))}
+
+
+def summarize(results: list[RequestResult], duration: float, a: argparse.Namespace, model: str) -> dict[str, Any]:
+    ok = [r for r in results if r.success]
+    total_in = sum(r.prompt_tokens for r in ok)
+    total_out = sum(r.output_tokens for r in ok)
+    out: dict[str, Any] = {
+        "date": dt.datetime.now().isoformat(timespec="seconds"), "base_url": a.url, "endpoint": a.endpoint,
+        "model": model, "num_prompts": a.num_prompts,
+        "request_rate": "inf" if math.isinf(a.request_rate) else a.request_rate,
+        "max_concurrency": a.concurrency, "input_len": a.input_len, "output_len": a.output_len,
+        "range_ratio": a.range_ratio, "seed": a.seed,
+        "duration": duration, "completed": len(ok), "failed": len(results) - len(ok),
+        "total_input_tokens": total_in, "total_output_tokens": total_out,
+        "request_throughput": len(ok) / duration, "output_throughput": total_out / duration,
+        "total_token_throughput": (total_in + total_out) / duration,
+    }
+    out |= _stats("ttft", [r.ttft_s for r in ok])
+    out |= _stats("tpot", [t for r in ok if (t := r.tpot_s) is not None])
+    out |= _stats("itl", [x for r in ok for x in r.itl_s])
+    out |= _stats("e2el", [r.e2el_s for r in ok])
+    out["requests"] = [asdict(r) | {"tpot_s": r.tpot_s} for r in results]
+    out["errors"] = sorted({r.error for r in results if r.error})
+    return out
+
+
+def print_summary(s: dict[str, Any]) -> None:
+    rows = [("Successful requests", s["completed"]), ("Failed requests", s["failed"]),
+            ("Maximum request concurrency", s["max_concurrency"]), ("Request rate (req/s)", s["request_rate"]),
+            ("Benchmark duration (s)", f"{s['duration']:.2f}"),
+            ("Total input tokens", s["total_input_tokens"]), ("Total generated tokens", s["total_output_tokens"]),
+            ("Request throughput (req/s)", f"{s['request_throughput']:.2f}"),
+            ("Output token throughput (tok/s)", f"{s['output_throughput']:.2f}"),
+            ("Total token throughput (tok/s)", f"{s['total_token_throughput']:.2f}")]
+    for key, title in (("ttft", "Time to First Token"), ("tpot", "Time per Output Token (excl. 1st token)"),
+                       ("itl", "Inter-token Latency"), ("e2el", "End-to-end Latency")):
+        rows.append((f"-- {title} --", None))
+        rows += [(f"{kind.capitalize()} {key.upper()} (ms)", f"{s[f'{kind}_{key}_ms']:.2f}")
+                 for kind in ("mean", "median", "p99")]
+    print("{s:{c}^50}".format(s=" Serving Benchmark Result ", c="="))
+    for name, value in rows:
+        print(f"{name:<40}{'' if value is None else value!s:>10}")
+    print("=" * 50)
+
+
+def write_plot(results: list[RequestResult], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")               # no display on servers and in CI
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in results if r.success]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    starts = [r.start_s for r in ok]
+    ax1.scatter(starts, [r.e2el_s * 1e3 for r in ok], s=12, label="end-to-end")
+    ax1.scatter(starts, [r.ttft_s * 1e3 for r in ok], s=12, label="TTFT")
+    ax1.set(xlabel="request sent at (s after start)", ylabel="latency (ms)", title="Latency over time")
+    ax1.legend()
+    ax2.hist([r.ttft_s * 1e3 for r in ok], bins=min(50, max(5, len(ok) // 2)))
+    ax2.set(xlabel="TTFT (ms)", ylabel="requests", title="TTFT histogram")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------- entry point
+async def _amain(a: argparse.Namespace) -> int:
+    headers = {"Authorization": f"Bearer {a.api_key}"} if a.api_key else {}
+    timeout = httpx.Timeout(a.timeout, connect=30.0)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(base_url=a.url.rstrip("/"), headers=headers, timeout=timeout,
+                                 limits=limits) as client:
+        model = a.model
+        if model is None:
+            r = await client.get("/v1/models")
+            if r.status_code != 200:
+                print(f"GET /v1/models failed: {r.status_code} {r.text[:200]}", file=sys.stderr)
+                return 1
+            model = r.json()["data"][0]["id"]
+        specs = await build_specs(client, a, model)
+        if not a.skip_initial_test:
+            first = await send_request(client, specs[0], a, model, time.perf_counter())
+            if not first.success:
+                print(f"initial test request failed: {first.error}", file=sys.stderr)
+                return 1
+        results, duration = await run_load(client, specs, a, model)
+    summary = summarize(results, duration, a, model)
+    print_summary(summary)
+    if summary["errors"]:
+        print("errors: " + "; ".join(summary["errors"][:5]), file=sys.stderr)
+    if a.json_file:
+        with open(a.json_file, "w") as f:
+            json.dump(summary, f, indent=2)
+    if a.plot:
+        write_plot(results, a.plot)
+    return 0 if summary["failed"] == 0 else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
+    a = p.parse_args(argv)
+    _check_args(p, a)
+    try:
+        return asyncio.run(_amain(a))
+    except httpx.HTTPError as e:
+        print(f"onecard bench: cannot reach {a.url}: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

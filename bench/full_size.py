@@ -127,6 +127,10 @@ def bench_onecard(model_dir: str, out: str) -> dict:
     def prompt(n: int) -> list[int]:
         return torch.randint(0, V, (n,), generator=g).tolist()
 
+    try:
+        res.update(check_logits(core))
+    except Exception as e:  # noqa: BLE001 - report and go on to the timings
+        res["logits_check_error"] = repr(e)
     _run(core, [prompt(64)], 8)  # warm-up (JIT compile of the prefill shapes)
     for bs in (1, 16):
         times = _run(core, [prompt(512) for _ in range(bs)], 256)
@@ -148,6 +152,31 @@ def bench_onecard(model_dir: str, out: str) -> dict:
     for k, v in res.items():
         print(f"{k:28s} {v:10.2f}")
     return res
+
+
+@torch.inference_mode()
+def check_logits(core, n: int = 16) -> dict:
+    """Triton path vs reference path on the full-size model: logits of one n-token prefill."""
+    from onecard.kernels import dispatch
+    from onecard.runner.attn_metadata import AttentionMetadata
+
+    runner = core.runner
+    model, dev, bs = runner.model, runner.device, runner.block_size
+    ids = torch.randint(0, V, (n,), device=dev)
+    blocks = (n + bs - 1) // bs
+    md = AttentionMetadata(
+        slot_mapping=torch.arange(n, device=dev) + bs, query_start_loc=torch.tensor([0, n], dtype=torch.int32, device=dev),
+        seq_lens=torch.tensor([n], dtype=torch.int32, device=dev),
+        block_table=torch.arange(1, blocks + 1, dtype=torch.int32, device=dev)[None], max_query_len=n, max_seq_len=n)
+    out = {}
+    for backend in ("ref", "triton"):
+        with dispatch.use_backend(backend):
+            out[backend] = model.compute_logits(model(ids, torch.arange(n, device=dev), runner.kv_caches, md))
+    a, b = out["ref"].float(), out["triton"].float()
+    rel = ((a - b).norm() / a.norm()).item()
+    agree = (a.argmax(-1) == b.argmax(-1)).float().mean().item()
+    print(f"full-size logits triton vs ref: rel err {rel:.2e}, argmax agreement {agree:.3f}", flush=True)
+    return {"logits_rel_err_triton_vs_ref": rel, "argmax_agreement": agree}
 
 
 @torch.inference_mode()

@@ -74,11 +74,26 @@ def _impl(op: str, device: torch.device):
     return getattr(module, op)
 
 
+# Prefill-sized GEMMs are compute-bound: on a GPU they dequantize to fp16 and use tensor-core libraries
+# (cuBLAS / grouped GEMM), which beat an int4 Triton GEMM there; small M stays in Triton (memory-bound).
+DENSE_CUBLAS_MIN_M = 128
+
+
 def w4a16_gemm(x, w, bias=None):
+    if x.is_cuda and x.shape[0] >= DENSE_CUBLAS_MIN_M and backend_for(x.device) == "triton":
+        from onecard.kernels.gptq_gemm.triton import dequantize
+
+        y = torch.matmul(x, dequantize(w, x.dtype))
+        return y if bias is None else y + bias
     return _impl("w4a16_gemm", x.device)(x, w, bias)
 
 
 def fused_moe(x, router_logits, w_gate, w_up, w_down, top_k, renormalize):
+    if x.is_cuda and backend_for(x.device) == "triton":
+        from onecard.kernels.fused_moe import grouped
+
+        if x.shape[0] >= grouped.GROUPED_MIN_TOKENS and grouped.available(x.device):
+            return grouped.fused_moe(x, router_logits, w_gate, w_up, w_down, top_k, renormalize)
     return _impl("fused_moe", x.device)(x, router_logits, w_gate, w_up, w_down, top_k, renormalize)
 
 

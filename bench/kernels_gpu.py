@@ -1,0 +1,131 @@
+"""Every Triton kernel vs its ref at the real Qwen3-30B-A3B shapes on a CUDA GPU: correctness (relative
+error) and timing (triton.testing.do_bench median) with achieved GB/s. Prints a table; writes JSON to
+$OUT/kernels_gpu.json when OUT is set.  Usage: python bench/kernels_gpu.py [--quick]
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+
+import torch
+import triton
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "kernels"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from kernels_testlib import make_paged_batch  # noqa: E402
+from onecard.kernels.types import GPTQWeight  # noqa: E402
+
+H, HQ, HKV, D, E, TOPK, I, G = 2048, 32, 4, 128, 128, 8, 768, 128
+DEV = torch.device("cuda")
+
+
+def rand_gptq(k: int, n: int, experts: int | None = None) -> GPTQWeight:
+    lead = () if experts is None else (experts,)
+    return GPTQWeight(
+        qweight=torch.randint(-2**31, 2**31 - 1, lead + (k // 8, n), dtype=torch.int32, device=DEV),
+        qzeros=torch.randint(-2**31, 2**31 - 1, lead + (k // G, n // 8), dtype=torch.int32, device=DEV),
+        scales=(torch.rand(lead + (k // G, n), device=DEV) * 0.01 + 0.001).half(),
+        g_idx=None, group_size=G, in_features=k, out_features=n)
+
+
+def rel(a, b) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
+
+
+def bench(fn) -> float:
+    return float(triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median"))   # ms
+
+
+def cases(quick: bool):
+    from onecard.kernels.activation import ref as act_r, triton as act_t
+    from onecard.kernels.attention import ref as at_r, triton as at_t
+    from onecard.kernels.fused_moe import ref as moe_r, triton as moe_t
+    from onecard.kernels.gptq_gemm import ref as g_r, triton as g_t
+    from onecard.kernels.norm import ref as n_r, triton as n_t
+    from onecard.kernels.rope import ref as r_r, triton as r_t
+
+    for name, k, n in (("qkv_proj", H, (HQ + 2 * HKV) * D), ("o_proj", HQ * D, H)):
+        w = rand_gptq(k, n)
+        for m in (1, 16, 512, 4096):
+            x = torch.randn(m, k, device=DEV, dtype=torch.float16) / math.sqrt(k)
+            nbytes = w.nbytes() + x.numel() * 2 + m * n * 2
+            yield (f"w4a16 {name} M={m}", lambda: g_t.w4a16_gemm(x, w), lambda: g_r.w4a16_gemm(x, w), nbytes)
+    wg, wu, wd = rand_gptq(H, I, E), rand_gptq(H, I, E), rand_gptq(I, H, E)
+    per_expert = (wg.nbytes() + wu.nbytes() + wd.nbytes()) / E
+    for t in (1, 16, 512) if quick else (1, 4, 16, 64, 512, 4096):
+        x = torch.randn(t, H, device=DEV, dtype=torch.float16)
+        logits = torch.randn(t, E, device=DEV, dtype=torch.float16)
+        distinct = int(torch.unique(moe_r.route(logits, TOPK, True)[1]).numel())
+        yield (f"fused_moe T={t}", lambda: moe_t.fused_moe(x, logits, wg, wu, wd, TOPK, True),
+               lambda: moe_r.fused_moe(x, logits, wg, wu, wd, TOPK, True), distinct * per_expert)
+    for b, ctx in ((1, 512), (1, 8192), (16, 512), (16, 8192)):
+        kc, vc, md, _, _ = make_paged_batch([ctx] * b, [1] * b, HKV, D, 16, dtype=torch.float16)
+        kc, vc = kc.to(DEV), vc.to(DEV)
+        md = type(md)(md.slot_mapping.to(DEV), md.query_start_loc.to(DEV), md.seq_lens.to(DEV),
+                      md.block_table.to(DEV), 1, ctx, b)
+        q = torch.randn(b, HQ, D, device=DEV, dtype=torch.float16)
+        s = 1 / math.sqrt(D)
+        yield (f"paged_attn decode B={b} ctx={ctx}", lambda: at_t.paged_attention(q, kc, vc, md, s),
+               lambda: at_r.paged_attention(q, kc, vc, md, s), b * ctx * HKV * D * 2 * 2)
+    kc, vc, md, _, _ = make_paged_batch([2048, 1024], [512, 1024], HKV, D, 16, dtype=torch.float16)
+    kc, vc = kc.to(DEV), vc.to(DEV)
+    md = type(md)(md.slot_mapping.to(DEV), md.query_start_loc.to(DEV), md.seq_lens.to(DEV),
+                  md.block_table.to(DEV), 1024, 2048, 0)
+    q = torch.randn(1536, HQ, D, device=DEV, dtype=torch.float16)
+    yield ("paged_attn prefill 512+1024", lambda: at_t.paged_attention(q, kc, vc, md, 0.088),
+           lambda: at_r.paged_attention(q, kc, vc, md, 0.088), (3072 * HKV * D * 2 + 1536 * HQ * D * 2) * 2)
+    for t in (1, 512):
+        k, v = torch.randn(t, HKV, D, device=DEV).half(), torch.randn(t, HKV, D, device=DEV).half()
+        kc = torch.zeros(256, 16, HKV, D, device=DEV).half()
+        vc1, vc2, kc2 = kc.clone(), kc.clone(), kc.clone()
+        slots = torch.randperm(4096, device=DEV)[:t]
+
+        def tri(k=k, v=v, kc=kc, vc1=vc1, slots=slots):
+            at_t.store_kv(k, v, kc, vc1, slots)
+            return torch.cat([kc, vc1])
+
+        def rf(k=k, v=v, kc2=kc2, vc2=vc2, slots=slots):
+            at_r.store_kv(k, v, kc2, vc2, slots)
+            return torch.cat([kc2, vc2])
+        yield (f"store_kv T={t}", tri, rf, t * HKV * D * 2 * 4)
+        x, r = torch.randn(t, H, device=DEV).half(), torch.randn(t, H, device=DEV).half()
+        w = torch.randn(H, device=DEV).half()
+        yield (f"rms_norm+res T={t}", lambda x=x, r=r, w=w: torch.cat(n_t.rms_norm(x, w, 1e-6, r)),
+               lambda x=x, r=r, w=w: torch.cat(n_r.rms_norm(x, w, 1e-6, r)), t * H * 2 * 4)
+        qq, kk = torch.randn(t, HQ, D, device=DEV).half(), torch.randn(t, HKV, D, device=DEV).half()
+        pos = torch.randint(0, 4096, (t,), device=DEV)
+        ang = torch.outer(torch.arange(4096, device=DEV).float(),
+                          1.0 / (1e7 ** (torch.arange(0, D, 2, device=DEV).float() / D)))
+        cache = torch.cat([ang.cos(), ang.sin()], -1)
+        yield (f"qk_norm_rope T={t}",
+               lambda qq=qq, kk=kk, pos=pos: torch.cat([a.flatten() for a in r_t.qk_norm_rope(
+                   qq, kk, w[:D], w[:D], pos, cache, 1e-6)]),
+               lambda qq=qq, kk=kk, pos=pos: torch.cat([a.flatten() for a in r_r.qk_norm_rope(
+                   qq, kk, w[:D], w[:D], pos, cache, 1e-6)]), t * (HQ + HKV) * D * 2 * 2)
+        xa = torch.randn(t, 2 * I * TOPK, device=DEV).half()
+        yield (f"silu_and_mul T={t}", lambda xa=xa: act_t.silu_and_mul(xa), lambda xa=xa: act_r.silu_and_mul(xa),
+               t * I * TOPK * 2 * 3)
+
+
+def main() -> None:
+    quick = "--quick" in sys.argv
+    rows = []
+    print(f"{'op':40s} {'rel_err':>9s} {'triton us':>10s} {'ref us':>10s} {'GB/s':>8s}")
+    for name, tri, rf, nbytes in cases(quick):
+        err = rel(tri(), rf())
+        t_ms, r_ms = bench(tri), bench(rf)
+        gbs = nbytes / (t_ms * 1e-3) / 1e9
+        rows.append(dict(op=name, rel_err=err, triton_us=t_ms * 1e3, ref_us=r_ms * 1e3, gb_per_s=gbs,
+                         bytes=nbytes, ok=err < 1e-2))
+        print(f"{name:40s} {err:9.2e} {t_ms * 1e3:10.1f} {r_ms * 1e3:10.1f} {gbs:8.0f}" + ("" if err < 1e-2 else "  FAIL"))
+    out = os.environ.get("OUT")
+    if out:
+        with open(os.path.join(out, "kernels_gpu.json"), "w") as f:
+            json.dump(dict(device=torch.cuda.get_device_name(), rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""SiLU-gated activation ``silu(x[:, :I]) * x[:, I:]``: ``ref.py`` and ``triton.py``."""

@@ -1,0 +1,53 @@
+"""Reference KV-cache store and paged attention (plain PyTorch, float32 math; the spec).
+
+Caches are [num_blocks, block_size, Hkv, D]; slot s = block * block_size + offset. Sequence i owns query
+rows query_start_loc[i]:query_start_loc[i+1]; its keys are positions 0..seq_lens[i]-1 read through
+block_table[i]; query row j sits at position seq_lens[i] - query_len + j and attends to keys <= it.
+Query head h uses KV head h // (Hq // Hkv). Rows outside every sequence (padding) come back as zeros.
+"""
+from __future__ import annotations
+
+import torch
+
+from onecard.runner.attn_metadata import AttentionMetadata
+
+
+def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Write k/v [T, Hkv, D] into the caches at slot_mapping[T] (entries < 0 are skipped), in place."""
+    nb, bs, hkv, d = k_cache.shape
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep].long()
+    k_cache.view(nb * bs, hkv, d)[slots] = k[keep].to(k_cache.dtype)
+    v_cache.view(nb * bs, hkv, d)[slots] = v[keep].to(v_cache.dtype)
+
+
+def gather_kv(cache: torch.Tensor, block_row: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """cache [NB, BS, Hkv, D] -> the first seq_len tokens of one sequence, float32 [L, Hkv, D]."""
+    bs = cache.shape[1]
+    pos = torch.arange(seq_len, device=cache.device)
+    blocks = block_row.long()[pos // bs]
+    return cache[blocks, pos % bs].float()
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, md: AttentionMetadata,
+                    scale: float) -> torch.Tensor:
+    """q [T, Hq, D] -> [T, Hq, D] in q.dtype: causal GQA attention over each sequence's paged context."""
+    _, hq, d = q.shape
+    hkv = k_cache.shape[2]
+    group = hq // hkv
+    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    starts = md.query_start_loc.tolist()
+    for i, seq_len in enumerate(md.seq_lens.tolist()):
+        q0, q1 = starts[i], starts[i + 1]
+        if q1 == q0:
+            continue
+        k = gather_kv(k_cache, md.block_table[i], seq_len).repeat_interleave(group, dim=1)   # [L, Hq, D]
+        v = gather_kv(v_cache, md.block_table[i], seq_len).repeat_interleave(group, dim=1)   # [L, Hq, D]
+        qs = q[q0:q1].float()                                                               # [n, Hq, D]
+        scores = torch.einsum("nhd,lhd->hnl", qs, k) * scale                                # [Hq, n, L]
+        q_pos = seq_len - (q1 - q0) + torch.arange(q1 - q0, device=q.device)                 # [n]
+        k_pos = torch.arange(seq_len, device=q.device)                                      # [L]
+        scores = scores.masked_fill(k_pos[None, None, :] > q_pos[None, :, None], float("-inf"))
+        out[q0:q1] = torch.einsum("hnl,lhd->nhd", torch.softmax(scores, dim=-1), v)
+    return out.to(q.dtype)

@@ -1,0 +1,210 @@
+"""Triton KV-cache store and varlen paged attention, same contract as ref.py.
+
+paged_attention: one kernel for prefill chunks over a cached prefix and for decode. Program =
+(sequence, block of BLOCK_Q query tokens, KV head); its BLOCK_M = BLOCK_Q * GROUP_PAD rows are the query
+tokens x the query heads sharing that KV head (GQA), so tl.dot gets M >= 16 even at decode. Keys are gathered
+token by token through the block table (any cache block size), causal rule key_pos <= context_len + q_idx,
+online softmax in fp32 (exp2, scale folded in). Split-KV: with NUM_SEGMENTS > 1 (decode-only batches of few
+sequences), each segment covers a slice of the key tiles and writes (acc, max, sum) partials; a reduce kernel
+merges them. The grid depends only on host-known sizes (B, max_query_len, segments): no syncs.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from onecard.kernels.triton_common import AotConfig, next_pow2, num_sms, signature
+from onecard.runner.attn_metadata import AttentionMetadata
+
+
+@triton.jit
+def _store_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, stride_kt, stride_vt, HD,
+                     BLOCK: tl.constexpr):
+    t = tl.program_id(0)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    if slot < 0:
+        return
+    offs = tl.arange(0, BLOCK)
+    mask = offs < HD
+    k = tl.load(k_ptr + t * stride_kt + offs, mask=mask)
+    v = tl.load(v_ptr + t * stride_vt + offs, mask=mask)
+    tl.store(kc_ptr + slot * HD + offs, k.to(kc_ptr.dtype.element_ty), mask=mask)
+    tl.store(vc_ptr + slot * HD + offs, v.to(vc_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _paged_attn_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, qsl_ptr, seqlen_ptr, bt_ptr,
+                       scale_log2, stride_qt, stride_qh, stride_ot, stride_oh, stride_bt, block_size,
+                       num_segments,
+                       HQ: tl.constexpr, HKV: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+                       D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr):
+    seq = tl.program_id(0)
+    qblk = tl.program_id(1)
+    kvh = tl.program_id(2) // num_segments
+    segment = tl.program_id(2) % num_segments
+    q_start = tl.load(qsl_ptr + seq)
+    q_len = tl.load(qsl_ptr + seq + 1) - q_start
+    if qblk * BLOCK_Q >= q_len:
+        return
+    seq_len = tl.load(seqlen_ptr + seq)
+    ctx_len = seq_len - q_len
+    BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
+    rows = tl.arange(0, BLOCK_M)
+    q_idx = qblk * BLOCK_Q + rows // GROUP_PAD                            # [BM] token within the sequence
+    head = kvh * GROUP + rows % GROUP_PAD                                 # [BM] query head
+    row_ok = (q_idx < q_len) & (rows % GROUP_PAD < GROUP)
+    offs_d = tl.arange(0, D)
+    tok = (q_start + q_idx).to(tl.int64)
+    q = tl.load(q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
+                mask=row_ok[:, None], other=0.0)                          # [BM, D]
+    q_pos = ctx_len + q_idx                                               # [BM]
+    # keys this query block can see: [0, ctx_len + last q_idx + 1)
+    kv_end = tl.minimum(seq_len, ctx_len + (qblk + 1) * BLOCK_Q)
+    n_tiles = tl.cdiv(kv_end, BLOCK_N)
+    tiles_per_seg = tl.cdiv(n_tiles, num_segments)
+    t0 = segment * tiles_per_seg
+    t1 = tl.minimum(t0 + tiles_per_seg, n_tiles)
+    m_i = tl.zeros((BLOCK_M,), dtype=tl.float32) - 1e30
+    l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, D), dtype=tl.float32)
+    offs_n = tl.arange(0, BLOCK_N)
+    for t in range(t0, t1):
+        k_pos = t * BLOCK_N + offs_n                                      # [BN]
+        k_ok = k_pos < kv_end
+        blk = tl.load(bt_ptr + seq * stride_bt + k_pos // block_size, mask=k_ok, other=0).to(tl.int64)
+        slot = blk * block_size + k_pos % block_size                      # [BN]
+        kv_off = (slot[:, None] * HKV + kvh) * D + offs_d[None, :]        # [BN, D]
+        k = tl.load(kc_ptr + kv_off, mask=k_ok[:, None], other=0.0)
+        v = tl.load(vc_ptr + kv_off, mask=k_ok[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k.to(q.dtype))) * scale_log2               # [BM, BN] log2 units
+        allowed = k_ok[None, :] & (k_pos[None, :] <= q_pos[:, None])
+        s = tl.where(allowed, s, -float("inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v.to(q.dtype)).to(tl.float32)
+        m_i = m_new
+    if num_segments == 1:
+        o = acc / tl.maximum(l_i, 1e-30)[:, None]
+        tl.store(out_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+    else:
+        # partials [T, HQ, S, D] and (m, l) [T, HQ, S, 2]
+        base = (tok * HQ + head) * num_segments + segment                 # [BM]
+        tl.store(part_ptr + base[:, None] * D + offs_d[None, :], acc, mask=row_ok[:, None])
+        tl.store(ml_ptr + base * 2, m_i, mask=row_ok)
+        tl.store(ml_ptr + base * 2 + 1, l_i, mask=row_ok)
+
+
+@triton.jit
+def _segment_reduce_kernel(part_ptr, ml_ptr, out_ptr, stride_ot, stride_oh, num_segments,
+                           HQ: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr):
+    tok = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    offs_s = tl.arange(0, BLOCK_S)
+    s_ok = offs_s < num_segments
+    base = (tok * HQ + h) * num_segments
+    m = tl.load(ml_ptr + (base + offs_s) * 2, mask=s_ok, other=-1e30)
+    l = tl.load(ml_ptr + (base + offs_s) * 2 + 1, mask=s_ok, other=0.0)
+    w = tl.exp2(m - tl.max(m, axis=0))                                    # [S]
+    offs_d = tl.arange(0, D)
+    acc = tl.load(part_ptr + (base + offs_s)[:, None] * D + offs_d[None, :], mask=s_ok[:, None], other=0.0)
+    o = tl.sum(acc * w[:, None], axis=0) / tl.maximum(tl.sum(l * w, axis=0), 1e-30)
+    tl.store(out_ptr + tok * stride_ot + h * stride_oh + offs_d, o.to(out_ptr.dtype.element_ty))
+
+
+BLOCK_N = 64
+MAX_SEGMENTS = 16
+SPLIT_MIN_SEQ_LEN = 1024          # split-KV only pays off for long decode contexts
+
+
+def block_q(group_pad: int, max_query_len: int) -> int:
+    """Query tokens per program: enough rows for tl.dot (M >= 16); more for prefill."""
+    base = max(1, 16 // group_pad)
+    return base if max_query_len <= base else max(base, 64 // group_pad)
+
+
+def num_segments(md: AttentionMetadata, num_tokens: int, hkv: int, device: torch.device) -> int:
+    """Split-KV segments: only for decode-only batches (every row a decode) with long contexts."""
+    b = md.num_seqs
+    if md.max_query_len != 1 or md.num_decode_tokens < b or md.max_seq_len < SPLIT_MIN_SEQ_LEN:
+        return 1
+    return max(1, min(MAX_SEGMENTS, next_pow2(2 * num_sms(device) // max(1, b * hkv))))
+
+
+def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    t, hkv, d = k.shape
+    if t == 0:
+        return
+    if k.stride(2) != 1 or k.stride(1) != d:
+        k = k.contiguous()
+    if v.stride(2) != 1 or v.stride(1) != d:
+        v = v.contiguous()
+    assert k_cache.is_contiguous() and v_cache.is_contiguous()
+    _store_kv_kernel[(t,)](k, v, k_cache, v_cache, slot_mapping, k.stride(0), v.stride(0), hkv * d,
+                           BLOCK=next_pow2(hkv * d))
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, md: AttentionMetadata,
+                    scale: float) -> torch.Tensor:
+    t, hq, d = q.shape
+    hkv = k_cache.shape[2]
+    group = hq // hkv
+    assert d == next_pow2(d) and q.stride(2) == 1 and k_cache.is_contiguous() and v_cache.is_contiguous()
+    out = torch.zeros_like(q)             # padding rows (past query_start_loc[-1]) stay zero, as in ref
+    b = md.num_seqs
+    if b == 0 or t == 0:
+        return out
+    gp = next_pow2(group)
+    bq = block_q(gp, md.max_query_len)
+    segs = num_segments(md, t, hkv, q.device)
+    if segs > 1:
+        part = torch.empty(t, hq, segs, d, dtype=torch.float32, device=q.device)
+        ml = torch.empty(t, hq, segs, 2, dtype=torch.float32, device=q.device)
+    else:
+        part = ml = out.new_empty(0, dtype=torch.float32)
+    grid = (b, triton.cdiv(md.max_query_len, bq), hkv * segs)
+    _paged_attn_kernel[grid](
+        q, k_cache, v_cache, out, part, ml, md.query_start_loc, md.seq_lens, md.block_table,
+        scale * 1.4426950408889634, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        md.block_table.stride(0), k_cache.shape[1], segs,
+        HQ=hq, HKV=hkv, GROUP=group, GROUP_PAD=gp, D=d, BLOCK_Q=bq, BLOCK_N=BLOCK_N, num_warps=4, num_stages=2)
+    if segs > 1:
+        # decode-only: every sequence's single query row is row i (query_start_loc = arange)
+        _segment_reduce_kernel[(md.num_decode_tokens, hq)](
+            part, ml, out, out.stride(0), out.stride(1), segs, HQ=hq, D=d, BLOCK_S=segs)
+    return out
+
+
+def aot_configs() -> list[AotConfig]:
+    """Qwen3-30B-A3B shapes (32 q / 4 kv heads, D 128) at decode and prefill BLOCK_Q, fp16 (bf16 on sm80+)."""
+    out: list[AotConfig] = []
+    hq, hkv, d = 32, 4, 128
+    group = hq // hkv
+    gp = next_pow2(group)
+    for act, min_cc in (("fp16", 70), ("bf16", 80)):
+        cx = dict(BLOCK=next_pow2(hkv * d))
+        args = dict(k_ptr=f"*{act}", v_ptr=f"*{act}", kc_ptr=f"*{act}", vc_ptr=f"*{act}", slot_ptr="*i64",
+                    stride_kt="i32", stride_vt="i32", HD="i32")
+        out.append(AotConfig(_store_kv_kernel, signature(args, cx), cx, 4, 1, min_cc, f"store_kv[{act}]"))
+        for bq in sorted({block_q(gp, 1), block_q(gp, 1 << 20)}):
+            cx = dict(HQ=hq, HKV=hkv, GROUP=group, GROUP_PAD=gp, D=d, BLOCK_Q=bq, BLOCK_N=BLOCK_N)
+            args = dict(q_ptr=f"*{act}", kc_ptr=f"*{act}", vc_ptr=f"*{act}", out_ptr=f"*{act}", part_ptr="*fp32",
+                        ml_ptr="*fp32", qsl_ptr="*i32", seqlen_ptr="*i32", bt_ptr="*i32", scale_log2="fp32",
+                        stride_qt="i32", stride_qh="i32", stride_ot="i32", stride_oh="i32", stride_bt="i32",
+                        block_size="i32", num_segments="i32")
+            out.append(AotConfig(_paged_attn_kernel, signature(args, cx), cx, 4, 2, min_cc,
+                                 f"paged_attn[bq={bq},{act}]"))
+        for segs in sorted({next_pow2(s) for s in range(2, MAX_SEGMENTS + 1)}):
+            cx = dict(HQ=hq, D=d, BLOCK_S=segs)
+            args = dict(part_ptr="*fp32", ml_ptr="*fp32", out_ptr=f"*{act}", stride_ot="i32", stride_oh="i32",
+                        num_segments="i32")
+            out.append(AotConfig(_segment_reduce_kernel, signature(args, cx), cx, 4, 1, min_cc,
+                                 f"segment_reduce[s={segs},{act}]"))
+    return out
+
+
+__all__ = ["store_kv", "paged_attention", "aot_configs", "num_segments", "block_q"]

@@ -1,0 +1,43 @@
+"""Reference fused MoE (plain PyTorch, float32 math; the spec).
+
+router: p = softmax(router_logits in fp32) -> top-k -> divide by their sum when ``renormalize``;
+out[t] = sum_k p[t, k] * (silu(x[t] @ Wg[e]) * (x[t] @ Wu[e])) @ Wd[e] with e = topk_ids[t, k].
+Weights are float [E, K, N] (w_gate/w_up [E, H, I], w_down [E, I, H]) or stacked GPTQWeight.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from onecard.kernels.gptq_gemm.ref import dequantize_gptq, expert_slice
+from onecard.kernels.types import GPTQWeight, MoEWeight
+
+
+def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (topk_weights fp32 [T, k], topk_ids int64 [T, k])."""
+    probs = torch.softmax(router_logits.float(), dim=-1)                  # [T, E]
+    topk_weights, topk_ids = torch.topk(probs, top_k, dim=-1)             # [T, k]
+    if renormalize:
+        topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)
+    return topk_weights, topk_ids
+
+
+def expert_weight(w: MoEWeight, e: int) -> torch.Tensor:
+    """float32 [K, N] weights of expert ``e``."""
+    if isinstance(w, GPTQWeight):
+        return dequantize_gptq(expert_slice(w, e))
+    return w[e].float()
+
+
+def fused_moe(x: torch.Tensor, router_logits: torch.Tensor, w_gate: MoEWeight, w_up: MoEWeight,
+              w_down: MoEWeight, top_k: int, renormalize: bool) -> torch.Tensor:
+    topk_weights, topk_ids = route(router_logits, top_k, renormalize)    # [T, k]
+    xf = x.float()                                                        # [T, H]
+    out = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float32, device=x.device)
+    for e in torch.unique(topk_ids).tolist():
+        tok, slot = torch.nonzero(topk_ids == e, as_tuple=True)          # rows routed to e
+        xe = xf[tok]                                                      # [n, H]
+        h = F.silu(xe @ expert_weight(w_gate, e)) * (xe @ expert_weight(w_up, e))   # [n, I]
+        y = h @ expert_weight(w_down, e)                                  # [n, H]
+        out.index_add_(0, tok, y * topk_weights[tok, slot].unsqueeze(1))
+    return out.to(x.dtype)

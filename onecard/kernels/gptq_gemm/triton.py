@@ -1,0 +1,248 @@
+"""Triton W4A16 GPTQ GEMM: y[M, N] = x[M, K] @ dequant(w) (+ bias), fp32 accumulation, same contract as ref.py.
+
+Paths (chosen by shape from the fixed table ``_CONFIGS``; no host syncs, so CUDA-graph capturable):
+  * M == 1: GEMV, one program per (N tile, K split); qweight tiles [BK8, 128] int32 are loaded once and
+    coalesced along N (16-byte loads per thread); nibble j of packed row r is input row 8r + j, so the K
+    sum is split into 8 strided sums — no reshapes, no repeated loads.
+  * M <= 64: the same walk with ``tl.dot`` (8 dots of K = BK8 per tile), split-K when the grid is small.
+  * larger M: tiled ``tl.dot``; on compute capability < 8.0 (no tensor cores for tl.dot) it dequantizes to
+    fp16 with a Triton kernel and uses cuBLAS instead.
+Split-K writes fp32 partials [S, M, N] and a small reduce kernel sums them, adds the bias and casts.
+Scales/zeros: when a K tile lies inside one group (no g_idx, group_size % BK == 0 or one group) they are
+loaded once per tile; otherwise per row through g_idx or k // group_size (act-order checkpoints).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from onecard.kernels.triton_common import (TL_DTYPE, AotConfig, compute_capability, next_pow2, num_sms,
+                                           signature)
+from onecard.kernels.types import GPTQWeight
+
+
+@triton.jit
+def _dequant_tile_j(q, j: tl.constexpr, s_u, z_u, sc_ptr, qz_ptr, gidx_ptr, k, r_mask, offs_n, n_mask, z_shift,
+                    N, per_row):
+    """fp32 [BK8, BN] weights of input rows k = 8r + j from the int32 tile q [BK8, BN].
+
+    per_row == 0: the tile lies in one group (s_u, z_u [BN]); else groups come from g_idx per row.
+    A runtime (warp-uniform) branch, so one compiled kernel serves both group modes.
+    """
+    w = ((q >> (4 * j)) & 0xF).to(tl.float32)
+    if per_row != 0:
+        g_r = tl.load(gidx_ptr + k, mask=r_mask, other=0)
+        gm = r_mask[:, None] & n_mask[None, :]
+        s_r = tl.load(sc_ptr + g_r[:, None] * N + offs_n[None, :], mask=gm, other=0.0).to(tl.float32)
+        zp_r = tl.load(qz_ptr + g_r[:, None] * (N // 8) + (offs_n // 8)[None, :], mask=gm, other=0)
+        w = (w - ((zp_r >> z_shift[None, :]) & 0xF).to(tl.float32)) * s_r
+    else:
+        w = (w - z_u[None, :]) * s_u[None, :]
+    return w
+
+
+@triton.jit
+def _group_sz(sc_ptr, qz_ptr, g, offs_n, n_mask, z_shift, N):
+    """Scales and true zeros of group g: fp32 [BN] each."""
+    s_u = tl.load(sc_ptr + g * N + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+    zp = tl.load(qz_ptr + g * (N // 8) + offs_n // 8, mask=n_mask, other=0)
+    return s_u, ((zp >> z_shift) & 0xF).to(tl.float32)
+
+
+@triton.jit
+def _w4a16_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_ptr, part_ptr,
+                  M, N, K, group_size, num_groups, tiles_per_split, stride_xm, per_row, has_bias, split,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K8: tl.constexpr, USE_DOT: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)                      # [BN]
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)                      # [BM]
+    n_mask = offs_n < N
+    m_mask = offs_m < M
+    offs_r = tl.arange(0, BLOCK_K8)                                       # packed rows in a tile
+    k8 = K // 8
+    z_shift = (offs_n % 8) * 4                                            # [BN] nibble of qzeros
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc1 = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    t_begin = pid_k * tiles_per_split
+    t_end = tl.minimum(t_begin + tiles_per_split, tl.cdiv(k8, BLOCK_K8))
+    for t in range(t_begin, t_end):
+        r = t * BLOCK_K8 + offs_r                                         # [BK8]
+        r_mask = r < k8
+        q = tl.load(qw_ptr + r[:, None] * N + offs_n[None, :],
+                    mask=r_mask[:, None] & n_mask[None, :], other=0)      # [BK8, BN] int32
+        g = tl.minimum((t * BLOCK_K8 * 8) // group_size, num_groups - 1)
+        s_u, z_u = _group_sz(sc_ptr, qz_ptr, g, offs_n, n_mask, z_shift, N)
+        for j in tl.static_range(8):
+            k = r * 8 + j                                                 # [BK8] input rows
+            w = _dequant_tile_j(q, j, s_u, z_u, sc_ptr, qz_ptr, gidx_ptr, k, r_mask, offs_n, n_mask, z_shift,
+                                N, per_row)
+            if USE_DOT:
+                xj = tl.load(x_ptr + offs_m[:, None] * stride_xm + k[None, :],
+                             mask=m_mask[:, None] & r_mask[None, :], other=0.0)   # [BM, BK8]
+                acc += tl.dot(xj, w.to(xj.dtype))
+            else:
+                xv = tl.load(x_ptr + pid_m * stride_xm + k, mask=r_mask, other=0.0).to(tl.float32)
+                acc1 += tl.sum(w * xv[:, None], axis=0)
+    if not USE_DOT:
+        acc = acc1[None, :] + acc                                         # BLOCK_M == 1
+    o_mask = m_mask[:, None] & n_mask[None, :]
+    if split != 0:
+        tl.store(part_ptr + pid_k * M * N + offs_m[:, None] * N + offs_n[None, :], acc, mask=o_mask)
+    else:
+        if has_bias != 0:
+            acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        tl.store(out_ptr + offs_m[:, None] * N + offs_n[None, :], acc.to(out_ptr.dtype.element_ty),
+                 mask=o_mask)
+
+
+@triton.jit
+def _splitk_reduce_kernel(part_ptr, bias_ptr, out_ptr, MN, N, num_splits,
+                          BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < MN
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in range(0, num_splits):
+        acc += tl.load(part_ptr + s * MN + offs, mask=mask, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs % N, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _dequant_kernel(qw_ptr, qz_ptr, sc_ptr, gidx_ptr, out_ptr, N, K, group_size,
+                    BLOCK_N: tl.constexpr, BLOCK_K8: tl.constexpr, HAS_GIDX: tl.constexpr):
+    """out[K, N] = dequant(w) in out's dtype (the cuBLAS path on pre-Ampere GPUs)."""
+    offs_r = tl.program_id(0) * BLOCK_K8 + tl.arange(0, BLOCK_K8)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (offs_r < K // 8)[:, None] & (offs_n < N)[None, :]
+    q = tl.load(qw_ptr + offs_r[:, None] * N + offs_n[None, :], mask=mask, other=0)
+    z_shift = (offs_n % 8) * 4
+    for j in tl.static_range(8):
+        k = offs_r * 8 + j
+        if HAS_GIDX:
+            g = tl.load(gidx_ptr + k, mask=offs_r < K // 8, other=0)
+        else:
+            g = k // group_size
+        s = tl.load(sc_ptr + g[:, None] * N + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
+        zp = tl.load(qz_ptr + g[:, None] * (N // 8) + (offs_n // 8)[None, :], mask=mask, other=0)
+        w = (((q >> (4 * j)) & 0xF) - ((zp >> z_shift[None, :]) & 0xF)).to(tl.float32) * s
+        tl.store(out_ptr + k[:, None] * N + offs_n[None, :], w.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+# name: (BLOCK_M, BLOCK_N, BLOCK_K8, USE_DOT, num_warps, num_stages)
+_CONFIGS = {
+    "gemv": (1, 128, 16, False, 4, 2),
+    "skinny": (16, 64, 16, True, 4, 3),
+    "tiled": (64, 128, 16, True, 8, 3),
+}
+_REDUCE_BLOCK = 1024
+_DEQUANT_BLOCK = (128, 16)            # (BLOCK_N, BLOCK_K8)
+CUBLAS_MIN_M_PRE_AMPERE = 65          # cc < 80 and M >= this: dequantize + torch.matmul
+_GIDX_CACHE: dict[tuple, torch.Tensor] = {}
+
+
+def choose_config(m: int) -> str:
+    if m == 1:
+        return "gemv"
+    return "skinny" if m <= 16 else "tiled"
+
+
+def row_groups(w: GPTQWeight, block_k8: int) -> tuple[bool, torch.Tensor]:
+    """-> (per_row, g_idx [(E,) K] int32). per_row False: every K tile of 8*block_k8 rows is in one group.
+
+    A trivial g_idx (k // group_size) for group sizes that split a tile is built once per shape and cached.
+    """
+    if w.g_idx is not None:
+        return True, w.g_idx
+    if w.group_size % (block_k8 * 8) == 0 or w.group_size >= w.in_features:
+        return False, w.qweight                                          # any valid pointer: unused
+    key = (w.qweight.device, w.in_features, w.group_size)
+    if key not in _GIDX_CACHE:
+        k = torch.arange(w.in_features, device=w.qweight.device, dtype=torch.int32)
+        _GIDX_CACHE[key] = torch.div(k, w.group_size, rounding_mode="floor")
+    return True, _GIDX_CACHE[key]
+
+
+def _split_k(programs: int, k_tiles: int, device: torch.device) -> int:
+    target = 2 * num_sms(device)
+    if programs >= target or k_tiles <= 1:
+        return 1
+    return min(16, next_pow2(-(-target // programs)), k_tiles)
+
+
+def dequantize(w: GPTQWeight, dtype: torch.dtype) -> torch.Tensor:
+    """[K, N] dense weights in ``dtype`` (one Triton launch)."""
+    k, n = w.in_features, w.out_features
+    out = torch.empty(k, n, dtype=dtype, device=w.qweight.device)
+    bn, bk8 = _DEQUANT_BLOCK
+    _, gidx = row_groups(w, 1 << 30)                                      # always per row here
+    grid = (triton.cdiv(k // 8, bk8), triton.cdiv(n, bn))
+    _dequant_kernel[grid](w.qweight, w.qzeros, w.scales, gidx, out, n, k, w.group_size,
+                          BLOCK_N=bn, BLOCK_K8=bk8, HAS_GIDX=True)
+    return out
+
+
+def w4a16_gemm(x: torch.Tensor, w: GPTQWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    m, k = x.shape
+    n = w.out_features
+    assert k == w.in_features and k % 8 == 0 and n % 8 == 0, (x.shape, k, n)
+    assert w.qweight.is_contiguous() and w.qzeros.is_contiguous() and w.scales.is_contiguous()
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    dev = x.device
+    if m >= CUBLAS_MIN_M_PRE_AMPERE and dev.type == "cuda" and compute_capability(dev) < 80:
+        y = torch.matmul(x, dequantize(w, x.dtype))
+        return y if bias is None else y + bias
+    bm, bn, bk8, use_dot, warps, stages = _CONFIGS[choose_config(m)]
+    per_row, gidx = row_groups(w, bk8)
+    k_tiles = triton.cdiv(k // 8, bk8)
+    grid_n, grid_m = triton.cdiv(n, bn), triton.cdiv(m, bm)
+    splits = _split_k(grid_n * grid_m, k_tiles, dev)
+    tiles_per_split = triton.cdiv(k_tiles, splits)
+    splits = triton.cdiv(k_tiles, tiles_per_split)
+    out = torch.empty(m, n, dtype=x.dtype, device=dev)
+    part = torch.empty(splits, m, n, dtype=torch.float32, device=dev) if splits > 1 else out.float()[:0]
+    bias_arg = bias if bias is not None else out
+    _w4a16_kernel[(grid_n, splits, grid_m)](
+        x, w.qweight, w.qzeros, w.scales, gidx, bias_arg, out, part, m, n, k, w.group_size, w.num_groups,
+        tiles_per_split, x.stride(0), int(per_row), int(bias is not None), int(splits > 1),
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K8=bk8, USE_DOT=use_dot, num_warps=warps, num_stages=stages)
+    if splits > 1:
+        _splitk_reduce_kernel[(triton.cdiv(m * n, _REDUCE_BLOCK),)](
+            part, bias_arg, out, m * n, n, splits, BLOCK=_REDUCE_BLOCK, HAS_BIAS=bias is not None)
+    return out
+
+
+def aot_configs() -> list[AotConfig]:
+    """Every (kernel, block config) the dispatcher above can launch: fp16 everywhere, bf16 on sm80+.
+
+    Group mode, bias and split-K are runtime flags, so each block config is one compiled kernel.
+    """
+    out: list[AotConfig] = []
+    for act, min_cc in (("fp16", 70), ("bf16", 80)):
+        for name, (bm, bn, bk8, use_dot, warps, stages) in _CONFIGS.items():
+            cx = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K8=bk8, USE_DOT=use_dot)
+            args = dict(x_ptr=f"*{act}", qw_ptr="*i32", qz_ptr="*i32", sc_ptr="*fp16", gidx_ptr="*i32",
+                        bias_ptr=f"*{act}", out_ptr=f"*{act}", part_ptr="*fp32", M="i32", N="i32", K="i32",
+                        group_size="i32", num_groups="i32", tiles_per_split="i32", stride_xm="i32",
+                        per_row="i32", has_bias="i32", split="i32")
+            out.append(AotConfig(_w4a16_kernel, signature(args, cx), cx, warps, stages, min_cc,
+                                 f"w4a16[{name},{act}]"))
+        for has_bias in (False, True):
+            cx = dict(BLOCK=_REDUCE_BLOCK, HAS_BIAS=has_bias)
+            args = dict(part_ptr="*fp32", bias_ptr=f"*{act}", out_ptr=f"*{act}", MN="i32", N="i32",
+                        num_splits="i32")
+            out.append(AotConfig(_splitk_reduce_kernel, signature(args, cx), cx, 4, 1, min_cc,
+                                 f"splitk_reduce[b={has_bias},{act}]"))
+    # the cuBLAS path runs on cc < 80 only, in fp16
+    cx = dict(BLOCK_N=_DEQUANT_BLOCK[0], BLOCK_K8=_DEQUANT_BLOCK[1], HAS_GIDX=True)
+    args = dict(qw_ptr="*i32", qz_ptr="*i32", sc_ptr="*fp16", gidx_ptr="*i32", out_ptr="*fp16", N="i32",
+                K="i32", group_size="i32")
+    out.append(AotConfig(_dequant_kernel, signature(args, cx), cx, 4, 1, 70, "dequant"))
+    return out
+
+
+__all__ = ["w4a16_gemm", "dequantize", "aot_configs", "choose_config", "row_groups"]

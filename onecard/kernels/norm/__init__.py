@@ -1,0 +1,1 @@
+"""RMSNorm with optional fused residual add: ``ref.py`` and ``triton.py``."""

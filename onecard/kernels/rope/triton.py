@@ -1,0 +1,72 @@
+"""Triton per-head q/k RMSNorm + neox RoPE (fp32 math), one program per token; contract as ref.py.
+
+Each program normalises all Hq + Hkv heads of its token as a [HEADS, D/2] x 2 pair of halves, so the
+rotation needs no data exchange: out1 = x1*cos - x2*sin, out2 = x2*cos + x1*sin.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from onecard.kernels.triton_common import AotConfig, next_pow2, signature
+
+
+@triton.jit
+def _norm_rope_heads(x_ptr, o_ptr, w_ptr, stride_t, stride_h, tok, cos, sin, eps, H,
+                     BLOCK_H: tl.constexpr, HALF: tl.constexpr):
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, HALF)
+    mask = (offs_h < H)[:, None]
+    base = x_ptr + tok * stride_t + offs_h[:, None] * stride_h + offs_d[None, :]
+    x1 = tl.load(base, mask=mask, other=0.0).to(tl.float32)               # [BH, D/2]
+    x2 = tl.load(base + HALF, mask=mask, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * HALF) + eps)
+    w1 = tl.load(w_ptr + offs_d).to(tl.float32)
+    w2 = tl.load(w_ptr + HALF + offs_d).to(tl.float32)
+    x1 = x1 * rstd[:, None] * w1[None, :]
+    x2 = x2 * rstd[:, None] * w2[None, :]
+    ob = o_ptr + tok * H * 2 * HALF + offs_h[:, None] * (2 * HALF) + offs_d[None, :]
+    tl.store(ob, (x1 * cos[None, :] - x2 * sin[None, :]).to(o_ptr.dtype.element_ty), mask=mask)
+    tl.store(ob + HALF, (x2 * cos[None, :] + x1 * sin[None, :]).to(o_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _qk_norm_rope_kernel(q_ptr, k_ptr, qw_ptr, kw_ptr, pos_ptr, cs_ptr, qo_ptr, ko_ptr,
+                         stride_qt, stride_qh, stride_kt, stride_kh, HQ, HKV, eps,
+                         HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr):
+    tok = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + tok).to(tl.int64)
+    offs_d = tl.arange(0, HALF)
+    cos = tl.load(cs_ptr + pos * 2 * HALF + offs_d)
+    sin = tl.load(cs_ptr + pos * 2 * HALF + HALF + offs_d)
+    _norm_rope_heads(q_ptr, qo_ptr, qw_ptr, stride_qt, stride_qh, tok, cos, sin, eps, HQ, BLOCK_HQ, HALF)
+    _norm_rope_heads(k_ptr, ko_ptr, kw_ptr, stride_kt, stride_kh, tok, cos, sin, eps, HKV, BLOCK_HKV, HALF)
+
+
+def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
+                 positions: torch.Tensor, cos_sin_cache: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    t, hq, d = q.shape
+    hkv = k.shape[1]
+    assert d == next_pow2(d) and q.stride(2) == 1 and k.stride(2) == 1 and cos_sin_cache.is_contiguous()
+    assert cos_sin_cache.dtype == torch.float32
+    q_out = torch.empty(t, hq, d, dtype=q.dtype, device=q.device)
+    k_out = torch.empty(t, hkv, d, dtype=k.dtype, device=k.device)
+    if t > 0:
+        _qk_norm_rope_kernel[(t,)](q, k, q_weight, k_weight, positions, cos_sin_cache, q_out, k_out,
+                                   q.stride(0), q.stride(1), k.stride(0), k.stride(1), hq, hkv, eps,
+                                   HALF=d // 2, BLOCK_HQ=next_pow2(hq), BLOCK_HKV=next_pow2(hkv))
+    return q_out, k_out
+
+
+def aot_configs() -> list[AotConfig]:
+    """Qwen3-30B-A3B: 32 q heads, 4 kv heads, head_dim 128."""
+    out = []
+    for act, min_cc in (("fp16", 70), ("bf16", 80)):
+        cx = dict(HALF=64, BLOCK_HQ=32, BLOCK_HKV=4)
+        args = dict(q_ptr=f"*{act}", k_ptr=f"*{act}", qw_ptr=f"*{act}", kw_ptr=f"*{act}", pos_ptr="*i64",
+                    cs_ptr="*fp32", qo_ptr=f"*{act}", ko_ptr=f"*{act}", stride_qt="i32", stride_qh="i32",
+                    stride_kt="i32", stride_kh="i32", HQ="i32", HKV="i32", eps="fp32")
+        out.append(AotConfig(_qk_norm_rope_kernel, signature(args, cx), cx, 4, 1, min_cc, f"qk_norm_rope[{act}]"))
+    return out

@@ -1,0 +1,64 @@
+"""Shared helpers for the Triton backends: device facts (cached, host-side only: no GPU syncs) and the
+AOT config record every ``triton.py`` exports through ``aot_configs()``.
+
+``AotConfig`` = one kernel at one block configuration and signature that a dispatcher can launch; the AOT
+test compiles each for sm70/75/80/90 with ``triton.compile(ASTSource(...), target=GPUTarget(...))``.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+TL_DTYPE = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.int32: "i32",
+            torch.int64: "i64", torch.int8: "i8", torch.uint8: "u8"}
+
+
+@dataclass(slots=True)
+class AotConfig:
+    kernel: Any                       # a @triton.jit function
+    signature: dict[str, str]         # arg name -> "*fp16" | "i32" | "fp32" | "constexpr"
+    constexprs: dict[str, Any]        # constexpr name -> value
+    num_warps: int = 4
+    num_stages: int = 2
+    min_cc: int = 70                  # skip for targets below this compute capability (e.g. bf16 paths)
+    name: str = field(default="")
+
+
+def signature(arg_types: dict[str, str], constexprs: dict[str, Any]) -> dict[str, str]:
+    """Complete a signature: every constexpr argument gets the type string "constexpr"."""
+    sig = dict(arg_types)
+    for k in constexprs:
+        sig[k] = "constexpr"
+    return sig
+
+
+def interpreting() -> bool:
+    # The only os.environ read in the kernels: Triton itself keys off this variable.
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_props(index: int) -> tuple[int, int]:
+    p = torch.cuda.get_device_properties(index)
+    return p.major * 10 + p.minor, p.multi_processor_count
+
+
+def compute_capability(device: torch.device) -> int:
+    """Like 80 for sm80; the interpreter (CPU) counts as 80 so it exercises the tensor-core paths."""
+    if device.type != "cuda":
+        return 80
+    return _cuda_props(device.index if device.index is not None else torch.cuda.current_device())[0]
+
+
+def num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4                      # small, so split-K paths run under the interpreter too
+    return _cuda_props(device.index if device.index is not None else torch.cuda.current_device())[1]
+
+
+def next_pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()

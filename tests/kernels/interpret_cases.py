@@ -1,0 +1,124 @@
+"""Worker for test_triton_interpret.py: runs every Triton op under TRITON_INTERPRET=1 (set before triton is
+imported, in this separate process) against its ref at tiny and odd shapes, fresh random data each run.
+
+Usage: python interpret_cases.py SEED [CASE ...]  -> one JSON object {case: relative error | "error: ..."}.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
+
+F32, F16 = "fp32", "fp16"
+# (M, K, N, group_size, desc_act, bias): gemv, skinny (dot), tiled; group == K; per-row groups; act order
+GEMM = [(1, 64, 40, 32, False, True), (1, 256, 16, 256, True, False), (3, 136, 40, 136, False, True),
+        (17, 256, 48, 128, False, False), (70, 128, 40, 32, False, True), (5, 128, 24, 32, True, False),
+        (2, 2048, 16, 128, False, True)]
+# (T, H, I, E, top_k, renormalize, desc_act): pairs (T <= 4), sorted16, sorted64
+MOE = [(1, 64, 32, 8, 2, True, False), (3, 72, 40, 6, 3, False, False), (17, 128, 48, 8, 2, True, True),
+       (70, 64, 16, 4, 2, True, False)]
+# (seq_lens, query_lens, Hq, Hkv, block_size, num_decode_tokens): prefill, chunk over prefix, split-KV decode
+ATTN = [([5, 9, 1], [5, 9, 1], 8, 2, 4, 0), ([7, 70, 33], [1, 4, 1], 6, 2, 16, 1),
+        ([130, 2100], [1, 1], 4, 1, 16, 2), ([17], [17], 4, 4, 8, 0)]
+
+CASES = ([f"gemm{i}-{dt}" for i in range(len(GEMM)) for dt in (F32, F16)] + ["dequant"]
+         + [f"moe{i}-{w}-{dt}" for i in range(len(MOE)) for w in ("float", "gptq") for dt in (F32, F16)]
+         + [f"attn{i}-{dt}" for i in range(len(ATTN)) for dt in (F32, F16)]
+         + [f"store_kv-{dt}" for dt in (F32, F16)]
+         + [f"rms_norm-{r}-{dt}" for r in ("res", "nores") for dt in (F32, F16)]
+         + [f"qk_norm_rope-{dt}" for dt in (F32, F16)] + [f"silu_and_mul-{dt}" for dt in (F32, F16)])
+
+
+def _rel(out, ref) -> float:
+    return float((out.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
+
+
+def run_case(name: str, seed: int) -> float:
+    import torch
+    from kernels_testlib import make_paged_batch, random_gptq
+
+    torch.manual_seed(seed)
+    dt = torch.float16 if name.endswith(F16) else torch.float32
+    kind, _, rest = name.partition("-")
+    if kind.startswith("gemm"):
+        from onecard.kernels.gptq_gemm import ref, triton as tk
+        m, k, n, gs, desc, has_bias = GEMM[int(kind[4:])]
+        w, _ = random_gptq(k, n, gs, desc_act=desc, seed=seed)
+        x = torch.randn(m, k).to(dt)
+        bias = torch.randn(n).to(dt) if has_bias else None
+        return _rel(tk.w4a16_gemm(x, w, bias), ref.w4a16_gemm(x, w, bias))
+    if kind == "dequant":
+        from onecard.kernels.gptq_gemm import ref, triton as tk
+        w, _ = random_gptq(64, 24, 16, desc_act=True, seed=seed)
+        return _rel(tk.dequantize(w, torch.float32), ref.dequantize_gptq(w))
+    if kind.startswith("moe"):
+        from onecard.kernels.fused_moe import ref, triton as tk
+        t, h, i, e, top_k, renorm, desc = MOE[int(kind[3:])]
+        x, logits = torch.randn(t, h).to(dt), torch.randn(t, e)
+        if rest.startswith("float"):
+            ws = [(torch.randn(e, a, b) / math.sqrt(a)).to(dt) for a, b in ((h, i), (h, i), (i, h))]
+        else:
+            ws = [random_gptq(h, i, 32, experts=e, desc_act=desc, seed=seed + 1)[0],
+                  random_gptq(h, i, 32, experts=e, desc_act=desc, seed=seed + 2)[0],
+                  random_gptq(i, h, 16, experts=e, desc_act=desc, seed=seed + 3)[0]]
+        return _rel(tk.fused_moe(x, logits, *ws, top_k, renorm), ref.fused_moe(x, logits, *ws, top_k, renorm))
+    if kind.startswith("attn"):
+        from onecard.kernels.attention import ref, triton as tk
+        seq_lens, qlens, hq, hkv, bs, dec = ATTN[int(kind[4:])]
+        kc, vc, md, _, _ = make_paged_batch(seq_lens, qlens, hkv, 32, bs, dtype=dt, seed=seed, pad_rows=1)
+        md.num_decode_tokens = dec
+        q = torch.randn(sum(qlens) + 1, hq, 32).to(dt)
+        s = 1 / math.sqrt(32)
+        return _rel(tk.paged_attention(q, kc, vc, md, s), ref.paged_attention(q, kc, vc, md, s))
+    if kind == "store_kv":
+        from onecard.kernels.attention import ref, triton as tk
+        kc = torch.randn(3, 4, 2, 16).to(dt)
+        vc = torch.randn(3, 4, 2, 16).to(dt)
+        k, v = torch.randn(5, 2, 16).to(dt), torch.randn(5, 2, 16).to(dt)
+        slots = torch.tensor([3, -1, 0, 11, 6])
+        a, b = (kc.clone(), vc.clone()), (kc.clone(), vc.clone())
+        tk.store_kv(k, v, *a, slots)
+        ref.store_kv(k, v, *b, slots)
+        return _rel(torch.cat([a[0], a[1]]), torch.cat([b[0], b[1]]))
+    if kind == "rms_norm":
+        from onecard.kernels.norm import ref, triton as tk
+        x, r, w = torch.randn(5, 40).to(dt), torch.randn(5, 40).to(dt), torch.randn(40).to(dt)
+        res = r if rest.startswith("res") else None
+        (o1, r1), (o2, r2) = tk.rms_norm(x, w, 1e-6, res), ref.rms_norm(x, w, 1e-6, res)
+        return max(_rel(o1, o2), _rel(r1, r2))
+    if kind == "qk_norm_rope":
+        from onecard.kernels.rope import ref, triton as tk
+        t, hq, hkv, d = 5, 6, 3, 32
+        q, k = torch.randn(t, hq + 2, d).to(dt)[:, :hq], torch.randn(t, hkv, d).to(dt)   # q: a strided view
+        qw, kw = torch.randn(d).to(dt), torch.randn(d).to(dt)
+        ang = torch.outer(torch.arange(64).float(), 1.0 / (1e4 ** (torch.arange(0, d, 2).float() / d)))
+        cache = torch.cat([ang.cos(), ang.sin()], dim=-1)
+        pos = torch.randint(0, 64, (t,))
+        a, b = tk.qk_norm_rope(q, k, qw, kw, pos, cache, 1e-6), ref.qk_norm_rope(q, k, qw, kw, pos, cache, 1e-6)
+        return max(_rel(a[0], b[0]), _rel(a[1], b[1]))
+    if kind == "silu_and_mul":
+        from onecard.kernels.activation import ref, triton as tk
+        x = torch.randn(3, 2 * 1100).to(dt)
+        return _rel(tk.silu_and_mul(x), ref.silu_and_mul(x))
+    raise KeyError(name)
+
+
+def main() -> None:
+    seed = int(sys.argv[1])
+    results = {}
+    for name in sys.argv[2:] or CASES:
+        try:
+            results[name] = run_case(name, seed)
+        except Exception:                                                  # reported per case by the test
+            results[name] = "error: " + traceback.format_exc(limit=6)
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    os.environ["TRITON_INTERPRET"] = "1"       # before anything imports triton (imports are inside run_case)
+    main()

@@ -1,0 +1,115 @@
+"""The one place that maps errors to HTTP responses, in OpenAI's shape (as vLLM >= 0.10.1 sends them).
+
+Contract: route code raises ``APIError`` (or a subclass: ``BadRequest``, ``NotFound``, ``Unauthorized``,
+``ServiceUnavailable``); ``install_error_handlers(app)`` turns those, FastAPI's request-validation errors
+(422 → 400), engine rejections (``EngineRequestError``, status from the engine), ``ValueError`` from
+parameter validation (400) and anything else (500, no traceback in the body) into
+``{"error": {"message", "type", "param", "code"}}``. ``error_body`` builds the same dict for SSE streams.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from onecard.frontend.async_engine import EngineDeadError, EngineRequestError
+
+logger = logging.getLogger(__name__)
+
+_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 403: "PermissionDeniedError",
+          404: "NotFoundError", 405: "MethodNotAllowed", 413: "RequestTooLarge",
+          422: "UnprocessableEntityError", 429: "RateLimitError", 500: "InternalServerError",
+          501: "NotImplementedError", 503: "ServiceUnavailableError"}
+
+
+class APIError(Exception):
+    status = 400
+
+    def __init__(self, message: str, param: str | None = None, status: int | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if status is not None:
+            self.status = status
+
+
+class BadRequest(APIError):
+    status = 400
+
+
+class Unauthorized(APIError):
+    status = 401
+
+
+class NotFound(APIError):
+    status = 404
+
+
+class ServiceUnavailable(APIError):
+    status = 503
+
+
+def error_body(message: str, status: int, param: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": _TYPES.get(status, "APIError"), "param": param,
+                      "code": status}}
+
+
+def error_response(message: str, status: int, param: str | None = None) -> JSONResponse:
+    return JSONResponse(error_body(message, status, param), status_code=status)
+
+
+def model_not_found(name: str) -> NotFound:
+    return NotFound(f"The model `{name}` does not exist.", param="model")
+
+
+def to_api_error(exc: BaseException) -> APIError:
+    """Any exception → the APIError a client sees (logs internal faults with their traceback)."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, EngineRequestError):
+        return APIError(exc.message, status=exc.status)
+    if isinstance(exc, EngineDeadError):
+        return ServiceUnavailable(f"the engine is not available: {exc}")
+    if isinstance(exc, ValueError):
+        return BadRequest(str(exc))
+    logger.error("internal error while serving a request", exc_info=exc)
+    return APIError("Internal server error; see the server log.", status=500)
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    errors = exc.errors()
+    parts, param = [], None
+    for err in errors:
+        loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+        where = ".".join(loc)
+        if param is None and loc:
+            param = loc[0]
+        msg = str(err.get("msg", "invalid value"))
+        parts.append(f"{where}: {msg}" if where else msg)
+    n = len(errors)
+    head = f"{n} validation error{'s' if n != 1 else ''} for request"
+    return head + ": " + "; ".join(parts), param
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc)
+        return error_response(message, 400, param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(str(exc.detail), exc.status_code)
+
+    async def _mapped(_: Request, exc: Exception) -> JSONResponse:
+        err = to_api_error(exc)
+        return error_response(err.message, err.status, err.param)
+
+    # Known types are handled inside the app; the bare Exception handler runs in Starlette's outermost
+    # middleware (which also logs the traceback) and answers 500 without one.
+    for exc_type in (APIError, EngineRequestError, EngineDeadError, ValueError, Exception):
+        app.add_exception_handler(exc_type, _mapped)

@@ -1,0 +1,93 @@
+"""Wiring: engine config + flags → tokenizer, core client, AsyncEngine, app, uvicorn server.
+
+Contract: ``make_state(engine_config, core, settings=None, tokenizer=None)`` builds a ``ServerState`` around any
+``CoreClient`` (the real one, or a scripted one in tests); ``settings_from(engine_config, **flags)`` fills
+``ServerSettings`` from the engine config. ``prepare_server(engine_config, ns)`` does the same from parsed CLI
+flags and returns a ``Server`` whose ``run()`` blocks until SIGTERM/SIGINT (then: stop accepting, let
+in-flight requests finish within ``--shutdown-timeout``, stop the engine) and returns the exit status
+(0 after a signal, 1 when the engine failed to start).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+from typing import Any
+
+from onecard.config import EngineConfig
+from onecard.frontend.async_engine import AsyncEngine
+from onecard.frontend.core_client import CoreClient
+from onecard.frontend.tokenizer import load_tokenizer, resolve_chat_template
+from onecard.server.app import ServerSettings, ServerState, build_app
+from onecard.server.metrics import ServerMetrics
+
+logger = logging.getLogger(__name__)
+
+_SAMPLING_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def settings_from(engine_config: EngineConfig, *, api_key: str | None = None, reasoning_parser: str | None = None,
+                  tool_call_parser: str | None = None, enable_auto_tool_choice: bool = False) -> ServerSettings:
+    m = engine_config.model
+    gen = m.generation_config or {}
+    return ServerSettings(
+        served_model_names=list(m.served_model_names) or [m.model], model_root=m.model,
+        max_model_len=m.max_model_len, api_key=api_key, reasoning_parser=reasoning_parser,
+        tool_call_parser=tool_call_parser, enable_auto_tool_choice=enable_auto_tool_choice,
+        chat_template=resolve_chat_template(m.chat_template),
+        default_sampling={k: gen[k] for k in _SAMPLING_DEFAULT_KEYS if gen.get(k) is not None})
+
+
+def make_state(engine_config: EngineConfig, core: CoreClient, settings: ServerSettings | None = None,
+               tokenizer: Any = None) -> ServerState:
+    settings = settings or settings_from(engine_config)
+    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(engine_config.model.tokenizer)
+    metrics = ServerMetrics(settings.served_model_names[0], lambda: core.stats)
+    engine = AsyncEngine(core, tokenizer, engine_config.model, metrics=metrics)
+    return ServerState(settings=settings, engine=engine, tokenizer=tokenizer, metrics=metrics)
+
+
+class Server:
+    def __init__(self, state: ServerState, host: str, port: int, shutdown_timeout: float = 30.0,
+                 log_level: str = "info"):
+        import uvicorn
+
+        self.state = state
+        self.fatal: str | None = None
+        state.on_fatal = self._on_fatal
+        self.app = build_app(state)
+        self.config = uvicorn.Config(self.app, host=host, port=port, log_level=log_level,
+                                     timeout_graceful_shutdown=shutdown_timeout, access_log=False)
+        self.server = uvicorn.Server(self.config)
+
+    def _on_fatal(self, why: str) -> None:
+        self.fatal = why
+        self.server.should_exit = True
+
+    def run(self) -> int:
+        # uvicorn re-raises the signal it caught once it has shut down gracefully; with these handlers in place
+        # that re-raise is a no-op and the process exits 0, as a graceful SIGTERM should.
+        previous = {s: signal.signal(s, lambda *_: None) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            self.server.run()
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
+        if self.fatal is not None:
+            logger.error("exiting: the engine failed to start: %s", self.fatal)
+            return 1
+        return 0
+
+
+def prepare_server(engine_config: EngineConfig, ns: argparse.Namespace) -> Server:
+    from onecard.frontend.core_client import make_core_client
+
+    settings = settings_from(engine_config, api_key=ns.api_key, reasoning_parser=ns.reasoning_parser,
+                             tool_call_parser=ns.tool_call_parser,
+                             enable_auto_tool_choice=ns.enable_auto_tool_choice)
+    tokenizer = load_tokenizer(engine_config.model.tokenizer)
+    core = make_core_client(engine_config, single_process=ns.single_process)
+    state = make_state(engine_config, core, settings, tokenizer)
+    logger.info("starting onecard: model %s as %s on http://%s:%d (engine loading in the background)",
+                settings.model_root, ", ".join(settings.served_model_names), ns.host or "0.0.0.0", ns.port)
+    return Server(state, ns.host or "0.0.0.0", ns.port, ns.shutdown_timeout, ns.uvicorn_log_level)

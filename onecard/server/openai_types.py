@@ -1,0 +1,223 @@
+"""Pydantic request models for the OpenAI-compatible API (OpenAI's fields plus vLLM's extras).
+
+Contract: ``ChatCompletionRequest``, ``CompletionRequest``, ``TokenizeRequest``, ``DetokenizeRequest`` parse
+request bodies (unknown fields are accepted and ignored, as vLLM does). ``to_sampling_params(defaults)``
+builds the engine's ``SamplingParams``; a bad value raises ``ValueError`` naming the field (a 400). An unset
+max_tokens stays None: the engine fills in "up to the context length" and checks the fit. ``defaults`` are
+the model's generation_config values used where the request leaves a field unset (vLLM's
+``--generation-config auto``). Responses are plain dicts built in the route modules (exact OpenAI shapes,
+cheap to serialise per SSE chunk).
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from onecard.sampling_params import SamplingParams
+
+_DEFAULTABLE = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def random_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+class _Base(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class StreamOptions(_Base):
+    include_usage: bool | None = True
+    continuous_usage_stats: bool | None = False
+
+
+class FunctionDef(_Base):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class ToolDef(_Base):
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+
+class NamedFunction(_Base):
+    name: str
+
+
+class NamedToolChoice(_Base):
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
+class ResponseFormat(_Base):
+    type: str
+
+
+class ChatMessage(_Base):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any] | str] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+
+
+class _SamplingFields(_Base):
+    """Fields shared by chat and completions."""
+
+    model: str | None = None
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    # vLLM extras
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    priority: int = 0
+    response_format: ResponseFormat | None = None
+
+    def _base_params(self, defaults: dict[str, Any], max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+        if self.logit_bias:
+            raise ValueError("logit_bias is not supported by onecard.")
+        if self.response_format is not None and self.response_format.type != "text":
+            raise ValueError(
+                f"response_format type {self.response_format.type!r} is not supported yet: onecard has no "
+                "structured output (guided decoding). Leave response_format unset or use {\"type\": \"text\"}.")
+        values: dict[str, Any] = {}
+        for name in _DEFAULTABLE:
+            v = getattr(self, name)
+            if v is None:
+                v = defaults.get(name)
+            if v is not None:
+                values[name] = v
+        return SamplingParams(
+            n=self.n, presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+            seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos,
+            max_tokens=max_tokens, min_tokens=self.min_tokens, logprobs=logprobs,
+            skip_special_tokens=self.skip_special_tokens,
+            spaces_between_special_tokens=self.spaces_between_special_tokens,
+            include_stop_str_in_output=self.include_stop_str_in_output, **values)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    tools: list[ToolDef] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = True
+    # vLLM extras
+    echo: bool = False
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _tool_choice_default(self) -> ChatCompletionRequest:
+        # OpenAI (and vLLM): tools without tool_choice means "auto"; no tools means "none".
+        if self.tool_choice is None:
+            self.tool_choice = "auto" if self.tools else "none"
+        if (isinstance(self.tool_choice, NamedToolChoice) or self.tool_choice == "required") and not self.tools:
+            raise ValueError("tool_choice names a tool or is 'required' but no tools were given.")
+        if isinstance(self.tool_choice, NamedToolChoice):
+            names = [t.function.name for t in self.tools or []]
+            if self.tool_choice.function.name not in names:
+                raise ValueError(f"tool_choice names function {self.tool_choice.function.name!r}, which is "
+                                 f"not among the tools ({', '.join(names)}).")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs to be true.")
+        return self
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def to_sampling_params(self, defaults: dict[str, Any]) -> SamplingParams:
+        lp = (self.top_logprobs or 0) if self.logprobs else None
+        return self._base_params(defaults, self.requested_max_tokens, lp)
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = 16
+    logprobs: int | None = None
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+    add_special_tokens: bool = True
+
+    @model_validator(mode="after")
+    def _check(self) -> CompletionRequest:
+        if self.suffix:
+            raise ValueError("suffix is not supported.")
+        if self.best_of is not None and self.best_of != self.n:
+            raise ValueError("best_of is not supported (it must equal n).")
+        if isinstance(self.prompt, list) and not self.prompt:
+            raise ValueError("prompt must not be empty.")
+        return self
+
+    def prompts(self) -> list[str | list[int]]:
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if all(isinstance(x, int) for x in p):
+            return [list(p)]  # type: ignore[arg-type]
+        return list(p)  # type: ignore[arg-type]
+
+    def to_sampling_params(self, defaults: dict[str, Any]) -> SamplingParams:
+        return self._base_params(defaults, self.max_tokens, self.logprobs)
+
+
+class TokenizeRequest(_Base):
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[ToolDef] | None = None
+    return_token_strs: bool = False
+
+    @model_validator(mode="after")
+    def _one_of(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of prompt or messages.")
+        return self
+
+
+class DetokenizeRequest(_Base):
+    model: str | None = None
+    tokens: list[int]

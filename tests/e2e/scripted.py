@@ -1,0 +1,133 @@
+"""A scripted token source behind the real engine interface, for driving exact texts through the server.
+
+``ScriptedRunner`` stands in for the model runner inside the real ``EngineCore`` (real scheduler, KV-cache
+manager, aborts, stats); it "samples" the token ids of a scripted reply: the first trigger substring found in
+the decoded prompt picks the reply, else the default one. Once a reply is used up it emits EOS (or keeps
+repeating its last token when the request ignores EOS). ``ScriptedCoreClient`` is the lead's
+``ThreadCoreClient`` with that runner plugged in, so everything from ``add_request`` on is the real code.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from onecard.config import EngineConfig
+from onecard.core.outputs import RunnerOutput, SchedulerOutput
+from onecard.frontend import core_client as cc
+from onecard.protocol import TokenLogprobs
+
+
+@dataclass
+class Script:
+    tokenizer: object
+    default: str = "Hello there, friend."
+    replies: list[tuple[str, str]] = field(default_factory=list)
+
+    def reply_ids(self, prompt_ids: list[int]) -> list[int]:
+        prompt = self.tokenizer.decode(prompt_ids)
+        for trigger, reply in self.replies:
+            if trigger in prompt:
+                return list(self.tokenizer.encode(reply, add_special_tokens=False))
+        return list(self.tokenizer.encode(self.default, add_special_tokens=False))
+
+
+class ScriptedRunner:
+    weights_bytes = 1 << 20
+
+    def __init__(self, config: EngineConfig, script: Script, num_blocks: int = 64, gate: threading.Event | None = None):
+        self.config = config
+        self.script = script
+        self.num_blocks = num_blocks
+        self.eos = config.model.eos_token_ids[0]
+        self.gate = gate                          # start-up waits on it (tests of 503 while loading)
+        self._replies: dict[str, list[int]] = {}
+        self.steps = 0
+        # Tests of mid-stream behaviour: once a request has `hold_after` outputs, steps wait for `release`.
+        self.hold_after: int | None = None
+        self.release = threading.Event()
+
+    def determine_num_blocks(self) -> int:
+        if self.gate is not None:
+            self.gate.wait(30)
+        return self.num_blocks
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        self.num_blocks = num_blocks
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return self.num_blocks * self.config.cache.block_size * 64
+
+    def execute(self, sched: SchedulerOutput) -> RunnerOutput:
+        self.steps += 1
+        if self.hold_after is not None and any(s.request.num_output_tokens >= self.hold_after
+                                               for s in sched.scheduled):
+            self.release.wait(30)
+        for rid in sched.finished_request_ids | sched.preempted_request_ids:
+            self._replies.pop(rid, None)
+        sampled: dict[str, int] = {}
+        logprobs: dict[str, TokenLogprobs] = {}
+        for s in sched.scheduled:
+            if not s.samples:
+                continue
+            req = s.request
+            reply = self._replies.setdefault(req.request_id, self.script.reply_ids(req.prompt_token_ids))
+            k = req.num_output_tokens
+            if k < len(reply):
+                tok = reply[k]
+            else:
+                tok = reply[-1] if req.sampling_params.ignore_eos and reply else self.eos
+            sampled[req.request_id] = tok
+            if req.sampling_params.logprobs is not None:
+                alt = (tok + 1) % 100 + 3
+                logprobs[req.request_id] = TokenLogprobs(token_id=tok, logprob=-0.25, rank=1,
+                                                         top={tok: -0.25, alt: -1.5})
+        return RunnerOutput(sampled_token_ids=sampled, logprobs=logprobs)
+
+
+class ScriptedCoreClient(cc.ThreadCoreClient):
+    def __init__(self, config: EngineConfig, script: Script, gate: threading.Event | None = None,
+                 num_blocks: int = 64):
+        super().__init__(config)
+        self.runner = ScriptedRunner(config, script, num_blocks=num_blocks, gate=gate)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run_scripted, name="scripted-engine", daemon=True)
+        self._thread.start()
+
+    def _run_scripted(self) -> None:
+        """``run_engine_loop``'s body with our runner (it has no hook for a runner factory)."""
+        import queue
+
+        from onecard.core.engine_core import EngineCore
+        from onecard.protocol import Abort
+
+        def recv(timeout):
+            try:
+                return self._in.get(timeout=timeout) if timeout != 0.0 else self._in.get_nowait()
+            except queue.Empty:
+                return None
+
+        try:
+            core = EngineCore(self.config, runner_factory=lambda _c: self.runner)
+        except Exception as e:  # noqa: BLE001 - reported like the real loop does
+            self._on_message(("error", f"{type(e).__name__}: {e}", False))
+            return
+        self.engine_core = core
+        self._on_message(("ready", core.info))
+        while True:
+            msg = recv(None if not core.has_unfinished() else 0.0)
+            outs: list = []
+            while msg is not None:
+                if msg == "stop":
+                    return
+                if isinstance(msg, Abort):
+                    outs.extend(core.abort(msg.request_ids))
+                else:
+                    err = core.add_request(msg)
+                    if err is not None:
+                        outs.append(err)
+                msg = recv(0.0)
+            if core.has_unfinished():
+                outs.extend(core.step())
+            self._on_message(("out", outs, core.stats()))

@@ -1,0 +1,121 @@
+"""The server on the real engine (tiny 4-bit GPTQ Qwen3-MoE, CPU, engine core in a thread): greedy text over
+HTTP, for both served names, streamed and not, equals ``LLM.generate`` on the same prompt token ids."""
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import openai
+import pytest
+
+from onecard import LLM, SamplingParams
+from onecard.config import EngineArgs
+from onecard.frontend.core_client import make_core_client
+from onecard.server.launch import make_state, settings_from
+from tests.e2e.harness import metric, start_server
+
+ARGS = dict(served_model_name=["coder", "reasoning"], max_model_len=256, device="cpu", seed=0)
+MSGS = [{"role": "user", "content": "def add(a, b):"}]
+
+
+@pytest.fixture(scope="module")
+def config(tiny_moe_gptq_dir):
+    return EngineArgs(model=str(tiny_moe_gptq_dir), **ARGS).create_config()
+
+
+@pytest.fixture(scope="module")
+def server(config):
+    state = make_state(config, make_core_client(config, single_process=True), settings_from(config))
+    srv = start_server(state)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_moe_gptq_dir):
+    return LLM(str(tiny_moe_gptq_dir), **ARGS)
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0)
+
+
+def _chat_prompt_ids(tokenizer, msgs):
+    text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def _reference(llm, prompt_ids, **kw):
+    out = llm.generate([{"prompt_token_ids": prompt_ids}], SamplingParams(temperature=0, **kw))[0].outputs[0]
+    return out
+
+
+def test_models_list_has_root(client, config):
+    data = client.models.list().data
+    assert [m.id for m in data] == ["coder", "reasoning"]
+    assert {m.model_extra["root"] for m in data} == {config.model.model}
+
+
+@pytest.mark.parametrize("name", ["coder", "reasoning"])
+def test_greedy_chat_equals_llm_generate(client, llm, server, name):
+    ref = _reference(llm, _chat_prompt_ids(server.state.tokenizer, MSGS), max_tokens=12)
+    r = client.chat.completions.create(model=name, messages=MSGS, temperature=0, max_tokens=12)
+    assert r.model == name
+    assert r.choices[0].message.content == ref.text
+    assert r.choices[0].finish_reason == ref.finish_reason
+    assert r.usage.completion_tokens == len(ref.token_ids)
+    chunks = list(client.chat.completions.create(model=name, messages=MSGS, temperature=0, max_tokens=12,
+                                                 stream=True, stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == ref.text
+    assert chunks[-1].usage.completion_tokens == len(ref.token_ids)
+
+
+def test_completions_equal_llm_generate_with_logprobs(client, llm, server):
+    ids = server.state.tokenizer.encode("import json\n")
+    ref = _reference(llm, ids, max_tokens=8, logprobs=2)
+    r = client.completions.create(model="coder", prompt="import json\n", temperature=0, max_tokens=8, logprobs=2)
+    assert r.choices[0].text == ref.text
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(ref.token_ids)
+    assert lp.token_logprobs == pytest.approx([d[t].logprob for d, t in zip(ref.logprobs, ref.token_ids)], abs=1e-4)
+
+
+def test_n2_and_stop(client, llm, server):
+    ids = _chat_prompt_ids(server.state.tokenizer, MSGS)
+    ref = _reference(llm, ids, max_tokens=12)
+    r = client.chat.completions.create(model="coder", messages=MSGS, temperature=0, max_tokens=12, n=2)
+    assert [c.message.content for c in r.choices] == [ref.text, ref.text]
+    stop = ref.text[3:6]
+    if stop.strip():
+        r = client.chat.completions.create(model="coder", messages=MSGS, temperature=0, max_tokens=12, stop=[stop])
+        assert r.choices[0].message.content == ref.text[:ref.text.index(stop)]
+        assert r.choices[0].finish_reason == "stop"
+
+
+def test_async_streams_concurrently(server, llm):
+    ids = _chat_prompt_ids(server.state.tokenizer, MSGS)
+    ref = _reference(llm, ids, max_tokens=10)
+
+    async def one(ac, name):
+        s = await ac.chat.completions.create(model=name, messages=MSGS, temperature=0, max_tokens=10, stream=True)
+        return "".join([c.choices[0].delta.content or "" async for c in s if c.choices])
+
+    async def go():
+        ac = openai.AsyncOpenAI(base_url=server.base_url, api_key="x", max_retries=0)
+        try:
+            return await asyncio.gather(*[one(ac, n) for n in ("coder", "reasoning", "coder")])
+        finally:
+            await ac.close()
+
+    assert asyncio.run(go()) == [ref.text] * 3
+
+
+def test_metrics_and_kv_back_to_zero(server, client):
+    gen0 = metric(server.url, "vllm:generation_tokens_total")
+    client.completions.create(model="coder", prompt="x = 1", max_tokens=4, temperature=0, extra_body={"ignore_eos": True})
+    assert metric(server.url, "vllm:generation_tokens_total") == gen0 + 4
+    assert metric(server.url, "vllm:num_requests_running") == 0
+    assert metric(server.url, "vllm:kv_cache_usage_perc") == 0.0
+    assert metric(server.url, "vllm:prefix_cache_queries_total") > 0
+    assert httpx.get(server.url + "/health").status_code == 200

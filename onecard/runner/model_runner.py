@@ -209,6 +209,9 @@ class ModelRunner:
         all_greedy = all(t < 1e-5 for t in temps)
         gens: list[torch.Generator | None] = []
         for r in reqs:
+            if all_greedy and r.sampling_params.seed is None:
+                gens.append(None)
+                continue
             st = self.states.get(r.request_id)
             if st is None:
                 gen = None
@@ -217,15 +220,18 @@ class ModelRunner:
                     gen.manual_seed(r.sampling_params.seed)
                 st = self.states[r.request_id] = _RequestState(generator=gen)
             gens.append(st.generator)
-        b = SamplingBatch(
-            temperature=torch.tensor(temps, dtype=torch.float32, device=dev),
-            top_p=torch.tensor([sp.top_p for sp in sps], dtype=torch.float32, device=dev),
-            top_k=torch.tensor([sp.top_k for sp in sps], dtype=torch.int64, device=dev),
-            min_p=torch.tensor([sp.min_p for sp in sps], dtype=torch.float32, device=dev),
-            all_greedy=all_greedy,
-            any_top_p_k=any(sp.top_p < 1.0 or sp.top_k > 0 for sp in sps),
-            any_min_p=any(sp.min_p > 0 for sp in sps),
-            generators=gens)
+        if all_greedy:
+            # greedy rows need only the argmax: no per-step parameter tensors (and no host->device copies)
+            b = SamplingBatch(temperature=None, top_p=None, top_k=None, min_p=None, all_greedy=True,
+                              any_top_p_k=False, any_min_p=False, generators=gens)
+        else:
+            f = torch.tensor([temps, [sp.top_p for sp in sps], [sp.min_p for sp in sps]],
+                             dtype=torch.float32).to(dev, non_blocking=True)          # [3, B], one copy
+            b = SamplingBatch(
+                temperature=f[0], top_p=f[1], min_p=f[2],
+                top_k=torch.tensor([sp.top_k for sp in sps], dtype=torch.int64).to(dev, non_blocking=True),
+                all_greedy=False, any_top_p_k=any(sp.top_p < 1.0 or sp.top_k > 0 for sp in sps),
+                any_min_p=any(sp.min_p > 0 for sp in sps), generators=gens)
         banned = []
         for r, sp in zip(reqs, sps):
             if r.num_output_tokens < sp.min_tokens:

@@ -15,10 +15,10 @@ import torch
 
 @dataclass(slots=True)
 class SamplingBatch:
-    temperature: torch.Tensor           # [B] fp32; 0 = greedy
-    top_p: torch.Tensor                 # [B] fp32
-    top_k: torch.Tensor                 # [B] int64; 0 = off (vocab)
-    min_p: torch.Tensor                 # [B] fp32
+    temperature: torch.Tensor | None    # [B] fp32; 0 = greedy (None when all_greedy)
+    top_p: torch.Tensor | None          # [B] fp32
+    top_k: torch.Tensor | None          # [B] int64; 0 = off (vocab)
+    min_p: torch.Tensor | None          # [B] fp32
     all_greedy: bool
     any_top_p_k: bool
     any_min_p: bool

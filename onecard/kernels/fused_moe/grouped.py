@@ -63,7 +63,7 @@ def fused_moe(x: torch.Tensor, router_logits: torch.Tensor, w_gate: MoEWeight, w
     order = torch.argsort(flat, stable=True)                               # pairs sorted by expert
     offs = torch.cumsum(torch.bincount(flat, minlength=e), 0).to(torch.int32)   # [E] run ends
     tok = order // top_k                                                    # [P] token of each pair
-    dtype = _STATE.get("dtype", x.dtype)
+    dtype = _STATE.get(f"dtype-{x.dtype}", x.dtype)    # remembered per input dtype
     while True:
         try:
             a = x[tok].to(dtype)                                            # [P, H]
@@ -76,7 +76,7 @@ def fused_moe(x: torch.Tensor, router_logits: torch.Tensor, w_gate: MoEWeight, w
             if dtype == torch.bfloat16:
                 _STATE["broken"] = True
                 raise
-            dtype = _STATE["dtype"] = torch.bfloat16                        # fp16 grouped GEMM unsupported
+            dtype = _STATE[f"dtype-{x.dtype}"] = torch.bfloat16   # this dtype's grouped GEMM is unsupported
     y = y.float() * topk_w.reshape(-1)[order].unsqueeze(1)
     out = torch.zeros(t, h, dtype=torch.float32, device=x.device)
     out.index_add_(0, tok, y)

@@ -16,6 +16,27 @@ for p in $parts; do
     checks) log checks; timeout 240 python3 bench/gpu_checks.py "$OUT/gpu_checks.json" 2>&1 | grep -v "Loading weights\|Writing" ;;
     full) log build; [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30
           log onecard; timeout 300 python3 bench/full_size.py onecard /tmp/q30 "$OUT/onecard.json" ;;
+    serve) log serve  # the real `onecard serve` with the deployment's flags: seconds from exec to /health 200
+          cp onecard/data/onecard-tiny-coder/tokenizer* onecard/data/onecard-tiny-coder/chat_template.jinja /tmp/q30/ 2>/dev/null
+          python3 -c "import fastapi, uvicorn" || { echo "no fastapi/uvicorn here: serve skipped"; continue; }
+          t0=$(date +%s.%N)
+          python3 -m onecard.cli serve /tmp/q30 --served-model-name coder reasoning --quantization=gptq \
+            --dtype=float16 --kv-cache-dtype=auto --max-model-len=65536 --tensor-parallel-size=1 \
+            --pipeline-parallel-size=1 --gpu-memory-utilization=0.90 --max-num-seqs=16 \
+            --max-num-batched-tokens=8192 --long-prefill-token-threshold=2048 --enable-chunked-prefill \
+            --enable-prefix-caching --reasoning-parser=qwen3 --enable-auto-tool-choice --tool-call-parser=hermes \
+            --host=127.0.0.1 --port=8080 > "$OUT/serve.log" 2>&1 &
+          spid=$!
+          for i in $(seq 1 900); do
+            code=$(curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8080/health); [ "$code" = 200 ] && break; sleep 0.1
+          done
+          t1=$(date +%s.%N); echo "serve: /health 200 after $(python3 -c "print(round($t1 - $t0, 2))") s"
+          for m in coder reasoning; do curl -s -w ' %{http_code} %{time_total}s\n' http://127.0.0.1:8080/v1/chat/completions \
+            -H 'content-type: application/json' \
+            -d "{\"model\":\"$m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":8}" | tail -c 300; done
+          kill -TERM $spid; wait $spid; echo "serve exit $?"; tail -5 "$OUT/serve.log" ;;
+    rss) log rss; timeout 120 python3 bench/load_rss.py --device cuda ;;
+    overhead) log overhead; timeout 60 python3 bench/step_overhead.py --device cuda ;;
     hf) log hf; timeout 300 python3 bench/full_size.py hf "$OUT/hf.json" ;;
     floor) log floor; timeout 60 python3 bench/full_size.py floor "$OUT/floor.json" ;;
   esac

@@ -280,8 +280,10 @@ class _Loader:
     def finish_linears(self, model, pending, final: bool = False) -> None:
         if not hasattr(self, "_groups"):
             self._groups = {n: (lin, names) for lin, names in self._linear_groups(model) for n in names}
-        done = []
+        done: list[str] = []
         for name in list(pending):
+            if name in done:          # already built as part of its fused group in this call
+                continue
             if name not in self._groups:
                 raise LoadError(f"unexpected tensors for module {name} (not part of the model).")
             lin, names = self._groups[name]

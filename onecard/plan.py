@@ -1,0 +1,414 @@
+"""Memory plan from metadata only: will this checkpoint, with these serve flags, run on this card?
+
+Contract: ``plan(model, args, gpu_memory_gib=None, gpu_name=None) -> PlanReport``; ``args`` is anything with
+EngineArgs attribute names (missing ones take EngineArgs' defaults). ``plan_from_meta`` does the arithmetic
+on an already-read ``CheckpointMeta`` (the serve preflight uses it). Nothing reads tensor data.
+
+Arithmetic (bytes; "A" = serving-dtype bytes, T = --max-num-batched-tokens, S = min(--max-num-seqs, T)):
+  weights   GPTQ qweight/qzeros as stored (int32), scales at fp16, g_idx only with desc_act (the loader drops
+            a trivial g_idx), float tensors at the serving dtype (bf16 served as fp16 = same bytes, fp32 served
+            as fp16 = half), other tensors as stored.
+  kv/token  2 x layers x kv_heads x head_dim x kv-dtype bytes.
+  activations  T x [4H (residual, hidden, normed, layer out) + (Hq + 2Hkv) D + Hq D (qkv, attn out)] x A
+            + MoE: T x top_k x (3 I_moe + H) x A + T x E x 4 (router) + T x top_k x 8 (ids, weights)
+              or dense MLP: T x 3 I x A
+            + logits: S x vocab x 4 x 2 (fp32 logits and probabilities in the sampler)
+            + on sm < 80 (or unknown) with GPTQ: the largest dequantized dense weight K x N x A (cuBLAS prefill)
+            + 0.75 GiB fixed: CUDA context, cuBLAS/Triton workspaces, CUDA graph pool, allocator slack.
+  budget    total x --gpu-memory-utilization (as vLLM); KV = budget - weights - activations, or
+            --kv-cache-memory-bytes when given; blocks = KV // (block_size x kv/token).
+  fits      the weights and activations fit the budget and the KV cache holds at least one --max-model-len
+            sequence (vLLM's start-up rule); otherwise ``reasons`` names the largest max_model_len and the
+            largest max_num_seqs that would fit (or that the weights alone do not).
+CLI: ``add_plan_arguments(parser)`` adds --gpu / --gpu-memory-gib / --json to a parser that already has the
+serve flags (the CLI passes ``onecard.cli.add_serve_arguments``); ``main_plan(argv)`` builds that parser
+itself, so every serve flag is accepted and those that do not change memory are ignored. Exit 0 = fits and
+allowed, 1 = does not fit or refused, 2 = bad arguments.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from onecard.checkpoint_meta import FLOAT_DTYPES, CheckpointMeta, read_checkpoint_meta
+from onecard.config import ConfigError, EngineArgs
+from onecard.hardware import decide, normalize_dtype, sm
+
+GIB = 2**30
+FIXED_OVERHEAD = int(0.75 * GIB)
+DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
+
+
+@dataclass(slots=True)
+class GpuSpec:
+    name: str
+    memory_gib: float          # total memory as the driver reports it (nvidia-smi MiB / 1024)
+    cc: tuple[int, int]
+
+
+GPUS = {g.name: g for g in (
+    GpuSpec("V100-16GB", 16160 / 1024, (7, 0)), GpuSpec("V100-32GB", 32510 / 1024, (7, 0)),
+    GpuSpec("T4", 15360 / 1024, (7, 5)), GpuSpec("A10", 23028 / 1024, (8, 6)),
+    GpuSpec("A100-40GB", 40960 / 1024, (8, 0)), GpuSpec("A100-80GB", 81920 / 1024, (8, 0)),
+    GpuSpec("L4", 23034 / 1024, (8, 9)), GpuSpec("L40S", 46068 / 1024, (8, 9)),
+    GpuSpec("H100-80GB", 81559 / 1024, (9, 0)), GpuSpec("H200", 143771 / 1024, (9, 0)),
+)}
+_ALIASES = {"V100": "V100-32GB", "A100": "A100-80GB", "H100": "H100-80GB", "V10016GB": "V100-16GB",
+            "V10032GB": "V100-32GB", "A10040GB": "A100-40GB", "A10080GB": "A100-80GB", "H10080GB": "H100-80GB"}
+
+
+def find_gpu(name: str) -> GpuSpec:
+    """A known card by name, case- and punctuation-insensitive ("v100-32gb", "H200", "NVIDIA H200")."""
+    def key(s: str) -> str:
+        # torch/nvidia-smi names carry vendor and form factor: "Tesla V100-SXM2-32GB", "NVIDIA H100 80GB HBM3".
+        s = re.sub(r"NVIDIA|TESLA|SXM\d?|PCIE|HBM\dE?|NVL", "", s.upper())
+        return "".join(c for c in s if c.isalnum())
+    k = key(name)
+    for g in GPUS.values():
+        if key(g.name) == k:
+            return g
+    for alias, target in _ALIASES.items():
+        if key(alias) == k:
+            return GPUS[target]
+    raise ConfigError(f"--gpu={name} is unknown; known: {', '.join(GPUS)} (or pass --gpu-memory-gib N).")
+
+
+@dataclass(slots=True)
+class PlanSettings:
+    dtype: str = "auto"
+    quantization: str | None = None
+    kv_cache_dtype: str = "auto"
+    max_model_len: int | None = None
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    gpu_memory_utilization: float = 0.9
+    block_size: int = 16
+    kv_cache_memory_bytes: int | None = None
+    enable_chunked_prefill: bool = True
+
+    @staticmethod
+    def from_args(args: Any) -> PlanSettings:
+        d = EngineArgs()
+        return PlanSettings(**{f: getattr(args, f, getattr(d, f)) if args is not None else getattr(d, f)
+                               for f in PlanSettings.__dataclass_fields__})
+
+
+@dataclass(slots=True)
+class PlanReport:
+    model: str
+    architecture: str | None
+    gpu: str | None
+    compute_capability: str | None
+    total_memory_gib: float | None
+    gpu_memory_utilization: float
+    dtype: str
+    kv_cache_dtype: str
+    quantization: str | None
+    weights_bytes: int
+    weights_gib: float
+    weights_breakdown: dict[str, int]
+    kv_bytes_per_token: int
+    activation_bytes: int
+    activation_breakdown: dict[str, int]
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    block_size: int
+    budget_gib: float | None = None
+    kv_capacity_bytes: int | None = None
+    kv_capacity_gib: float | None = None
+    kv_capacity_tokens: int | None = None
+    num_blocks: int | None = None
+    max_concurrent_at_max_len: int | None = None
+    fits: bool | None = None
+    allowed: bool = True
+    refusal: str | None = None
+    largest_max_model_len: int | None = None
+    largest_max_num_seqs: int | None = None
+    backends: dict[str, str] = field(default_factory=dict)
+    reasons: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.allowed and self.fits is not False
+
+    def verdict(self) -> str:
+        memory = {True: "FITS", False: "DOES NOT FIT", None: "memory unknown (no card given)"}[self.fits]
+        return memory if self.allowed else f"REFUSED ({memory.lower()})"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["ok"], d["verdict"] = self.ok, self.verdict()
+        return d
+
+    def render(self) -> str:
+        def g(b: int | None) -> str:
+            return "-" if b is None else f"{b / GIB:.2f} GiB"
+        total = "-" if self.total_memory_gib is None else f"{self.total_memory_gib:.2f} GiB"
+        lines = [
+            f"model      {self.model} ({self.architecture})",
+            (f"card       {self.gpu or 'unknown'} ({self.compute_capability or '?'}), {total}, "
+            f"--gpu-memory-utilization {self.gpu_memory_utilization}"),
+            f"serving    dtype {self.dtype}, kv cache {self.kv_cache_dtype}, quantization {self.quantization}",
+            f"weights    {g(self.weights_bytes)} ({self.weights_bytes / 1e9:.1f} GB)  "
+            + ", ".join(f"{k} {g(v)}" for k, v in self.weights_breakdown.items() if v),
+            f"activations {g(self.activation_bytes)} at --max-num-batched-tokens {self.max_num_batched_tokens}",
+            (f"kv cache   {self.kv_bytes_per_token:,} B/token; {g(self.kv_capacity_bytes)} = "
+            f"{self.kv_capacity_tokens if self.kv_capacity_tokens is not None else '-'} tokens"),
+            (f"at --max-model-len {self.max_model_len}: "
+            f"{'-' if self.max_concurrent_at_max_len is None else self.max_concurrent_at_max_len} sequence(s) at once "
+            f"(--max-num-seqs {self.max_num_seqs})"),
+            f"verdict    {self.verdict()}",
+        ]
+        lines += [f"  - {r}" for r in self.reasons]
+        return "\n".join(lines)
+
+
+def resolve_dtype(requested: str, hf_config: dict[str, Any], quantized: bool) -> str:
+    """The serving dtype on a GPU, as onecard's config resolves it (GPTQ → float16; else the checkpoint's)."""
+    if requested == "auto":
+        if quantized:
+            return "float16"
+        return normalize_dtype(str(hf_config.get("torch_dtype") or hf_config.get("dtype") or "float32")) or "float32"
+    return normalize_dtype(requested) or requested
+
+
+def weight_bytes(meta: CheckpointMeta, dtype: str, device: str = "cuda") -> tuple[int, dict[str, int]]:
+    """Bytes the loader places on the device, with a breakdown (see the module docstring). GPTQ scales go
+    to fp16 on CUDA and stay as stored on the CPU (as the loader does)."""
+    fb = DTYPE_BYTES.get(dtype, 2)
+    keep_g_idx = bool(meta.quant and meta.quant.desc_act)
+    out = {"gptq_packed": 0, "gptq_scales": 0, "gptq_g_idx": 0, f"float_{dtype}": 0, "other": 0}
+    for t in meta.tensors.values():
+        if t.name.endswith("rotary_emb.inv_freq"):
+            continue                       # recomputed, never loaded
+        if t.name.endswith((".qweight", ".qzeros")):
+            out["gptq_packed"] += t.nbytes
+        elif t.name.endswith(".scales"):
+            out["gptq_scales"] += t.numel * 2 if device == "cuda" else t.nbytes
+        elif t.name.endswith(".g_idx"):
+            out["gptq_g_idx"] += t.nbytes if keep_g_idx else 0
+        elif t.dtype in FLOAT_DTYPES:
+            out[f"float_{dtype}"] += t.numel * fb
+        else:
+            out["other"] += t.nbytes
+    return sum(out.values()), out
+
+
+def kv_bytes_per_token(hf_config: dict[str, Any], kv_bytes: int) -> int:
+    c = hf_config
+    heads = int(c["num_attention_heads"])
+    kv_heads = int(c.get("num_key_value_heads") or heads)
+    head_dim = int(c.get("head_dim") or int(c["hidden_size"]) // heads)
+    return 2 * int(c["num_hidden_layers"]) * kv_heads * head_dim * kv_bytes
+
+
+def activation_bytes(meta: CheckpointMeta, tokens: int, seqs: int, act_bytes: int,
+                     cc: tuple[int, int] | None) -> tuple[int, dict[str, int]]:
+    c = meta.hf_config
+    h, heads = int(c["hidden_size"]), int(c["num_attention_heads"])
+    kv_heads = int(c.get("num_key_value_heads") or heads)
+    d = int(c.get("head_dim") or h // heads)
+    out = {"hidden": tokens * 4 * h * act_bytes, "attention": tokens * ((heads + 2 * kv_heads) * d + heads * d) * act_bytes}
+    experts = int(c.get("num_experts") or 0)
+    if experts:
+        top_k, inter = int(c.get("num_experts_per_tok", 8)), int(c.get("moe_intermediate_size") or c["intermediate_size"])
+        out["moe"] = tokens * top_k * (3 * inter + h) * act_bytes + tokens * experts * 4 + tokens * top_k * 8
+    else:
+        out["mlp"] = tokens * 3 * int(c.get("intermediate_size", 4 * h)) * act_bytes
+    out["logits"] = min(seqs, tokens) * int(c.get("vocab_size", 0)) * 4 * 2
+    if meta.quant is not None and (cc is None or cc < (8, 0)):
+        # cuBLAS prefill on pre-Ampere dequantizes one dense weight at a time; the largest is the scratch.
+        biggest = 0
+        for t in meta.tensors.values():
+            if t.name.endswith(".qweight") and ".experts." not in t.name:
+                biggest = max(biggest, t.shape[-2] * 8 * t.shape[-1] * act_bytes)
+        out["dequant_scratch"] = biggest
+    out["fixed_overhead"] = FIXED_OVERHEAD
+    return sum(out.values()), out
+
+
+def plan_from_meta(meta: CheckpointMeta, settings: PlanSettings, total_memory: int | None,
+                   cc: tuple[int, int] | None, gpu_name: str | None = None, model: str | None = None) -> PlanReport:
+    c = meta.hf_config
+    s = settings
+    reasons: list[str] = []
+    arch = meta.architecture
+    quantization = (s.quantization if s.quantization not in (None, "auto") else meta.quant_method)
+    if s.quantization in ("gptq", "gptq_marlin") and meta.quant is None:
+        reasons.append(f"--quantization={s.quantization} but {meta.path} has no GPTQ quantization config.")
+    dtype = resolve_dtype(s.dtype, c, meta.quant is not None)
+    decision = decide(cc, dtype, quantization, s.kv_cache_dtype)
+    refusal = decision.refusal
+    arch_why = architecture_problem(arch)
+    if arch_why:
+        refusal = arch_why if refusal is None else f"{arch_why}; {refusal}"
+    if refusal is None and reasons:
+        refusal = reasons[0]
+    if decision.refusal:
+        reasons.append(decision.refusal)
+    if arch_why:
+        reasons.insert(0, arch_why)
+    kv_dt = dtype if s.kv_cache_dtype == "auto" else (normalize_dtype(s.kv_cache_dtype) or dtype)
+    max_pos = int(c.get("max_position_embeddings", 4096))
+    max_len = int(s.max_model_len or max_pos)
+    if max_len > max_pos and not c.get("rope_scaling"):
+        msg = f"--max-model-len={max_len} is larger than the model's max_position_embeddings ({max_pos})."
+        reasons.append(msg)
+        refusal = refusal or msg
+    tokens = s.max_num_batched_tokens or (8192 if s.enable_chunked_prefill else max(max_len, 2048))
+    w_total, w_parts = weight_bytes(meta, dtype)
+    try:
+        kv_tok = kv_bytes_per_token(c, DTYPE_BYTES.get(kv_dt, 1))
+        a_total, a_parts = activation_bytes(meta, tokens, s.max_num_seqs, DTYPE_BYTES.get(dtype, 2), cc)
+    except KeyError as e:
+        raise ConfigError(f"{meta.path / 'config.json'} lacks {e.args[0]!r}; cannot size the KV cache "
+                          + (f"({refusal})" if refusal else "(not a decoder-only LLM config?)")) from None
+    r = PlanReport(
+        model=model or str(meta.path), architecture=arch, gpu=gpu_name,
+        compute_capability=None if cc is None else sm(cc), total_memory_gib=None if total_memory is None else total_memory / GIB,
+        gpu_memory_utilization=s.gpu_memory_utilization, dtype=dtype, kv_cache_dtype=kv_dt,
+        quantization=quantization, weights_bytes=w_total, weights_gib=w_total / GIB, weights_breakdown=w_parts,
+        kv_bytes_per_token=kv_tok, activation_bytes=a_total, activation_breakdown=a_parts, max_model_len=max_len,
+        max_num_seqs=s.max_num_seqs, max_num_batched_tokens=tokens, block_size=s.block_size,
+        allowed=refusal is None, refusal=refusal, backends=decision.backends, reasons=reasons)
+    if total_memory is None:
+        reasons.append("no card given and no GPU here: pass --gpu NAME or --gpu-memory-gib N for the KV capacity.")
+        return r
+    _fit(r, total_memory, max_pos, int(c.get("vocab_size", 0)), s.kv_cache_memory_bytes)
+    return r
+
+
+def _fit(r: PlanReport, total_memory: int, max_pos: int, vocab: int, kv_override: int | None) -> None:
+    budget = int(total_memory * r.gpu_memory_utilization)
+    r.budget_gib = budget / GIB
+    block_bytes = r.block_size * r.kv_bytes_per_token
+    blocks_per_seq = math.ceil(r.max_model_len / r.block_size)
+    free_for_kv = budget - r.weights_bytes - r.activation_bytes
+    # --kv-cache-memory-bytes replaces the utilization-based sizing (as in vLLM).
+    kv = max(0, free_for_kv if kv_override is None else min(kv_override, total_memory - budget + free_for_kv))
+    r.kv_capacity_bytes = kv
+    r.kv_capacity_gib = kv / GIB
+    r.num_blocks = kv // block_bytes
+    r.kv_capacity_tokens = r.num_blocks * r.block_size
+    r.max_concurrent_at_max_len = r.num_blocks // blocks_per_seq
+    where = f"{r.gpu or 'the card'} ({total_memory / GIB:.2f} GiB x {r.gpu_memory_utilization} = {budget / GIB:.2f} GiB)"
+    if r.weights_bytes + r.activation_bytes > budget:
+        r.fits = False
+        need = (r.weights_bytes + r.activation_bytes + blocks_per_seq * block_bytes) / r.gpu_memory_utilization
+        r.reasons.append(
+            f"does not fit: weights {r.weights_gib:.2f} GiB ({r.weights_bytes / 1e9:.1f} GB) + activations "
+            f"{r.activation_bytes / GIB:.2f} GiB exceed the budget of {where}; one {r.max_model_len}-token "
+            f"sequence needs a card with at least {need / GIB:.1f} GiB (or a 4-bit GPTQ checkpoint).")
+        return
+    r.largest_max_model_len = min(r.kv_capacity_tokens, max_pos) if r.kv_capacity_tokens else None
+    # Largest --max-num-seqs: the sampler's logits rows are the only activation term that grows with it.
+    per_seq = vocab * 4 * 2
+    spare = free_for_kv - blocks_per_seq * block_bytes + min(r.max_num_seqs, r.max_num_batched_tokens) * per_seq
+    r.largest_max_num_seqs = max(0, spare // per_seq) if per_seq else None
+    if r.max_concurrent_at_max_len >= 1:
+        r.fits = True
+        r.reasons.append(
+            f"fits: KV cache {r.kv_capacity_gib:.2f} GiB = {r.kv_capacity_tokens:,} tokens; "
+            f"{r.max_concurrent_at_max_len} sequence(s) of {r.max_model_len} tokens at once, and "
+            f"{r.max_num_seqs} sequences of up to {r.kv_capacity_tokens // max(1, r.max_num_seqs):,} tokens each.")
+        return
+    r.fits = False
+    largest = (f"the largest --max-model-len that fits is {r.largest_max_model_len}"
+               if r.largest_max_model_len else "not even one KV block fits")
+    seqs = (f"; --max-num-seqs up to {r.largest_max_num_seqs} would leave room for one {r.max_model_len}-token "
+            "sequence" if r.largest_max_num_seqs else "")
+    r.reasons.append(
+        f"does not fit: one {r.max_model_len}-token sequence needs {blocks_per_seq * block_bytes / GIB:.2f} GiB "
+        f"of KV cache but only {r.kv_capacity_gib:.2f} GiB ({r.kv_capacity_tokens:,} tokens) is left on {where} "
+        f"after weights {r.weights_gib:.2f} GiB and activations {r.activation_bytes / GIB:.2f} GiB; {largest}{seqs}.")
+
+
+def architecture_problem(arch: str | None) -> str | None:
+    """None when onecard implements ``arch``; else the reason, naming it."""
+    from onecard.models.registry import MODELS, NOT_SUPPORTED
+
+    if arch in MODELS:
+        return None
+    if arch is None:
+        return "config.json names no `architectures`; cannot pick a model class."
+    why = NOT_SUPPORTED.get(arch, "onecard has no implementation of it")
+    return f"architecture {arch} cannot be served: {why}. Supported: {', '.join(sorted(MODELS))}."
+
+
+def local_gpu() -> tuple[str, int, tuple[int, int]] | None:
+    """(name, total bytes, cc) of GPU 0, or None without a usable GPU."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        p = torch.cuda.get_device_properties(0)
+        return p.name, int(p.total_memory), (int(p.major), int(p.minor))
+    except Exception:  # noqa: BLE001 - no usable GPU is an answer, not an error
+        return None
+
+
+def plan(model: str, args: Any = None, gpu_memory_gib: float | None = None, gpu_name: str | None = None) -> PlanReport:
+    from onecard.models.resolve import resolve_model
+
+    settings = PlanSettings.from_args(args)
+    meta = read_checkpoint_meta(resolve_model(model))
+    cc: tuple[int, int] | None = None
+    total: int | None = None
+    name: str | None = None
+    if gpu_name is not None:
+        spec = find_gpu(gpu_name)
+        name, cc, total = spec.name, spec.cc, int(spec.memory_gib * GIB)
+    local = local_gpu() if gpu_name is None else None
+    if local is not None:
+        name, total, cc = local
+    if gpu_memory_gib is not None:
+        total = int(gpu_memory_gib * GIB)
+        name = f"{gpu_memory_gib:g} GiB card" + (f" ({name})" if name else "")
+    report = plan_from_meta(meta, settings, total, cc, name, model)
+    if cc is None:
+        report.backends = {}           # a GPU plan without a known card: no backend choice to report
+    if cc is None and total is not None:
+        report.reasons.append("compute capability unknown (--gpu-memory-gib only): dtype checks assume a GPU "
+                              "with fp16; pass --gpu NAME for the capability checks.")
+    return report
+
+
+def add_plan_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    g = parser.add_argument_group("plan")
+    card = g.add_mutually_exclusive_group()
+    card.add_argument("--gpu-memory-gib", type=float, default=None, help="plan for a card with N GiB")
+    card.add_argument("--gpu", default=None, metavar="NAME", help="plan for a known card: " + ", ".join(GPUS))
+    g.add_argument("--json", action="store_true", help="machine-readable output")
+    return parser
+
+
+def build_plan_parser() -> argparse.ArgumentParser:
+    from onecard.cli import add_serve_arguments
+
+    parser = argparse.ArgumentParser(prog="onecard plan", description=
+                                     "Memory plan from checkpoint metadata (no weights are read).")
+    add_serve_arguments(parser)
+    return add_plan_arguments(parser)
+
+
+def main_plan(argv: list[str]) -> int:
+    ns = build_plan_parser().parse_args(argv)
+    model = ns.model or ns.model_tag
+    if model is None:
+        from onecard.models.resolve import default_model_path
+
+        model = str(default_model_path())
+    try:
+        report = plan(model, ns, ns.gpu_memory_gib, ns.gpu)
+    except ConfigError as e:
+        print(f"onecard plan: error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(report.to_dict(), indent=2) if ns.json else report.render())
+    return 0 if report.ok else 1

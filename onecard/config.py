@@ -243,7 +243,14 @@ class EngineArgs:
                 return "float16" if device == "cuda" else "float32"
             cfg = str(hf_config.get("torch_dtype") or hf_config.get("dtype") or "float32")
             dtype = aliases.get(cfg, "float32")
-            return dtype if device == "cuda" else "float32"
+            if device != "cuda":
+                return "float32"
+            if dtype == "bfloat16":
+                import torch
+
+                if torch.cuda.get_device_capability()[0] < 8:
+                    return "float16"   # as vLLM: bf16 needs sm80+, so "auto" falls back to fp16
+            return dtype
         if self.dtype not in aliases:
             raise ConfigError(f"--dtype={self.dtype} is unknown; use auto, float16, bfloat16 or float32.")
         dtype = aliases[self.dtype]

@@ -15,13 +15,17 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 
 F32, F16 = "fp32", "fp16"
-# (M, K, N, group_size, desc_act, bias): gemv, skinny (dot), tiled; group == K; per-row groups; act order
+# (M, K, N, group_size, desc_act, bias): gemv, skinny (dot), tiled; group == K; per-row groups; act order;
+# split-K partials (M = 1) and atomics (M > 1) at g128
 GEMM = [(1, 64, 40, 32, False, True), (1, 256, 16, 256, True, False), (3, 136, 40, 136, False, True),
         (17, 256, 48, 128, False, False), (70, 128, 40, 32, False, True), (5, 128, 24, 32, True, False),
-        (2, 2048, 16, 128, False, True)]
-# (T, H, I, E, top_k, renormalize, desc_act): pairs (T <= 4), sorted16, sorted64
+        (2, 2048, 16, 128, False, True), (1, 1024, 136, 128, False, False), (16, 512, 264, 128, False, True),
+        (9, 384, 72, 128, True, True)]
+# (T, H, I, E, top_k, renormalize, desc_act): decode1 (T = 1), decode16 (T <= 16; split-K, shared experts),
+# sorted16, sorted64
 MOE = [(1, 64, 32, 8, 2, True, False), (3, 72, 40, 6, 3, False, False), (17, 128, 48, 8, 2, True, True),
-       (70, 64, 16, 4, 2, True, False)]
+       (70, 64, 16, 4, 2, True, False), (1, 256, 160, 16, 4, False, True), (16, 256, 136, 8, 3, True, False),
+       (9, 128, 48, 32, 8, True, True)]
 # (seq_lens, query_lens, Hq, Hkv, block_size, num_decode_tokens): prefill, chunk over prefix, split-KV decode
 ATTN = [([5, 9, 1], [5, 9, 1], 8, 2, 4, 0), ([7, 70, 33], [1, 4, 1], 6, 2, 16, 1),
         ([130, 2100], [1, 1], 4, 1, 16, 2), ([17], [17], 4, 4, 8, 0)]

@@ -63,11 +63,14 @@ def test_every_dispatcher_config_is_listed():
     from onecard.kernels.gptq_gemm import triton as gemm
     from onecard.kernels.attention import triton as attn
     assert {gemm.choose_config(m) for m in range(1, 5000)} == set(gemm._CONFIGS)
-    assert {moe.choose_config(t) for t in range(1, 5000)} == set(moe._CONFIGS)
+    assert {moe.choose_config(t) for t in range(1, 5000)} == set(moe._CONFIGS) | set(moe.DECODE_CONFIGS)
     names = {c.name for c in gemm.aot_configs()} | {c.name for c in moe.aot_configs()}
     assert all(f"w4a16[{n},fp16]" in names for n in gemm._CONFIGS)
     assert all(f"moe[{n},gated={g},float={f},fp16]" in names for n in moe._CONFIGS
                for g in (True, False) for f in (True, False))
+    assert all(f"moe_decode[{n},stage={s},float={f},per_row={r},fp16]" in names for n in moe.DECODE_CONFIGS
+               for s in (1, 2) for f, r in ((False, False), (False, True), (True, False)))
+    assert all(f"w4a16[{n},per_row,fp16]" in names for n in ("gemv", "skinny"))
     bqs = {attn.block_q(8, q) for q in (1, 2, 3, 100, 10000)}
     assert {f"paged_attn[bq={b},fp16]" for b in bqs} <= {c.name for c in attn.aot_configs()}
 

@@ -5,9 +5,9 @@ Steps (no host syncs, static sizes: CUDA-graph capturable):
   2. GEMM1 (gate and up, two fp32 accumulators, SiLU·mul in the epilogue) -> inter [T*k, I] in x.dtype.
   3. GEMM2 (down, times the routed weight) -> [T*k, H]; then the top-k sum (torch, fp32 accumulation).
 Two ways to walk the (token, slot) pairs, chosen by T from a fixed table:
-  * "pairs" (decode, T <= PAIRS_MAX_TOKENS): one program per (pair, N tile), a GEMV on that pair's expert; no
-    sorting at all, so a batch-1 step reads each of its 8 experts' weights exactly once.
-  * "sorted" (prefill): ``moe_align_block_size`` sorts pairs by expert, padding each expert's run to BLOCK_M
+  * decode (T <= DECODE_MAX_TOKENS): decode.py, split-K over the active experts with fp32 atomics (one weight
+    read per distinct expert, thousands of programs in flight); see that module.
+  * "sorted" (larger T): ``moe_align_block_size`` sorts pairs by expert, padding each expert's run to BLOCK_M
     (sentinel = T*k; static size T*k + E*(BM-1)); each program takes one block, reads A rows pair // k and
     the expert's weights, dequantizes int4 in the K loop and uses tl.dot.
 The int4 walk is the one of gptq_gemm/triton.py: nibble j of packed row r is input row 8r + j.
@@ -18,7 +18,9 @@ import torch
 import triton
 import triton.language as tl
 
-from onecard.kernels.gptq_gemm.triton import _dequant_tile_j, _group_sz, row_groups
+from onecard.kernels.fused_moe.decode import (DECODE_CONFIGS, DECODE_MAX_TOKENS, choose_decode_config,
+                                              decode_aot_configs, fused_moe_decode, weight_args)
+from onecard.kernels.gptq_gemm.triton import _dequant_tile_j, _group_sz
 from onecard.kernels.triton_common import AotConfig, next_pow2, signature
 from onecard.kernels.types import GPTQWeight, MoEWeight
 
@@ -157,18 +159,17 @@ def _moe_gemm_kernel(a_ptr, out_ptr, w1_ptr, z1_ptr, s1_ptr, g1_ptr, w2_ptr, z2_
         tl.store(out_ptr + pair * N + offs_n, acc1.to(out_ptr.dtype.element_ty), mask=n_mask)
 
 
-PAIRS_MAX_TOKENS = 4
-# name: (BLOCK_M, BLOCK_N for GEMM1, BLOCK_N for GEMM2, BLOCK_K8, num_warps, num_stages)
+# name: (BLOCK_M, BLOCK_N for GEMM1, BLOCK_N for GEMM2, BLOCK_K8, num_warps, num_stages); the decode names
+# (T <= DECODE_MAX_TOKENS) live in decode.DECODE_CONFIGS.
 _CONFIGS = {
-    "pairs": (1, 32, 64, 32, 4, 2),
     "sorted16": (16, 64, 64, 16, 4, 3),
     "sorted64": (64, 128, 128, 16, 8, 3),
 }
 
 
 def choose_config(num_tokens: int) -> str:
-    if num_tokens <= PAIRS_MAX_TOKENS:
-        return "pairs"
+    if num_tokens <= DECODE_MAX_TOKENS:
+        return choose_decode_config(max(num_tokens, 1))
     return "sorted16" if num_tokens <= 64 else "sorted64"
 
 
@@ -208,32 +209,22 @@ def moe_align_block_size(topk_ids: torch.Tensor, num_experts: int,
     return sorted_ids, block_e, pad_end[-1:].to(torch.int32)
 
 
-def _weight_args(w: MoEWeight, block_k8: int):
-    """-> (ptrs (w, zeros, scales, g_idx), K, N, group_size, num_groups, per_row, g_stride, float?)."""
-    if isinstance(w, GPTQWeight):
-        assert w.qweight.is_contiguous() and w.qzeros.is_contiguous() and w.scales.is_contiguous()
-        per_row, gidx = row_groups(w, block_k8)
-        g_stride = w.in_features if (w.g_idx is not None and w.g_idx.dim() == 2) else 0
-        return ((w.qweight, w.qzeros, w.scales, gidx), w.in_features, w.out_features, w.group_size,
-                w.num_groups, int(per_row), g_stride, False)
-    assert w.is_contiguous()
-    return (w, w, w, w), int(w.shape[1]), int(w.shape[2]), 1 << 30, 1, 0, 0, True
-
-
 def fused_moe(x: torch.Tensor, router_logits: torch.Tensor, w_gate: MoEWeight, w_up: MoEWeight,
               w_down: MoEWeight, top_k: int, renormalize: bool) -> torch.Tensor:
     t, h = x.shape
     if x.stride(-1) != 1:
         x = x.contiguous()
+    if 1 <= t <= DECODE_MAX_TOKENS:
+        return fused_moe_decode(x, router_logits, w_gate, w_up, w_down, top_k, renormalize)
     topk_w, topk_ids = route(router_logits, top_k, renormalize)         # [T, k]
     p = t * top_k
     name = choose_config(t)
     bm, bn1, bn2, bk8, warps, stages = _CONFIGS[name]
-    sorted_mode = name != "pairs"
-    gate, k1, n1, gs1, ng1, pr1, gst1, float_w = _weight_args(w_gate, bk8)
-    up, *_, pr_up, gst_up, _ = _weight_args(w_up, bk8)
+    sorted_mode = True
+    gate, k1, n1, gs1, ng1, pr1, gst1, float_w = weight_args(w_gate, bk8)
+    up, *_, pr_up, gst_up, _ = weight_args(w_up, bk8)
     assert (pr_up, gst_up) == (pr1, gst1), "gate and up must share their group layout (g_idx or not)"
-    down, k2, n2, gs2, ng2, pr2, gst2, _ = _weight_args(w_down, bk8)
+    down, k2, n2, gs2, ng2, pr2, gst2, _ = weight_args(w_down, bk8)
     num_experts = int(router_logits.shape[1])
     if sorted_mode:
         rows, experts, ntpp = moe_align_block_size(topk_ids, num_experts, bm)
@@ -265,10 +256,11 @@ def aot_configs() -> list[AotConfig]:
             cx = dict(TOP_K=8, BLOCK_K=8, BLOCK_E=128, RENORM=renorm)
             args = dict(logits_ptr=f"*{act}", w_ptr="*fp32", ids_ptr="*i32", E="i32", stride_t="i32")
             out.append(AotConfig(_route_kernel, signature(args, cx), cx, 4, 1, min_cc, f"route[{renorm},{act}]"))
+        out += decode_aot_configs(act, min_cc)
         for name, (bm, bn1, bn2, bk8, warps, stages) in _CONFIGS.items():
             for float_w in (False, True):
                 for gated, bn in ((True, bn1), (False, bn2)):
-                    cx = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K8=bk8, SORTED=name != "pairs", GATED=gated,
+                    cx = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K8=bk8, SORTED=True, GATED=gated,
                               MUL_ROUTED=not gated, FLOAT_W=float_w)
                     wt = f"*{act}" if float_w else "*i32"
                     args = dict(a_ptr=f"*{act}", out_ptr=f"*{act}", w1_ptr=wt, z1_ptr="*i32", s1_ptr="*fp16",
@@ -283,4 +275,4 @@ def aot_configs() -> list[AotConfig]:
     return out
 
 
-__all__ = ["fused_moe", "route", "moe_align_block_size", "aot_configs", "choose_config"]
+__all__ = ["fused_moe", "route", "moe_align_block_size", "aot_configs", "choose_config", "DECODE_CONFIGS"]

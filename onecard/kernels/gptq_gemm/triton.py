@@ -1,13 +1,15 @@
 """Triton W4A16 GPTQ GEMM: y[M, N] = x[M, K] @ dequant(w) (+ bias), fp32 accumulation, same contract as ref.py.
 
 Paths (chosen by shape from the fixed table ``_CONFIGS``; no host syncs, so CUDA-graph capturable):
-  * M == 1: GEMV, one program per (N tile, K split); qweight tiles [BK8, 128] int32 are loaded once and
-    coalesced along N (16-byte loads per thread); nibble j of packed row r is input row 8r + j, so the K
-    sum is split into 8 strided sums — no reshapes, no repeated loads.
-  * M <= 64: the same walk with ``tl.dot`` (8 dots of K = BK8 per tile), split-K when the grid is small.
+  * M == 1 (gemv) and M <= 16 (skinny): ``_w4a16_small_kernel``, split-K to ~12 programs per SM (one or two
+    [16, 128] int32 tiles each: 16-byte loads along N, scales/zeros once per g128 group); nibble j of packed
+    row r is input row 8r + j, so the K sum is 8 strided sums — no reshapes, no repeated loads. The GEMV keeps
+    a [BK8, BN] fp32 accumulator and reduces it once after the loop; skinny uses ``tl.dot``. The group mode
+    (PER_ROW) is a constexpr there, so the common path carries no g_idx code (half the registers).
   * larger M: tiled ``tl.dot``; on compute capability < 8.0 (no tensor cores for tl.dot) it dequantizes to
     fp16 with a Triton kernel and uses cuBLAS instead.
-Split-K writes fp32 partials [S, M, N] and a small reduce kernel sums them, adds the bias and casts.
+Split-K writes fp32 partials [S, M, N] (M == 1, tiled) or fp32 atomics into a zeroed [M, N] (skinny), and a
+small reduce kernel sums them, adds the bias and casts.
 Scales/zeros: when a K tile lies inside one group (no g_idx, group_size % BK == 0 or one group) they are
 loaded once per tile; otherwise per row through g_idx or k // group_size (act-order checkpoints).
 """
@@ -99,6 +101,63 @@ def _w4a16_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_ptr, pa
 
 
 @triton.jit
+def _w4a16_small_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_ptr, part_ptr,
+                        M, N, K, group_size, num_groups, tiles_per_split, stride_xm, has_bias, mode,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K8: tl.constexpr,
+                        PER_ROW: tl.constexpr):
+    """Decode GEMM, M <= 16. BLOCK_M == 1: GEMV with a [BK8, BN] fp32 accumulator whose row sum is deferred
+    past the K loop (no reduction inside it); else tl.dot on a 16-row block. mode 0: store out (+ bias);
+    1: store fp32 partials [S, M, N]; 2: fp32 atomic_add into part [M, N] (zeroed by the caller)."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)                      # [BN]
+    offs_m = tl.arange(0, BLOCK_M)                                        # [BM]
+    n_mask = offs_n < N
+    m_mask = offs_m < M
+    offs_r = tl.arange(0, BLOCK_K8)
+    k8 = K // 8
+    z_shift = (offs_n % 8) * 4
+    if BLOCK_M == 1:
+        acc = tl.zeros((BLOCK_K8, BLOCK_N), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    t_begin = pid_k * tiles_per_split
+    t_end = tl.minimum(t_begin + tiles_per_split, tl.cdiv(k8, BLOCK_K8))
+    for t in range(t_begin, t_end):
+        r = t * BLOCK_K8 + offs_r                                         # [BK8] packed rows
+        r_mask = r < k8
+        q = tl.load(qw_ptr + r[:, None] * N + offs_n[None, :],
+                    mask=r_mask[:, None] & n_mask[None, :], other=0)      # [BK8, BN] int32, 16-byte loads
+        g = tl.minimum((t * BLOCK_K8 * 8) // group_size, num_groups - 1)
+        s_u, z_u = _group_sz(sc_ptr, qz_ptr, g, offs_n, n_mask, z_shift, N)
+        for j in tl.static_range(8):
+            k = r * 8 + j                                                 # [BK8] input rows
+            w = _dequant_tile_j(q, j, s_u, z_u, sc_ptr, qz_ptr, gidx_ptr, k, r_mask, offs_n, n_mask, z_shift,
+                                N, PER_ROW)
+            if BLOCK_M == 1:
+                xv = tl.load(x_ptr + k, mask=r_mask, other=0.0).to(tl.float32)
+                acc += w * xv[:, None]
+            else:
+                xj = tl.load(x_ptr + offs_m[:, None] * stride_xm + k[None, :],
+                             mask=m_mask[:, None] & r_mask[None, :], other=0.0)   # [BM, BK8]
+                acc += tl.dot(xj, w.to(xj.dtype))
+    if BLOCK_M == 1:
+        res = tl.sum(acc, axis=0)[None, :]                                # [1, BN]
+    else:
+        res = acc
+    o_off = offs_m[:, None] * N + offs_n[None, :]
+    o_mask = m_mask[:, None] & n_mask[None, :]
+    if mode == 2:
+        tl.atomic_add(part_ptr + o_off, res, mask=o_mask, sem="relaxed")
+    elif mode == 1:
+        tl.store(part_ptr + pid_k * M * N + o_off, res, mask=o_mask)
+    else:
+        if has_bias != 0:
+            res += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        tl.store(out_ptr + o_off, res.to(out_ptr.dtype.element_ty), mask=o_mask)
+
+
+@triton.jit
 def _splitk_reduce_kernel(part_ptr, bias_ptr, out_ptr, MN, N, num_splits,
                           BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -132,12 +191,15 @@ def _dequant_kernel(qw_ptr, qz_ptr, sc_ptr, gidx_ptr, out_ptr, N, K, group_size,
         tl.store(out_ptr + k[:, None] * N + offs_n[None, :], w.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-# name: (BLOCK_M, BLOCK_N, BLOCK_K8, USE_DOT, num_warps, num_stages)
+# name: (BLOCK_M, BLOCK_N, BLOCK_K8, USE_DOT, num_warps, num_stages); gemv/skinny run _w4a16_small_kernel
+# (USE_DOT is implied by BLOCK_M > 1 there), tiled runs _w4a16_kernel. BK8 16 = 128 inputs = one g128 group.
 _CONFIGS = {
-    "gemv": (1, 128, 16, False, 4, 2),
-    "skinny": (16, 64, 16, True, 4, 3),
+    "gemv": (1, 128, 16, False, 8, 2),
+    "skinny": (16, 128, 16, True, 4, 2),
     "tiled": (64, 128, 16, True, 8, 3),
 }
+SMALL_M_MAX = 16
+SMALL_PROGRAMS_PER_SM = 12            # split-K target: enough 8 KB tiles in flight to cover HBM latency
 _REDUCE_BLOCK = 1024
 _DEQUANT_BLOCK = (128, 16)            # (BLOCK_N, BLOCK_K8)
 CUBLAS_MIN_M_PRE_AMPERE = 65          # cc < 80 and M >= this: dequantize + torch.matmul
@@ -173,6 +235,39 @@ def _split_k(programs: int, k_tiles: int, device: torch.device) -> int:
     return min(16, next_pow2(-(-target // programs)), k_tiles)
 
 
+def _small_m_gemm(x: torch.Tensor, w: GPTQWeight, bias: torch.Tensor | None) -> torch.Tensor:
+    """M <= SMALL_M_MAX: split-K so that ~SMALL_PROGRAMS_PER_SM programs per SM each stream few tiles.
+    M == 1 reduces fp32 partials [S, 1, N] (tiny) in the reduce kernel; M > 1 uses fp32 atomics into a zeroed
+    [M, N] (partials would be S x larger); both end in the reduce kernel (bias + cast). CUDA-graph safe."""
+    m, k = x.shape
+    n = w.out_features
+    dev = x.device
+    bm, bn, bk8, _, warps, stages = _CONFIGS[choose_config(m)]
+    per_row, gidx = row_groups(w, bk8)
+    k_tiles = triton.cdiv(k // 8, bk8)
+    grid_n = triton.cdiv(n, bn)
+    want = max(1, min(k_tiles, -(-SMALL_PROGRAMS_PER_SM * num_sms(dev) // grid_n)))
+    tiles_per_split = triton.cdiv(k_tiles, want)
+    splits = triton.cdiv(k_tiles, tiles_per_split)
+    out = torch.empty(m, n, dtype=x.dtype, device=dev)
+    bias_arg = bias if bias is not None else out
+    if splits == 1:
+        mode, part = 0, out.float()[:0]
+    elif m == 1:
+        mode, part = 1, torch.empty(splits, m, n, dtype=torch.float32, device=dev)
+    else:
+        mode, part = 2, torch.zeros(m, n, dtype=torch.float32, device=dev)
+    _w4a16_small_kernel[(grid_n, splits)](
+        x, w.qweight, w.qzeros, w.scales, gidx, bias_arg, out, part, m, n, k, w.group_size, w.num_groups,
+        tiles_per_split, x.stride(0), int(bias is not None), mode,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K8=bk8, PER_ROW=bool(per_row), num_warps=warps, num_stages=stages)
+    if mode != 0:
+        _splitk_reduce_kernel[(triton.cdiv(m * n, _REDUCE_BLOCK),)](
+            part, bias_arg, out, m * n, n, splits if mode == 1 else 1, BLOCK=_REDUCE_BLOCK,
+            HAS_BIAS=bias is not None)
+    return out
+
+
 def dequantize(w: GPTQWeight, dtype: torch.dtype) -> torch.Tensor:
     """[K, N] dense weights in ``dtype`` (one Triton launch)."""
     k, n = w.in_features, w.out_features
@@ -196,6 +291,8 @@ def w4a16_gemm(x: torch.Tensor, w: GPTQWeight, bias: torch.Tensor | None = None)
     if m >= CUBLAS_MIN_M_PRE_AMPERE and dev.type == "cuda" and compute_capability(dev) < 80:
         y = torch.matmul(x, dequantize(w, x.dtype))
         return y if bias is None else y + bias
+    if m <= SMALL_M_MAX:
+        return _small_m_gemm(x, w, bias)
     bm, bn, bk8, use_dot, warps, stages = _CONFIGS[choose_config(m)]
     per_row, gidx = row_groups(w, bk8)
     k_tiles = triton.cdiv(k // 8, bk8)
@@ -224,6 +321,17 @@ def aot_configs() -> list[AotConfig]:
     out: list[AotConfig] = []
     for act, min_cc in (("fp16", 70), ("bf16", 80)):
         for name, (bm, bn, bk8, use_dot, warps, stages) in _CONFIGS.items():
+            if bm <= SMALL_M_MAX:
+                for per_row in (False, True):
+                    cx = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K8=bk8, PER_ROW=per_row)
+                    args = dict(x_ptr=f"*{act}", qw_ptr="*i32", qz_ptr="*i32", sc_ptr="*fp16", gidx_ptr="*i32",
+                                bias_ptr=f"*{act}", out_ptr=f"*{act}", part_ptr="*fp32", M="i32", N="i32",
+                                K="i32", group_size="i32", num_groups="i32", tiles_per_split="i32",
+                                stride_xm="i32", has_bias="i32", mode="i32")
+                    tag = "" if not per_row else ",per_row"
+                    out.append(AotConfig(_w4a16_small_kernel, signature(args, cx), cx, warps, stages, min_cc,
+                                         f"w4a16[{name},{act}]" if not per_row else f"w4a16[{name}{tag},{act}]"))
+                continue
             cx = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K8=bk8, USE_DOT=use_dot)
             args = dict(x_ptr=f"*{act}", qw_ptr="*i32", qz_ptr="*i32", sc_ptr="*fp16", gidx_ptr="*i32",
                         bias_ptr=f"*{act}", out_ptr=f"*{act}", part_ptr="*fp32", M="i32", N="i32", K="i32",

@@ -1,0 +1,273 @@
+"""Triton fused MoE for decode-sized batches (T <= DECODE_MAX_TOKENS), same contract as ref.fused_moe.
+
+Built for bandwidth at batch 1..16 (the weights are read once per step; everything else is tiny):
+  0. one zeroed int32/fp32 workspace (a single memset): expert counters, active count, gate/up sums, output.
+  1. routing, one program per token: fp32 softmax, top-k, renormalise; then the token claims its experts with
+     atomics and the first claimant of an expert appends it to a compact ``active`` list (no sort, no host sync).
+  2. gate/up: grid (2 * I/BN column tiles, split-K, active slot). A program dequantizes one [BK8, BN] int32
+     tile per K step (16-byte loads along N, scales/zeros once per group) of ONE expert and multiplies it with
+     the rows of every token routed to that expert (tl.dot over a 16-row token block when T > 1, so tokens
+     that share an expert share its weight read); fp32 partial sums go to gu [T*k, 2I] with atomic_add.
+  3. down: same grid over H; the input tile is silu(gate) * up computed on the fly from gu (the full K sums
+     are complete after kernel 2), times the routed weight, atomic_add into out32 [T, H]: the top-k sum is free.
+  4. cast out32 to x.dtype.
+Split-K is chosen on the host from static sizes so that about 12 programs per SM exist (CUDA-graph safe).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from onecard.kernels.gptq_gemm.triton import _dequant_tile_j, _group_sz, row_groups
+from onecard.kernels.triton_common import AotConfig, next_pow2, num_sms, signature
+from onecard.kernels.types import GPTQWeight, MoEWeight
+
+DECODE_MAX_TOKENS = 16
+# name: (BLOCK_T, BLOCK_N, BLOCK_K8, num_warps, num_stages). BK8 = 16 packed rows = 128 inputs = one g128 group.
+DECODE_CONFIGS = {
+    "decode1": (1, 128, 16, 8, 2),
+    "decode16": (16, 128, 16, 4, 2),
+}
+PROGRAMS_PER_SM = 12
+_WS_ALIGN = 32                        # int32 words: keep the fp32 parts of the workspace 128-byte aligned
+
+
+def choose_decode_config(num_tokens: int) -> str:
+    return "decode1" if num_tokens == 1 else "decode16"
+
+
+@triton.jit
+def _route_claim_kernel(logits_ptr, w_ptr, ids_ptr, count_ptr, active_ptr, num_active_ptr, E, stride_t,
+                        TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr,
+                        RENORM: tl.constexpr):
+    t = tl.program_id(0)
+    offs = tl.arange(0, BLOCK_E)
+    x = tl.load(logits_ptr + t * stride_t + offs, mask=offs < E, other=-float("inf")).to(tl.float32)
+    p = tl.exp(x - tl.max(x, axis=0))
+    p = p / tl.sum(p, axis=0)                                             # [BE] fp32 softmax
+    p = tl.where(offs < E, p, -1.0)
+    offs_k = tl.arange(0, BLOCK_K)
+    vals = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    ids = tl.zeros((BLOCK_K,), dtype=tl.int32)
+    for i in tl.static_range(TOP_K):
+        best = tl.max(p, axis=0)
+        idx = tl.min(tl.where(p == best, offs, BLOCK_E), axis=0)          # lowest index among ties
+        vals = tl.where(offs_k == i, best, vals)
+        ids = tl.where(offs_k == i, idx, ids)
+        p = tl.where(offs == idx, -1.0, p)
+    if RENORM:
+        vals = vals / tl.sum(vals, axis=0)
+    k_mask = offs_k < TOP_K
+    tl.store(w_ptr + t * TOP_K + offs_k, vals, mask=k_mask)
+    tl.store(ids_ptr + t * TOP_K + offs_k, ids, mask=k_mask)
+    # a token's k experts are distinct, so one vector atomic has no intra-token conflicts
+    old = tl.atomic_add(count_ptr + ids, tl.full((BLOCK_K,), 1, tl.int32), mask=k_mask)
+    first = (old == 0) & k_mask
+    n_new = tl.sum(first.to(tl.int32), axis=0)
+    base = tl.atomic_add(num_active_ptr, n_new)
+    slot = base + tl.cumsum(first.to(tl.int32), axis=0) - 1
+    tl.store(active_ptr + slot, ids, mask=first)
+
+
+@triton.jit
+def _moe_decode_kernel(x_ptr, a_ptr, out_ptr, qa_ptr, za_ptr, sa_ptr, ga_ptr, qb_ptr, zb_ptr, sb_ptr, gb_ptr,
+                       ids_ptr, topk_w_ptr, active_ptr, num_active_ptr,
+                       T, N, K, group_size, num_groups, g_stride, stride_a, stride_out, n_tiles,
+                       tiles_per_split,
+                       TOP_K: tl.constexpr, BLOCK_TOPK: tl.constexpr, BLOCK_T: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_K8: tl.constexpr, STAGE: tl.constexpr,
+                       FLOAT_W: tl.constexpr, PER_ROW: tl.constexpr):
+    """STAGE 1: gu[pair, mat*N + n] += x[t] @ W_mat[e] (mat 0 = gate (qa..), 1 = up (qb..)) over one K split.
+    STAGE 2: out[t, n] += topk_w[pair] * (silu(gu[pair, :K]) * gu[pair, K:]) @ Wd[e] (qa.. = qb.. = down)."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    slot = tl.program_id(2)
+    if slot >= tl.load(num_active_ptr):
+        return
+    e32 = tl.load(active_ptr + slot)
+    e = e32.to(tl.int64)
+    mat = pid_n // n_tiles
+    tile = pid_n - mat * n_tiles
+    if mat == 0:
+        q_ptr, z_ptr, s_ptr, g_ptr = qa_ptr, za_ptr, sa_ptr, ga_ptr
+    else:
+        q_ptr, z_ptr, s_ptr, g_ptr = qb_ptr, zb_ptr, sb_ptr, gb_ptr
+    k8 = K // 8
+    if FLOAT_W:
+        q_ptr += e * K * N
+    else:
+        q_ptr += e * k8 * N
+        z_ptr += e * num_groups * (N // 8)
+        s_ptr += e * num_groups * N
+        g_ptr += e * g_stride
+    # which tokens use expert e, through which slot, with which routed weight
+    offs_t = tl.arange(0, BLOCK_T)
+    offs_j = tl.arange(0, BLOCK_TOPK)
+    pm = (offs_t < T)[:, None] & (offs_j < TOP_K)[None, :]
+    ids = tl.load(ids_ptr + offs_t[:, None] * TOP_K + offs_j[None, :], mask=pm, other=-1)   # [BT, BTK]
+    hit = ids == e32
+    tok_mask = tl.max(hit.to(tl.int32), axis=1) > 0                      # [BT]
+    pair = offs_t * TOP_K + tl.sum(tl.where(hit, offs_j[None, :], 0), axis=1)                # [BT]
+    offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)                       # [BN]
+    n_mask = offs_n < N
+    z_shift = (offs_n % 8) * 4
+    offs_r = tl.arange(0, BLOCK_K8)
+    if BLOCK_T == 1:
+        acc = tl.zeros((BLOCK_K8, BLOCK_N), dtype=tl.float32)            # row sums deferred past the loop
+        pair1 = tl.sum(pair, axis=0).to(tl.int64)                        # T == 1: token 0's pair for e
+        if STAGE == 1:
+            a_row = pair1 * 0                                             # token 0
+        else:
+            a_row = pair1
+    else:
+        acc = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
+    t_begin = pid_k * tiles_per_split
+    t_end = tl.minimum(t_begin + tiles_per_split, tl.cdiv(k8, BLOCK_K8))
+    for it in range(t_begin, t_end):
+        r = it * BLOCK_K8 + offs_r                                        # [BK8] packed rows
+        r_mask = r < k8
+        q = tl.zeros((BLOCK_K8, BLOCK_N), dtype=tl.int32)
+        s_u = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        z_u = s_u
+        if not FLOAT_W:
+            q = tl.load(q_ptr + r[:, None] * N + offs_n[None, :], mask=r_mask[:, None] & n_mask[None, :],
+                        other=0)                                          # [BK8, BN] int32
+            g = tl.minimum((it * BLOCK_K8 * 8) // group_size, num_groups - 1)
+            s_u, z_u = _group_sz(s_ptr, z_ptr, g, offs_n, n_mask, z_shift, N)
+        for j in tl.static_range(8):
+            k = r * 8 + j                                                 # [BK8] input rows
+            if FLOAT_W:
+                w = tl.load(q_ptr + k[:, None] * N + offs_n[None, :], mask=r_mask[:, None] & n_mask[None, :],
+                            other=0.0).to(tl.float32)
+            else:
+                w = _dequant_tile_j(q, j, s_u, z_u, s_ptr, z_ptr, g_ptr, k, r_mask, offs_n, n_mask, z_shift,
+                                    N, PER_ROW)                           # [BK8, BN] fp32
+            if BLOCK_T == 1:
+                if STAGE == 1:
+                    av = tl.load(x_ptr + a_row * stride_a + k, mask=r_mask, other=0.0).to(tl.float32)
+                else:
+                    gv = tl.load(a_ptr + a_row * stride_a + k, mask=r_mask, other=0.0)
+                    uv = tl.load(a_ptr + a_row * stride_a + K + k, mask=r_mask, other=0.0)
+                    av = gv / (1.0 + tl.exp(-gv)) * uv
+                acc += w * av[:, None]
+            else:
+                am = tok_mask[:, None] & r_mask[None, :]
+                if STAGE == 1:
+                    a = tl.load(x_ptr + offs_t[:, None] * stride_a + k[None, :], mask=am, other=0.0)
+                else:
+                    a_off = pair.to(tl.int64)[:, None] * stride_a + k[None, :]
+                    gv = tl.load(a_ptr + a_off, mask=am, other=0.0)
+                    uv = tl.load(a_ptr + a_off + K, mask=am, other=0.0)
+                    a = (gv / (1.0 + tl.exp(-gv)) * uv).to(x_ptr.dtype.element_ty)
+                acc += tl.dot(a, w.to(x_ptr.dtype.element_ty))           # [BT, BN]
+    if BLOCK_T == 1:
+        res = tl.sum(acc, axis=0)                                         # [BN]
+        if STAGE == 1:
+            tl.atomic_add(out_ptr + pair1 * stride_out + mat * N + offs_n, res, mask=n_mask, sem="relaxed")
+        else:
+            res *= tl.load(topk_w_ptr + pair1)
+            tl.atomic_add(out_ptr + offs_n, res, mask=n_mask, sem="relaxed")
+    else:
+        om = tok_mask[:, None] & n_mask[None, :]
+        if STAGE == 1:
+            tl.atomic_add(out_ptr + pair.to(tl.int64)[:, None] * stride_out + mat * N + offs_n[None, :], acc,
+                          mask=om, sem="relaxed")
+        else:
+            rw = tl.load(topk_w_ptr + pair, mask=tok_mask, other=0.0)    # [BT]
+            tl.atomic_add(out_ptr + offs_t[:, None] * stride_out + offs_n[None, :], acc * rw[:, None],
+                          mask=om, sem="relaxed")
+
+
+def weight_args(w: MoEWeight, block_k8: int):
+    """-> (ptrs (w, zeros, scales, g_idx), K, N, group_size, num_groups, per_row, g_stride, float?)."""
+    if isinstance(w, GPTQWeight):
+        assert w.qweight.is_contiguous() and w.qzeros.is_contiguous() and w.scales.is_contiguous()
+        per_row, gidx = row_groups(w, block_k8)
+        g_stride = w.in_features if (w.g_idx is not None and w.g_idx.dim() == 2) else 0
+        return ((w.qweight, w.qzeros, w.scales, gidx), w.in_features, w.out_features, w.group_size,
+                w.num_groups, int(per_row), g_stride, False)
+    assert w.is_contiguous()
+    return (w, w, w, w), int(w.shape[1]), int(w.shape[2]), 1 << 30, 1, 0, 0, True
+
+
+def _split(programs: int, k_tiles: int, device: torch.device) -> tuple[int, int]:
+    """-> (splits, tiles_per_split) so that programs * splits ~ PROGRAMS_PER_SM * SMs."""
+    want = max(1, min(k_tiles, -(-PROGRAMS_PER_SM * num_sms(device) // max(programs, 1))))
+    per = -(-k_tiles // want)
+    return -(-k_tiles // per), per
+
+
+def fused_moe_decode(x: torch.Tensor, router_logits: torch.Tensor, w_gate: MoEWeight, w_up: MoEWeight,
+                     w_down: MoEWeight, top_k: int, renormalize: bool) -> torch.Tensor:
+    t, h = x.shape
+    assert 1 <= t <= DECODE_MAX_TOKENS, t
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    dev = x.device
+    bt, bn, bk8, warps, stages = DECODE_CONFIGS[choose_decode_config(t)]
+    gate, k1, n1, gs1, ng1, pr1, gst1, float_w = weight_args(w_gate, bk8)
+    up, *_, pr_up, gst_up, _ = weight_args(w_up, bk8)
+    assert (pr_up, gst_up) == (pr1, gst1), "gate and up must share their group layout (g_idx or not)"
+    down, k2, n2, gs2, ng2, pr2, gst2, _ = weight_args(w_down, bk8)
+    assert k1 == h and n2 == h and k2 == n1, (x.shape, k1, n1, k2, n2)
+    num_experts = int(router_logits.shape[1])
+    p = t * top_k
+    slots = min(num_experts, p)
+    head = -(-(num_experts + 1) // _WS_ALIGN) * _WS_ALIGN
+    ws = torch.zeros(head + p * 2 * n1 + t * h, dtype=torch.int32, device=dev)   # one memset
+    counts, num_active = ws[:num_experts], ws[num_experts:num_experts + 1]
+    gu = ws[head:head + p * 2 * n1].view(torch.float32)                   # [T*k, 2I] gate | up sums
+    out32 = ws[head + p * 2 * n1:].view(torch.float32)                    # [T, H]
+    topk_w = torch.empty(t, top_k, dtype=torch.float32, device=dev)
+    topk_ids = torch.empty(t, top_k, dtype=torch.int32, device=dev)
+    active = torch.empty(slots, dtype=torch.int32, device=dev)
+    _route_claim_kernel[(t,)](router_logits, topk_w, topk_ids, counts, active, num_active, num_experts,
+                              router_logits.stride(0), TOP_K=top_k, BLOCK_K=next_pow2(top_k),
+                              BLOCK_E=next_pow2(num_experts), RENORM=renormalize)
+    common = dict(TOP_K=top_k, BLOCK_TOPK=next_pow2(top_k), BLOCK_T=bt, BLOCK_N=bn, BLOCK_K8=bk8,
+                  FLOAT_W=float_w, num_warps=warps, num_stages=stages)
+    tiles1 = triton.cdiv(n1, bn)
+    s1, per1 = _split(2 * tiles1 * slots, triton.cdiv(k1 // 8, bk8), dev)
+    _moe_decode_kernel[(2 * tiles1, s1, slots)](
+        x, x, gu, *gate, *up, topk_ids, topk_w, active, num_active, t, n1, k1, gs1, ng1, gst1,
+        x.stride(0), 2 * n1, tiles1, per1, STAGE=1, PER_ROW=bool(pr1), **common)
+    tiles2 = triton.cdiv(n2, bn)
+    s2, per2 = _split(tiles2 * slots, triton.cdiv(k2 // 8, bk8), dev)
+    _moe_decode_kernel[(tiles2, s2, slots)](
+        x, gu, out32, *down, *down, topk_ids, topk_w, active, num_active, t, n2, k2, gs2, ng2, gst2,
+        2 * n1, n2, tiles2, per2, STAGE=2, PER_ROW=bool(pr2), **common)
+    return out32.view(t, h).to(x.dtype)
+
+
+def decode_aot_configs(act: str, min_cc: int) -> list[AotConfig]:
+    """Claiming router at E=128, k=8 and both decode GEMM configs x stages x weight kinds."""
+    out: list[AotConfig] = []
+    for renorm in (True, False):
+        cx = dict(TOP_K=8, BLOCK_K=8, BLOCK_E=128, RENORM=renorm)
+        args = dict(logits_ptr=f"*{act}", w_ptr="*fp32", ids_ptr="*i32", count_ptr="*i32", active_ptr="*i32",
+                    num_active_ptr="*i32", E="i32", stride_t="i32")
+        out.append(AotConfig(_route_claim_kernel, signature(args, cx), cx, 4, 1, min_cc,
+                             f"route_claim[{renorm},{act}]"))
+    for name, (bt, bn, bk8, warps, stages) in DECODE_CONFIGS.items():
+        for float_w, per_row in ((False, False), (False, True), (True, False)):
+            for stage in (1, 2):
+                cx = dict(TOP_K=8, BLOCK_TOPK=8, BLOCK_T=bt, BLOCK_N=bn, BLOCK_K8=bk8, STAGE=stage,
+                          FLOAT_W=float_w, PER_ROW=per_row)
+                wt = f"*{act}" if float_w else "*i32"
+                args = dict(x_ptr=f"*{act}", a_ptr=f"*{act}" if stage == 1 else "*fp32", out_ptr="*fp32",
+                            qa_ptr=wt, za_ptr="*i32", sa_ptr="*fp16", ga_ptr="*i32",
+                            qb_ptr=wt, zb_ptr="*i32", sb_ptr="*fp16", gb_ptr="*i32",
+                            ids_ptr="*i32", topk_w_ptr="*fp32", active_ptr="*i32", num_active_ptr="*i32",
+                            T="i32", N="i32", K="i32", group_size="i32", num_groups="i32",
+                            g_stride="i32", stride_a="i32", stride_out="i32", n_tiles="i32",
+                            tiles_per_split="i32")
+                if float_w:
+                    args.update(za_ptr=wt, sa_ptr=wt, ga_ptr=wt, zb_ptr=wt, sb_ptr=wt, gb_ptr=wt)
+                out.append(AotConfig(_moe_decode_kernel, signature(args, cx), cx, warps, stages, min_cc,
+                                     f"moe_decode[{name},stage={stage},float={float_w},per_row={per_row},{act}]"))
+    return out
+
+
+__all__ = ["fused_moe_decode", "decode_aot_configs", "choose_decode_config", "weight_args", "DECODE_MAX_TOKENS",
+           "DECODE_CONFIGS"]

@@ -3,7 +3,7 @@
 # Usage (repo root, on the H200): OUT=/some/dir bash bench/run_h200.sh [parts...]
 # parts: probe kernels checks full hf floor   (default: probe kernels checks full floor)
 set -u
-export PYTHONPATH="$PWD" TOKENIZERS_PARALLELISM=false
+export PYTHONPATH="$PWD${EXTRA_PYTHONPATH:+:$EXTRA_PYTHONPATH}" TOKENIZERS_PARALLELISM=false
 OUT="${OUT:-/tmp/onecard_out}"; mkdir -p "$OUT"
 parts="${*:-probe kernels checks full floor}"
 log() { echo "=== $* ($(date +%T))"; }

@@ -24,6 +24,16 @@ from onecard.kernels.triton_common import (TL_DTYPE, AotConfig, compute_capabili
 from onecard.kernels.types import GPTQWeight
 
 
+
+@triton.jit
+def _dot(a, b):
+    """tl.dot that stays exact-fp32 for fp32 inputs (tf32 otherwise: ~3e-4 error flips greedy near-ties in
+    the fp32 test models); fp16/bf16 inputs use the tensor cores as usual."""
+    if a.dtype == tl.float32:
+        return tl.dot(a, b, input_precision="ieee")
+    else:
+        return tl.dot(a, b)
+
 @triton.jit
 def _dequant_tile_j(q, j: tl.constexpr, s_u, z_u, sc_ptr, qz_ptr, gidx_ptr, k, r_mask, offs_n, n_mask, z_shift,
                     N, per_row):
@@ -84,7 +94,7 @@ def _w4a16_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_ptr, pa
             if USE_DOT:
                 xj = tl.load(x_ptr + offs_m[:, None] * stride_xm + k[None, :],
                              mask=m_mask[:, None] & r_mask[None, :], other=0.0)   # [BM, BK8]
-                acc += tl.dot(xj, w.to(xj.dtype))
+                acc += _dot(xj, w.to(xj.dtype))
             else:
                 xv = tl.load(x_ptr + pid_m * stride_xm + k, mask=r_mask, other=0.0).to(tl.float32)
                 acc1 += tl.sum(w * xv[:, None], axis=0)
@@ -140,7 +150,7 @@ def _w4a16_small_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_p
             else:
                 xj = tl.load(x_ptr + offs_m[:, None] * stride_xm + k[None, :],
                              mask=m_mask[:, None] & r_mask[None, :], other=0.0)   # [BM, BK8]
-                acc += tl.dot(xj, w.to(xj.dtype))
+                acc += _dot(xj, w.to(xj.dtype))
     if BLOCK_M == 1:
         res = tl.sum(acc, axis=0)[None, :]                                # [1, BN]
     else:

@@ -109,6 +109,15 @@ class _ClientBase(CoreClient):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._aq: asyncio.Queue | None = None
         self._early: list[list[EngineOutput]] = []
+        self._started = False
+
+    def _first_start(self) -> bool:
+        """True once: start() is idempotent (the launcher starts B early, AsyncEngine.start calls it again)."""
+        with self._lock:
+            if self._started:
+                return False
+            self._started = True
+            return True
 
     # called from B's side (a thread) for every message
     def _on_message(self, msg: tuple) -> None:
@@ -173,6 +182,9 @@ class ThreadCoreClient(_ClientBase):
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
+        if not self._first_start():
+            return
+
         def recv(timeout: float | None):
             try:
                 return self._in.get(timeout=timeout) if timeout != 0.0 else self._in.get_nowait()
@@ -227,6 +239,8 @@ class ProcessCoreClient(_ClientBase):
         self._reader: threading.Thread | None = None
 
     def start(self) -> None:
+        if not self._first_start():
+            return
         self._proc.start()
 
         def read() -> None:

@@ -85,8 +85,10 @@ def prepare_server(engine_config: EngineConfig, ns: argparse.Namespace) -> Serve
     settings = settings_from(engine_config, api_key=ns.api_key, reasoning_parser=ns.reasoning_parser,
                              tool_call_parser=ns.tool_call_parser,
                              enable_auto_tool_choice=ns.enable_auto_tool_choice)
-    tokenizer = load_tokenizer(engine_config.model.tokenizer)
+    # Start B first: its imports and weight loading overlap A's tokenizer and app set-up (time to ready).
     core = make_core_client(engine_config, single_process=ns.single_process)
+    core.start()
+    tokenizer = load_tokenizer(engine_config.model.tokenizer)
     state = make_state(engine_config, core, settings, tokenizer)
     logger.info("starting onecard: model %s as %s on http://%s:%d (engine loading in the background)",
                 settings.model_root, ", ".join(settings.served_model_names), ns.host or "0.0.0.0", ns.port)

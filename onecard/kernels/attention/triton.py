@@ -14,19 +14,11 @@ import torch
 import triton
 import triton.language as tl
 
+from onecard.kernels.triton_dot import dot
 from onecard.kernels.triton_common import AotConfig, next_pow2, num_sms, signature
 from onecard.runner.attn_metadata import AttentionMetadata
 
 
-
-@triton.jit
-def _dot(a, b):
-    """tl.dot that stays exact-fp32 for fp32 inputs (tf32 otherwise: ~3e-4 error flips greedy near-ties in
-    the fp32 test models); fp16/bf16 inputs use the tensor cores as usual."""
-    if a.dtype == tl.float32:
-        return tl.dot(a, b, input_precision="ieee")
-    else:
-        return tl.dot(a, b)
 
 @triton.jit
 def _store_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, stride_kt, stride_vt, HD,
@@ -87,14 +79,14 @@ def _paged_attn_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, qsl_ptr
         kv_off = (slot[:, None] * HKV + kvh) * D + offs_d[None, :]        # [BN, D]
         k = tl.load(kc_ptr + kv_off, mask=k_ok[:, None], other=0.0)
         v = tl.load(vc_ptr + kv_off, mask=k_ok[:, None], other=0.0)
-        s = _dot(q, tl.trans(k.to(q.dtype))) * scale_log2               # [BM, BN] log2 units
+        s = dot(q, tl.trans(k.to(q.dtype))) * scale_log2               # [BM, BN] log2 units
         allowed = k_ok[None, :] & (k_pos[None, :] <= q_pos[:, None])
         s = tl.where(allowed, s, -float("inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v.to(q.dtype)).to(tl.float32)
+        acc = acc * alpha[:, None] + dot(p.to(v.dtype), v.to(q.dtype)).to(tl.float32)
         m_i = m_new
     if num_segments == 1:
         o = acc / tl.maximum(l_i, 1e-30)[:, None]

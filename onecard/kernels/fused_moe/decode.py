@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from onecard.kernels.gptq_gemm.triton import _dequant_tile_j, _group_sz, row_groups
+from onecard.kernels.triton_dot import dot
 from onecard.kernels.triton_common import AotConfig, next_pow2, num_sms, signature
 from onecard.kernels.types import GPTQWeight, MoEWeight
 
@@ -37,15 +38,6 @@ def choose_decode_config(num_tokens: int) -> str:
     return "decode1" if num_tokens == 1 else "decode16"
 
 
-
-@triton.jit
-def _dot(a, b):
-    """tl.dot that stays exact-fp32 for fp32 inputs (tf32 otherwise: ~3e-4 error flips greedy near-ties in
-    the fp32 test models); fp16/bf16 inputs use the tensor cores as usual."""
-    if a.dtype == tl.float32:
-        return tl.dot(a, b, input_precision="ieee")
-    else:
-        return tl.dot(a, b)
 
 @triton.jit
 def _route_claim_kernel(logits_ptr, w_ptr, ids_ptr, count_ptr, active_ptr, num_active_ptr, E, stride_t,
@@ -170,7 +162,7 @@ def _moe_decode_kernel(x_ptr, a_ptr, out_ptr, qa_ptr, za_ptr, sa_ptr, ga_ptr, qb
                     gv = tl.load(a_ptr + a_off, mask=am, other=0.0)
                     uv = tl.load(a_ptr + a_off + K, mask=am, other=0.0)
                     a = (gv / (1.0 + tl.exp(-gv)) * uv).to(x_ptr.dtype.element_ty)
-                acc += _dot(a, w.to(x_ptr.dtype.element_ty))           # [BT, BN]
+                acc += dot(a, w.to(x_ptr.dtype.element_ty))           # [BT, BN]
     if BLOCK_T == 1:
         res = tl.sum(acc, axis=0)                                         # [BN]
         if STAGE == 1:

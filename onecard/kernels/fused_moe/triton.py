@@ -21,19 +21,11 @@ import triton.language as tl
 from onecard.kernels.fused_moe.decode import (DECODE_CONFIGS, DECODE_MAX_TOKENS, choose_decode_config,
                                               decode_aot_configs, fused_moe_decode, weight_args)
 from onecard.kernels.gptq_gemm.triton import _dequant_tile_j, _group_sz
+from onecard.kernels.triton_dot import dot
 from onecard.kernels.triton_common import AotConfig, next_pow2, signature
 from onecard.kernels.types import GPTQWeight, MoEWeight
 
 
-
-@triton.jit
-def _dot(a, b):
-    """tl.dot that stays exact-fp32 for fp32 inputs (tf32 otherwise: ~3e-4 error flips greedy near-ties in
-    the fp32 test models); fp16/bf16 inputs use the tensor cores as usual."""
-    if a.dtype == tl.float32:
-        return tl.dot(a, b, input_precision="ieee")
-    else:
-        return tl.dot(a, b)
 
 @triton.jit
 def _route_kernel(logits_ptr, w_ptr, ids_ptr, E, stride_t, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -145,7 +137,7 @@ def _moe_gemm_kernel(a_ptr, out_ptr, w1_ptr, z1_ptr, s1_ptr, g1_ptr, w2_ptr, z2_
             if SORTED:
                 aj = tl.load(a_ptr + a_rows[:, None] * stride_am + k[None, :],
                              mask=p_mask[:, None] & r_mask[None, :], other=0.0)           # [BM, BK8]
-                acc1 += _dot(aj, wa.to(aj.dtype))
+                acc1 += dot(aj, wa.to(aj.dtype))
             else:
                 av = tl.load(a_ptr + a_row * stride_am + k, mask=r_mask, other=0.0).to(tl.float32)
                 acc1 += tl.sum(wa * av[:, None], axis=0)
@@ -153,7 +145,7 @@ def _moe_gemm_kernel(a_ptr, out_ptr, w1_ptr, z1_ptr, s1_ptr, g1_ptr, w2_ptr, z2_
                 wb = _w_tile_j(w2_ptr, z2_ptr, s2_ptr, g2_ptr, q2, j, s2, z2, r, r_mask, offs_n, n_mask,
                                z_shift, N, per_row, FLOAT_W)
                 if SORTED:
-                    acc2 += _dot(aj, wb.to(aj.dtype))
+                    acc2 += dot(aj, wb.to(aj.dtype))
                 else:
                     acc2 += tl.sum(wb * av[:, None], axis=0)
     if GATED:

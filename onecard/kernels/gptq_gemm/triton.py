@@ -19,20 +19,12 @@ import torch
 import triton
 import triton.language as tl
 
+from onecard.kernels.triton_dot import dot
 from onecard.kernels.triton_common import (TL_DTYPE, AotConfig, compute_capability, next_pow2, num_sms,
                                            signature)
 from onecard.kernels.types import GPTQWeight
 
 
-
-@triton.jit
-def _dot(a, b):
-    """tl.dot that stays exact-fp32 for fp32 inputs (tf32 otherwise: ~3e-4 error flips greedy near-ties in
-    the fp32 test models); fp16/bf16 inputs use the tensor cores as usual."""
-    if a.dtype == tl.float32:
-        return tl.dot(a, b, input_precision="ieee")
-    else:
-        return tl.dot(a, b)
 
 @triton.jit
 def _dequant_tile_j(q, j: tl.constexpr, s_u, z_u, sc_ptr, qz_ptr, gidx_ptr, k, r_mask, offs_n, n_mask, z_shift,
@@ -94,7 +86,7 @@ def _w4a16_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_ptr, pa
             if USE_DOT:
                 xj = tl.load(x_ptr + offs_m[:, None] * stride_xm + k[None, :],
                              mask=m_mask[:, None] & r_mask[None, :], other=0.0)   # [BM, BK8]
-                acc += _dot(xj, w.to(xj.dtype))
+                acc += dot(xj, w.to(xj.dtype))
             else:
                 xv = tl.load(x_ptr + pid_m * stride_xm + k, mask=r_mask, other=0.0).to(tl.float32)
                 acc1 += tl.sum(w * xv[:, None], axis=0)
@@ -150,7 +142,7 @@ def _w4a16_small_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_p
             else:
                 xj = tl.load(x_ptr + offs_m[:, None] * stride_xm + k[None, :],
                              mask=m_mask[:, None] & r_mask[None, :], other=0.0)   # [BM, BK8]
-                acc += _dot(xj, w.to(xj.dtype))
+                acc += dot(xj, w.to(xj.dtype))
     if BLOCK_M == 1:
         res = tl.sum(acc, axis=0)[None, :]                                # [1, BN]
     else:

@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
               "  serve     serve a model behind an OpenAI-compatible API (vLLM's flags)\n"
               "  probe     what this GPU can run, and why\n"
               "  plan      memory plan: weights, KV cache, concurrency at a context length\n"
-              "  verify    compare onecard against a reference on a model\n"
+              "  verify    smoke-test a running server (models, a chat per served name, health)\n"
               "  bench     benchmark a running server\n"
               "  quantize  GPTQ-quantize a model\n\n"
               "`onecard COMMAND --help` for a command's options.")

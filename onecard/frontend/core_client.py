@@ -8,8 +8,18 @@ requests); ``stats`` is the latest ``EngineStats``; ``shutdown()`` stops B. One 
 from __future__ import annotations
 
 import abc
+import asyncio
+import logging
+import multiprocessing as mp
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
 
-from onecard.protocol import EngineInfo, EngineOutput, EngineRequest, EngineStats
+from onecard.config import ConfigError, EngineConfig
+from onecard.protocol import Abort, EngineInfo, EngineOutput, EngineRequest, EngineStats
+
+logger = logging.getLogger(__name__)
 
 
 class CoreClient(abc.ABC):
@@ -45,37 +55,29 @@ class CoreClient(abc.ABC):
 # ---------------------------------------------------------------------------------------------------------
 # Implementations. Both run the same loop (``run_engine_loop``) over a message channel; they differ only in
 # where B lives: a thread of this process (--single-process, tests) or a spawned process (default).
-import asyncio  # noqa: E402
-import logging  # noqa: E402
-import multiprocessing as mp  # noqa: E402
-import queue  # noqa: E402
-import threading  # noqa: E402
-from typing import Any, Callable  # noqa: E402
-
-from onecard.config import ConfigError, EngineConfig  # noqa: E402
-from onecard.protocol import Abort  # noqa: E402
-
-logger = logging.getLogger(__name__)
 
 
 class EngineStartupError(RuntimeError):
     """B failed to start (bad config, does not fit, load error); the message says why."""
 
 
-def run_engine_loop(config: EngineConfig, recv: Callable[[float | None], Any], send: Callable[[tuple], None]) -> None:
+def run_engine_loop(config: EngineConfig, recv: Callable[[float | None], Any], send: Callable[[tuple], None],
+                    core_factory: Callable[[EngineConfig], Any] | None = None) -> None:
     """B's main loop. ``recv(timeout)`` returns a message or None on timeout; ``send(msg)`` never blocks long.
 
     Messages in: EngineRequest, Abort, "stop". Out: ("ready", EngineInfo), ("error", text, is_config),
-    ("out", [EngineOutput], EngineStats).
+    ("out", [EngineOutput], EngineStats). ``core_factory`` (default ``EngineCore``) lets tests run the same
+    loop over a core with a scripted runner.
     """
-    from onecard.core.engine_core import EngineCore
+    if core_factory is None:
+        from onecard.core.engine_core import EngineCore as core_factory
 
     try:
-        core = EngineCore(config)
+        core = core_factory(config)
     except ConfigError as e:
         send(("error", str(e), True))
         return
-    except Exception as e:  # noqa: BLE001 - report any start-up failure to A
+    except Exception as e:
         logger.exception("engine start-up failed")
         send(("error", f"{type(e).__name__}: {e}", False))
         return
@@ -176,6 +178,8 @@ class _ClientBase(CoreClient):
 class ThreadCoreClient(_ClientBase):
     """B in a daemon thread of this process (``--single-process``)."""
 
+    _core_factory: Callable[[EngineConfig], Any] | None = None   # None = EngineCore (tests override)
+
     def __init__(self, config: EngineConfig):
         super().__init__(config)
         self._in: queue.Queue = queue.Queue()
@@ -191,7 +195,8 @@ class ThreadCoreClient(_ClientBase):
             except queue.Empty:
                 return None
 
-        self._thread = threading.Thread(target=run_engine_loop, args=(self.config, recv, self._on_message),
+        self._thread = threading.Thread(target=run_engine_loop,
+                                        args=(self.config, recv, self._on_message, self._core_factory),
                                         name="onecard-engine", daemon=True)
         self._thread.start()
 

@@ -91,43 +91,9 @@ class ScriptedCoreClient(cc.ThreadCoreClient):
         super().__init__(config)
         self.runner = ScriptedRunner(config, script, num_blocks=num_blocks, gate=gate)
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run_scripted, name="scripted-engine", daemon=True)
-        self._thread.start()
-
-    def _run_scripted(self) -> None:
-        """``run_engine_loop``'s body with our runner (it has no hook for a runner factory)."""
-        import queue
-
+    def _core_factory(self, config: EngineConfig):
+        """The real engine loop runs over a real EngineCore whose runner is our scripted one."""
         from onecard.core.engine_core import EngineCore
-        from onecard.protocol import Abort
 
-        def recv(timeout):
-            try:
-                return self._in.get(timeout=timeout) if timeout != 0.0 else self._in.get_nowait()
-            except queue.Empty:
-                return None
-
-        try:
-            core = EngineCore(self.config, runner_factory=lambda _c: self.runner)
-        except Exception as e:  # noqa: BLE001 - reported like the real loop does
-            self._on_message(("error", f"{type(e).__name__}: {e}", False))
-            return
-        self.engine_core = core
-        self._on_message(("ready", core.info))
-        while True:
-            msg = recv(None if not core.has_unfinished() else 0.0)
-            outs: list = []
-            while msg is not None:
-                if msg == "stop":
-                    return
-                if isinstance(msg, Abort):
-                    outs.extend(core.abort(msg.request_ids))
-                else:
-                    err = core.add_request(msg)
-                    if err is not None:
-                        outs.append(err)
-                msg = recv(0.0)
-            if core.has_unfinished():
-                outs.extend(core.step())
-            self._on_message(("out", outs, core.stats()))
+        self.engine_core = EngineCore(config, runner_factory=lambda _c: self.runner)
+        return self.engine_core

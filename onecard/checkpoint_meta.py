@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from onecard.config import ConfigError, QuantConfig, read_quant_config
+from onecard.config import ConfigError, QuantConfig, read_json, read_quant_config, read_raw_quant_config
 
 # Bytes per element of each safetensors dtype.
 DTYPE_BYTES = {
@@ -123,25 +123,12 @@ def shard_names(path: Path) -> list[str]:
 
 
 def read_config(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads((path / "config.json").read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{path / 'config.json'} is missing: not a Hugging Face model directory.") from None
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{path / 'config.json'} is not valid JSON: {e}") from None
+    return read_json(path / "config.json")
 
 
 def quant_method_of(path: Path, hf_config: dict[str, Any]) -> str | None:
-    raw = hf_config.get("quantization_config")
-    qfile = path / "quantize_config.json"
-    if raw is None and qfile.exists():
-        try:
-            raw = json.loads(qfile.read_text())
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{qfile} is not valid JSON: {e}") from None
-    if raw is None:
-        return None
-    return str(raw.get("quant_method", "gptq")).lower()
+    raw = read_raw_quant_config(path, hf_config)
+    return None if raw is None else str(raw.get("quant_method", "gptq")).lower()
 
 
 def read_checkpoint_meta(path: Path, hf_config: dict[str, Any] | None = None,

@@ -151,7 +151,7 @@ class EngineArgs:
     num_gpu_blocks_override: int | None = None  # tests: a tiny KV pool to force preemption
 
     def create_config(self) -> EngineConfig:
-        from onecard.models.resolve import resolve_model, DEFAULT_MODEL_NAME, default_model_path
+        from onecard.models.resolve import DEFAULT_MODEL_NAME, default_model_path, resolve_model
 
         env = Env.read()
         if self.tensor_parallel_size != 1:
@@ -180,8 +180,8 @@ class EngineArgs:
             path, given = resolve_model(self.model, env), self.model
             names = self.served_model_name or [self.model]
 
-        hf_config = _read_json(path / "config.json")
-        gen_config = _read_json(path / "generation_config.json") if (path / "generation_config.json").exists() else {}
+        hf_config = read_json(path / "config.json")
+        gen_config = read_json(path / "generation_config.json") if (path / "generation_config.json").exists() else {}
         archs = hf_config.get("architectures") or []
         if not archs:
             raise ConfigError(f"{path / 'config.json'} names no `architectures`; cannot pick a model class.")
@@ -259,7 +259,7 @@ class EngineArgs:
         return dtype
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json(path: Path) -> dict[str, Any]:
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
@@ -268,12 +268,18 @@ def _read_json(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path} is not valid JSON: {e}") from None
 
 
-def read_quant_config(path: Path, hf_config: dict[str, Any]) -> QuantConfig | None:
-    """GPTQ settings from config.json's quantization_config, else quantize_config.json; None if neither."""
+def read_raw_quant_config(path: Path, hf_config: dict[str, Any]) -> dict[str, Any] | None:
+    """config.json's quantization_config, else quantize_config.json, unvalidated; None if neither."""
     raw = hf_config.get("quantization_config")
     qfile = path / "quantize_config.json"
     if raw is None and qfile.exists():
-        raw = _read_json(qfile)
+        raw = read_json(qfile)
+    return raw
+
+
+def read_quant_config(path: Path, hf_config: dict[str, Any]) -> QuantConfig | None:
+    """GPTQ settings from config.json's quantization_config, else quantize_config.json; None if neither."""
+    raw = read_raw_quant_config(path, hf_config)
     if raw is None:
         return None
     method = str(raw.get("quant_method", "gptq")).lower()

@@ -11,7 +11,6 @@ Every problem raises ``LoadError`` (a ConfigError) naming the tensor or option.
 """
 from __future__ import annotations
 
-import json
 import logging
 import re
 import sys
@@ -21,6 +20,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from onecard.checkpoint_meta import shard_names
 from onecard.config import ConfigError, ModelConfig
 from onecard.kernels.types import GPTQWeight
 from onecard.layers.linear import Linear
@@ -39,17 +39,7 @@ class LoadError(ConfigError):
 
 
 def shard_files(path: Path) -> list[Path]:
-    index = path / "model.safetensors.index.json"
-    if index.exists():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError) as e:
-            raise LoadError(f"{index} is not a valid safetensors index: {e}") from None
-        return [path / f for f in dict.fromkeys(weight_map.values())]
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise LoadError(f"no *.safetensors files in {path}; onecard loads safetensors checkpoints only.")
-    return files
+    return [path / name for name in shard_names(path)]
 
 
 def _open(f: Path):
@@ -205,7 +195,7 @@ class _Loader:
 
     def route(self, model, key, t, pending_linear, pending_experts) -> None:
         if key == "model.embed_tokens.weight":
-            self._check_2d(key, t, (int(self.c["vocab_size"]), self.hidden))
+            _check(key, t, (int(self.c["vocab_size"]), self.hidden))
             model.embed_tokens = self.place(t)
             self.filled.add(key)
             return
@@ -253,9 +243,6 @@ class _Loader:
             self.finish_linears(model, pending_linear)
         else:
             logger.debug("ignoring tensor %s", key)
-
-    def _check_2d(self, key, t, shape):
-        _check(key, t, shape)
 
     # --------------------------------------------------------------------- dense linears (+ fusion)
     def _linear_groups(self, model) -> list[tuple[Linear, list[str]]]:
@@ -383,8 +370,6 @@ class _Loader:
                                (layer.self_attn.k_norm, "self_attn.k_norm.weight")):
                 if attr is None:
                     missing.append(f"{p}.{name}")
-            for lin, names in self._linear_groups(model):
-                pass
             if layer.is_moe:
                 if layer.mlp.gate is None:
                     missing.append(f"{p}.mlp.gate.weight")

@@ -40,10 +40,10 @@ def choose_decode_config(num_tokens: int) -> str:
 
 
 @triton.jit
-def _route_claim_kernel(logits_ptr, w_ptr, ids_ptr, count_ptr, active_ptr, num_active_ptr, E, stride_t,
-                        TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr,
-                        RENORM: tl.constexpr):
-    t = tl.program_id(0)
+def softmax_topk(logits_ptr, t, stride_t, E, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr,
+                 RENORM: tl.constexpr):
+    """Token t's router: fp32 softmax over E logits -> top-k (lowest index among ties) -> renormalise.
+    Returns (weights [BLOCK_K] fp32, expert ids [BLOCK_K] int32, offsets [BLOCK_K]); lanes >= TOP_K unused."""
     offs = tl.arange(0, BLOCK_E)
     x = tl.load(logits_ptr + t * stride_t + offs, mask=offs < E, other=-float("inf")).to(tl.float32)
     p = tl.exp(x - tl.max(x, axis=0))
@@ -60,6 +60,15 @@ def _route_claim_kernel(logits_ptr, w_ptr, ids_ptr, count_ptr, active_ptr, num_a
         p = tl.where(offs == idx, -1.0, p)
     if RENORM:
         vals = vals / tl.sum(vals, axis=0)
+    return vals, ids, offs_k
+
+
+@triton.jit
+def _route_claim_kernel(logits_ptr, w_ptr, ids_ptr, count_ptr, active_ptr, num_active_ptr, E, stride_t,
+                        TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr,
+                        RENORM: tl.constexpr):
+    t = tl.program_id(0)
+    vals, ids, offs_k = softmax_topk(logits_ptr, t, stride_t, E, TOP_K, BLOCK_K, BLOCK_E, RENORM)
     k_mask = offs_k < TOP_K
     tl.store(w_ptr + t * TOP_K + offs_k, vals, mask=k_mask)
     tl.store(ids_ptr + t * TOP_K + offs_k, ids, mask=k_mask)

@@ -19,7 +19,8 @@ import triton
 import triton.language as tl
 
 from onecard.kernels.fused_moe.decode import (DECODE_CONFIGS, DECODE_MAX_TOKENS, choose_decode_config,
-                                              decode_aot_configs, fused_moe_decode, weight_args)
+                                              decode_aot_configs, fused_moe_decode, softmax_topk,
+                                              weight_args)
 from onecard.kernels.gptq_gemm.triton import _dequant_tile_j, _group_sz
 from onecard.kernels.triton_dot import dot
 from onecard.kernels.triton_common import AotConfig, next_pow2, signature
@@ -31,22 +32,7 @@ from onecard.kernels.types import GPTQWeight, MoEWeight
 def _route_kernel(logits_ptr, w_ptr, ids_ptr, E, stride_t, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
                   BLOCK_E: tl.constexpr, RENORM: tl.constexpr):
     t = tl.program_id(0)
-    offs = tl.arange(0, BLOCK_E)
-    x = tl.load(logits_ptr + t * stride_t + offs, mask=offs < E, other=-float("inf")).to(tl.float32)
-    p = tl.exp(x - tl.max(x, axis=0))
-    p = p / tl.sum(p, axis=0)                                             # [BE] fp32 softmax
-    p = tl.where(offs < E, p, -1.0)
-    offs_k = tl.arange(0, BLOCK_K)
-    vals = tl.zeros((BLOCK_K,), dtype=tl.float32)
-    ids = tl.zeros((BLOCK_K,), dtype=tl.int32)
-    for i in tl.static_range(TOP_K):
-        best = tl.max(p, axis=0)
-        idx = tl.min(tl.where(p == best, offs, BLOCK_E), axis=0)          # lowest index among ties
-        vals = tl.where(offs_k == i, best, vals)
-        ids = tl.where(offs_k == i, idx, ids)
-        p = tl.where(offs == idx, -1.0, p)
-    if RENORM:
-        vals = vals / tl.sum(vals, axis=0)
+    vals, ids, offs_k = softmax_topk(logits_ptr, t, stride_t, E, TOP_K, BLOCK_K, BLOCK_E, RENORM)
     tl.store(w_ptr + t * TOP_K + offs_k, vals, mask=offs_k < TOP_K)
     tl.store(ids_ptr + t * TOP_K + offs_k, ids, mask=offs_k < TOP_K)
 

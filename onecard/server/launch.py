@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import time
 from typing import Any
 
 from onecard.config import EngineConfig
@@ -86,10 +87,12 @@ def prepare_server(engine_config: EngineConfig, ns: argparse.Namespace) -> Serve
                              tool_call_parser=ns.tool_call_parser,
                              enable_auto_tool_choice=ns.enable_auto_tool_choice)
     # Start B first: its imports and weight loading overlap A's tokenizer and app set-up (time to ready).
+    started_at = time.perf_counter()
     core = make_core_client(engine_config, single_process=ns.single_process)
     core.start()
     tokenizer = load_tokenizer(engine_config.model.tokenizer)
     state = make_state(engine_config, core, settings, tokenizer)
+    state.started_at = started_at          # "ready in" counts from B's spawn, not from the app's creation
     logger.info("starting onecard: model %s as %s on http://%s:%d (engine loading in the background)",
                 settings.model_root, ", ".join(settings.served_model_names), ns.host or "0.0.0.0", ns.port)
     return Server(state, ns.host or "0.0.0.0", ns.port, ns.shutdown_timeout, ns.uvicorn_log_level)

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import triton
+import triton.language as tl
 
 TL_DTYPE = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.int32: "i32",
             torch.int64: "i64", torch.int8: "i8", torch.uint8: "u8"}
@@ -62,3 +64,18 @@ def num_sms(device: torch.device) -> int:
 
 def next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+@triton.jit
+def last_arrival(cnt_ptr, arrivals):
+    """True in the program that arrives last (of ``arrivals``) at counter ``cnt_ptr``, which it resets to 0.
+
+    Call after the program's partial results are stored: the barrier orders every thread's stores before the
+    counter's release, and the last arriver's acquire makes them visible to it (read them with
+    cache_modifier=".cg": L2, never a stale L1 line). See kernels/workspace.py for the zero invariant.
+    """
+    tl.debug_barrier()
+    last = tl.atomic_add(cnt_ptr, 1, sem="acq_rel") == arrivals - 1
+    if last:
+        tl.atomic_xchg(cnt_ptr, 0, sem="relaxed")
+    return last

@@ -8,8 +8,14 @@ Paths (chosen by shape from the fixed table ``_CONFIGS``; no host syncs, so CUDA
     (PER_ROW) is a constexpr there, so the common path carries no g_idx code (half the registers).
   * larger M: tiled ``tl.dot``; on compute capability < 8.0 (no tensor cores for tl.dot) it dequantizes to
     fp16 with a Triton kernel and uses cuBLAS instead.
-Split-K writes fp32 partials [S, M, N] (M == 1, tiled) or fp32 atomics into a zeroed [M, N] (skinny), and a
-small reduce kernel sums them, adds the bias and casts.
+Split-K reductions:
+  * M == 1: fp32 partials [S, 1, N]; the last split of each column tile to arrive (a persistent counter,
+    kernels/workspace.py) sums them, adds the bias and casts: one launch per GEMV.
+  * 1 < M <= 16: fp32 atomics into the persistent zeroed accumulator (partials would be S x M x N, as large as
+    the weights), then the reduce kernel adds the bias, casts and puts the accumulator back to zero: two
+    launches. (Not a last arriver here: other CTAs' fp32 atomics are not ordered before its arrival counter,
+    measured on the H200 as wrong sums.)
+  * tiled: partials and the reduce kernel.
 Scales/zeros: when a K tile lies inside one group (no g_idx, group_size % BK == 0 or one group) they are
 loaded once per tile; otherwise per row through g_idx or k // group_size (act-order checkpoints).
 """
@@ -20,7 +26,8 @@ import triton
 import triton.language as tl
 
 from onecard.kernels.triton_dot import dot
-from onecard.kernels.triton_common import (TL_DTYPE, AotConfig, compute_capability, next_pow2, num_sms,
+from onecard.kernels import workspace
+from onecard.kernels.triton_common import (AotConfig, compute_capability, last_arrival, next_pow2, num_sms,
                                            signature)
 from onecard.kernels.types import GPTQWeight
 
@@ -103,13 +110,40 @@ def _w4a16_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_ptr, pa
 
 
 @triton.jit
-def _w4a16_small_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_ptr, part_ptr,
-                        M, N, K, group_size, num_groups, tiles_per_split, stride_xm, has_bias, mode,
+def nibbles(q, j: tl.constexpr, DT: tl.constexpr):
+    """Nibble j of every int32 in q as an exact float of type DT, offset by 1024 (fp16) or 2**23 (else; see magic_zero_scale):
+    the nibble is OR-ed into the mantissa of 1024.0 (fp16) or 2**23 (fp32) — bit operations only, no
+    int->float conversion instruction (those run at a quarter of the FMA rate and bounded the decode GEMMs)."""
+    n = (q >> (4 * j)) & 0xF
+    if DT == tl.float16:
+        return (n | 0x6400).to(tl.int16).to(tl.float16, bitcast=True)            # 1024 + n, exact
+    else:
+        return (n | 0x4B000000).to(tl.float32, bitcast=True)                     # 2**23 + n, exact
+
+
+@triton.jit
+def magic_zero_scale(z_u, s_u, DT: tl.constexpr):
+    """-> (zb, sc) [BN]: zeros plus the nibbles() offset and the scales, so that (nibbles(q) - zb) * sc is the
+    weight: exact q - z, then ONE rounding of (q - z) * s (fp16: the exact product rounded once, the same
+    value as the fp32 product cast to fp16; other dtypes: fp32, cast by the caller)."""
+    if DT == tl.float16:
+        return (z_u + 1024.0).to(tl.float16), s_u.to(tl.float16)
+    else:
+        return z_u + 8388608.0, s_u
+
+
+@triton.jit
+def _w4a16_small_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_ptr, part_ptr, cnt_ptr,
+                        M, N, K, group_size, num_groups, tiles_per_split, stride_xm, has_bias,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K8: tl.constexpr,
-                        PER_ROW: tl.constexpr):
-    """Decode GEMM, M <= 16. BLOCK_M == 1: GEMV with a [BK8, BN] fp32 accumulator whose row sum is deferred
-    past the K loop (no reduction inside it); else tl.dot on a 16-row block. mode 0: store out (+ bias);
-    1: store fp32 partials [S, M, N]; 2: fp32 atomic_add into part [M, N] (zeroed by the caller)."""
+                        PER_ROW: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Decode GEMM, M <= 16, one launch. BLOCK_M == 1: GEMV with a [BK8, BN] fp32 accumulator whose row sum is
+    deferred past the K loop; the scale and zero are applied once per tile (sum_j n_j x_j then s * (. - z *
+    sum_j x_j)), so the inner loop is shift, or, subtract, FMA per weight. Else tl.dot on a 16-row block with
+    weights dequantized in x's dtype (exact (q - z), one rounding of (q - z) * s, as in fp32-then-cast).
+    Split-K (grid dim 1 > 1), BLOCK_M == 1: each split stores fp32 partials [S, 1, N]; the last split of a
+    column tile to arrive at cnt_ptr[pid_n] sums them in split order (deterministic), adds the bias and casts.
+    BLOCK_M > 1: fp32 atomic_add into part_ptr [M, N] (zero on entry); the reduce kernel finishes."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)                      # [BN]
@@ -119,6 +153,7 @@ def _w4a16_small_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_p
     offs_r = tl.arange(0, BLOCK_K8)
     k8 = K // 8
     z_shift = (offs_n % 8) * 4
+    DT: tl.constexpr = x_ptr.dtype.element_ty
     if BLOCK_M == 1:
         acc = tl.zeros((BLOCK_K8, BLOCK_N), dtype=tl.float32)
     else:
@@ -132,41 +167,69 @@ def _w4a16_small_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_p
                     mask=r_mask[:, None] & n_mask[None, :], other=0)      # [BK8, BN] int32, 16-byte loads
         g = tl.minimum((t * BLOCK_K8 * 8) // group_size, num_groups - 1)
         s_u, z_u = _group_sz(sc_ptr, qz_ptr, g, offs_n, n_mask, z_shift, N)
-        for j in tl.static_range(8):
-            k = r * 8 + j                                                 # [BK8] input rows
-            w = _dequant_tile_j(q, j, s_u, z_u, sc_ptr, qz_ptr, gidx_ptr, k, r_mask, offs_n, n_mask, z_shift,
-                                N, PER_ROW)
-            if BLOCK_M == 1:
-                xv = tl.load(x_ptr + k, mask=r_mask, other=0.0).to(tl.float32)
-                acc += w * xv[:, None]
-            else:
-                xj = tl.load(x_ptr + offs_m[:, None] * stride_xm + k[None, :],
-                             mask=m_mask[:, None] & r_mask[None, :], other=0.0)   # [BM, BK8]
-                acc += dot(xj, w.to(xj.dtype))
+        if BLOCK_M == 1 and not PER_ROW:
+            nx = tl.zeros((BLOCK_K8, BLOCK_N), dtype=tl.float32)          # sum_j (2**23 + n_j) - 2**23) x_j
+            xs = tl.zeros((BLOCK_K8,), dtype=tl.float32)                  # sum_j x_j
+            for j in tl.static_range(8):
+                xv = tl.load(x_ptr + r * 8 + j, mask=r_mask, other=0.0).to(tl.float32)
+                nx += (nibbles(q, j, tl.float32) - 8388608.0) * xv[:, None]
+                xs += xv
+            acc += nx * s_u[None, :] - xs[:, None] * (z_u * s_u)[None, :]
+        else:
+            zb, sc = magic_zero_scale(z_u, s_u, DT)
+            for j in tl.static_range(8):
+                k = r * 8 + j                                             # [BK8] input rows
+                if PER_ROW:
+                    w = _dequant_tile_j(q, j, s_u, z_u, sc_ptr, qz_ptr, gidx_ptr, k, r_mask, offs_n, n_mask,
+                                        z_shift, N, PER_ROW)
+                else:
+                    w = (nibbles(q, j, DT) - zb[None, :]) * sc[None, :]
+                if BLOCK_M == 1:
+                    xv = tl.load(x_ptr + k, mask=r_mask, other=0.0).to(tl.float32)
+                    acc += w.to(tl.float32) * xv[:, None]
+                else:
+                    xj = tl.load(x_ptr + offs_m[:, None] * stride_xm + k[None, :],
+                                 mask=m_mask[:, None] & r_mask[None, :], other=0.0)   # [BM, BK8]
+                    acc += dot(xj, w.to(DT))
     if BLOCK_M == 1:
         res = tl.sum(acc, axis=0)[None, :]                                # [1, BN]
     else:
         res = acc
     o_off = offs_m[:, None] * N + offs_n[None, :]
     o_mask = m_mask[:, None] & n_mask[None, :]
-    if mode == 2:
+    splits = tl.num_programs(1)
+    if splits > 1 and BLOCK_M == 1:
+        tl.store(part_ptr + pid_k * N + o_off, res, mask=o_mask)
+        if last_arrival(cnt_ptr + pid_n, splits):
+            offs_s = tl.arange(0, BLOCK_S)                                # every split's row at once
+            p = tl.load(part_ptr + offs_s[:, None] * N + offs_n[None, :],
+                        mask=(offs_s < splits)[:, None] & n_mask[None, :], other=0.0, cache_modifier=".cg")
+            _store_out(out_ptr, o_off, o_mask, tl.sum(p, axis=0)[None, :], bias_ptr, offs_n, n_mask, has_bias)
+    elif splits > 1:
         tl.atomic_add(part_ptr + o_off, res, mask=o_mask, sem="relaxed")
-    elif mode == 1:
-        tl.store(part_ptr + pid_k * M * N + o_off, res, mask=o_mask)
     else:
-        if has_bias != 0:
-            res += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        tl.store(out_ptr + o_off, res.to(out_ptr.dtype.element_ty), mask=o_mask)
+        _store_out(out_ptr, o_off, o_mask, res, bias_ptr, offs_n, n_mask, has_bias)
+
+
+@triton.jit
+def _store_out(out_ptr, o_off, o_mask, res, bias_ptr, offs_n, n_mask, has_bias):
+    if has_bias != 0:
+        res += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    tl.store(out_ptr + o_off, res.to(out_ptr.dtype.element_ty), mask=o_mask)
 
 
 @triton.jit
 def _splitk_reduce_kernel(part_ptr, bias_ptr, out_ptr, MN, N, num_splits,
-                          BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr):
+                          BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr, ZERO: tl.constexpr):
+    """out[MN] = sum of num_splits fp32 partials [S, MN] (+ bias), cast; ZERO: put part back to zero (the
+    persistent accumulator of the skinny path, num_splits == 1)."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < MN
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
     for s in range(0, num_splits):
         acc += tl.load(part_ptr + s * MN + offs, mask=mask, other=0.0)
+    if ZERO:
+        tl.store(part_ptr + offs, tl.zeros((BLOCK,), dtype=tl.float32), mask=mask)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs % N, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
@@ -195,13 +258,18 @@ def _dequant_kernel(qw_ptr, qz_ptr, sc_ptr, gidx_ptr, out_ptr, N, K, group_size,
 
 # name: (BLOCK_M, BLOCK_N, BLOCK_K8, USE_DOT, num_warps, num_stages); gemv/skinny run _w4a16_small_kernel
 # (USE_DOT is implied by BLOCK_M > 1 there), tiled runs _w4a16_kernel. BK8 16 = 128 inputs = one g128 group.
+# gemv/skinny from bench/tune_decode.py on the H200 (weights rotated out of L2, graph replay): gemv BN 64 with
+# 4 warps at 8 programs/SM: qkv 15.3 -> 7.3 us, o_proj 9.8 -> 6.7 us against BN 128, 8 warps, 12/SM.
 _CONFIGS = {
-    "gemv": (1, 128, 16, False, 8, 2),
+    "gemv": (1, 64, 16, False, 4, 2),
     "skinny": (16, 128, 16, True, 4, 2),
     "tiled": (64, 128, 16, True, 8, 3),
 }
 SMALL_M_MAX = 16
-SMALL_PROGRAMS_PER_SM = 12            # split-K target: enough 8 KB tiles in flight to cover HBM latency
+# split-K target: enough [BK8, BN] tiles in flight per SM to cover HBM latency
+SMALL_PROGRAMS_PER_SM = {"gemv": 8, "skinny": 12}
+GEMV_MAX_SPLITS = 16                  # M == 1: the last split reads all partials as one [16, BN] tile
+SKINNY_MAX_SPLITS = 32                # M > 1: atomics, so only a bound on the grid
 _REDUCE_BLOCK = 1024
 _DEQUANT_BLOCK = (128, 16)            # (BLOCK_N, BLOCK_K8)
 CUBLAS_MIN_M_PRE_AMPERE = 65          # cc < 80 and M >= this: dequantize + torch.matmul
@@ -237,36 +305,49 @@ def _split_k(programs: int, k_tiles: int, device: torch.device) -> int:
     return min(16, next_pow2(-(-target // programs)), k_tiles)
 
 
-def _small_m_gemm(x: torch.Tensor, w: GPTQWeight, bias: torch.Tensor | None) -> torch.Tensor:
+def max_splits(m: int) -> int:
+    return GEMV_MAX_SPLITS if m == 1 else SKINNY_MAX_SPLITS
+
+
+def small_m_gemm(x: torch.Tensor, w: GPTQWeight, bias: torch.Tensor | None = None,
+                 tuning: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
     """M <= SMALL_M_MAX: split-K so that ~SMALL_PROGRAMS_PER_SM programs per SM each stream few tiles.
-    M == 1 reduces fp32 partials [S, 1, N] (tiny) in the reduce kernel; M > 1 uses fp32 atomics into a zeroed
-    [M, N] (partials would be S x larger); both end in the reduce kernel (bias + cast). CUDA-graph safe."""
+    M == 1: one launch (the last split finishes); M > 1: atomics into the persistent accumulator + the reduce
+    kernel, which zeroes it again. CUDA-graph safe (workspace buffers are persistent, kernels/workspace.py).
+    ``tuning`` (BLOCK_N, BLOCK_K8, num_warps, num_stages, programs per SM) overrides the table (bench only)."""
     m, k = x.shape
     n = w.out_features
     dev = x.device
-    bm, bn, bk8, _, warps, stages = _CONFIGS[choose_config(m)]
+    name = choose_config(m)
+    bm, bn, bk8, _, warps, stages = _CONFIGS[name]
+    pps = SMALL_PROGRAMS_PER_SM[name]
+    if tuning is not None:
+        bn, bk8, warps, stages, pps = tuning
     per_row, gidx = row_groups(w, bk8)
     k_tiles = triton.cdiv(k // 8, bk8)
     grid_n = triton.cdiv(n, bn)
-    want = max(1, min(k_tiles, -(-SMALL_PROGRAMS_PER_SM * num_sms(dev) // grid_n)))
+    want = max(1, min(k_tiles, -(-pps * num_sms(dev) // grid_n), max_splits(m)))
     tiles_per_split = triton.cdiv(k_tiles, want)
     splits = triton.cdiv(k_tiles, tiles_per_split)
     out = torch.empty(m, n, dtype=x.dtype, device=dev)
     bias_arg = bias if bias is not None else out
+    acc = None
     if splits == 1:
-        mode, part = 0, out.float()[:0]
+        part = out.float()[:0]
     elif m == 1:
-        mode, part = 1, torch.empty(splits, m, n, dtype=torch.float32, device=dev)
+        part = torch.empty(splits, 1, n, dtype=torch.float32, device=dev)
     else:
-        mode, part = 2, torch.zeros(m, n, dtype=torch.float32, device=dev)
+        acc = workspace.accumulator(dev, m * n)                           # zeros; the reduce re-zeroes it
+        part = acc if acc is not None else torch.zeros(m, n, dtype=torch.float32, device=dev)
     _w4a16_small_kernel[(grid_n, splits)](
-        x, w.qweight, w.qzeros, w.scales, gidx, bias_arg, out, part, m, n, k, w.group_size, w.num_groups,
-        tiles_per_split, x.stride(0), int(bias is not None), mode,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K8=bk8, PER_ROW=bool(per_row), num_warps=warps, num_stages=stages)
-    if mode != 0:
+        x, w.qweight, w.qzeros, w.scales, gidx, bias_arg, out, part, workspace.counters(dev, "gemm", grid_n),
+        m, n, k, w.group_size, w.num_groups, tiles_per_split, x.stride(0), int(bias is not None),
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K8=bk8, PER_ROW=bool(per_row), BLOCK_S=GEMV_MAX_SPLITS,
+        num_warps=warps, num_stages=stages)
+    if splits > 1 and m > 1:
         _splitk_reduce_kernel[(triton.cdiv(m * n, _REDUCE_BLOCK),)](
-            part, bias_arg, out, m * n, n, splits if mode == 1 else 1, BLOCK=_REDUCE_BLOCK,
-            HAS_BIAS=bias is not None)
+            part, bias_arg, out, m * n, n, 1, BLOCK=_REDUCE_BLOCK, HAS_BIAS=bias is not None,
+            ZERO=acc is not None)
     return out
 
 
@@ -294,7 +375,7 @@ def w4a16_gemm(x: torch.Tensor, w: GPTQWeight, bias: torch.Tensor | None = None)
         y = torch.matmul(x, dequantize(w, x.dtype))
         return y if bias is None else y + bias
     if m <= SMALL_M_MAX:
-        return _small_m_gemm(x, w, bias)
+        return small_m_gemm(x, w, bias)
     bm, bn, bk8, use_dot, warps, stages = _CONFIGS[choose_config(m)]
     per_row, gidx = row_groups(w, bk8)
     k_tiles = triton.cdiv(k // 8, bk8)
@@ -311,7 +392,7 @@ def w4a16_gemm(x: torch.Tensor, w: GPTQWeight, bias: torch.Tensor | None = None)
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K8=bk8, USE_DOT=use_dot, num_warps=warps, num_stages=stages)
     if splits > 1:
         _splitk_reduce_kernel[(triton.cdiv(m * n, _REDUCE_BLOCK),)](
-            part, bias_arg, out, m * n, n, splits, BLOCK=_REDUCE_BLOCK, HAS_BIAS=bias is not None)
+            part, bias_arg, out, m * n, n, splits, BLOCK=_REDUCE_BLOCK, HAS_BIAS=bias is not None, ZERO=False)
     return out
 
 
@@ -325,11 +406,12 @@ def aot_configs() -> list[AotConfig]:
         for name, (bm, bn, bk8, use_dot, warps, stages) in _CONFIGS.items():
             if bm <= SMALL_M_MAX:
                 for per_row in (False, True):
-                    cx = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K8=bk8, PER_ROW=per_row)
+                    cx = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K8=bk8, PER_ROW=per_row, BLOCK_S=GEMV_MAX_SPLITS)
                     args = dict(x_ptr=f"*{act}", qw_ptr="*i32", qz_ptr="*i32", sc_ptr="*fp16", gidx_ptr="*i32",
-                                bias_ptr=f"*{act}", out_ptr=f"*{act}", part_ptr="*fp32", M="i32", N="i32",
+                                bias_ptr=f"*{act}", out_ptr=f"*{act}", part_ptr="*fp32", cnt_ptr="*i32",
+                                M="i32", N="i32",
                                 K="i32", group_size="i32", num_groups="i32", tiles_per_split="i32",
-                                stride_xm="i32", has_bias="i32", mode="i32")
+                                stride_xm="i32", has_bias="i32")
                     tag = "" if not per_row else ",per_row"
                     out.append(AotConfig(_w4a16_small_kernel, signature(args, cx), cx, warps, stages, min_cc,
                                          f"w4a16[{name},{act}]" if not per_row else f"w4a16[{name}{tag},{act}]"))
@@ -342,11 +424,12 @@ def aot_configs() -> list[AotConfig]:
             out.append(AotConfig(_w4a16_kernel, signature(args, cx), cx, warps, stages, min_cc,
                                  f"w4a16[{name},{act}]"))
         for has_bias in (False, True):
-            cx = dict(BLOCK=_REDUCE_BLOCK, HAS_BIAS=has_bias)
-            args = dict(part_ptr="*fp32", bias_ptr=f"*{act}", out_ptr=f"*{act}", MN="i32", N="i32",
-                        num_splits="i32")
-            out.append(AotConfig(_splitk_reduce_kernel, signature(args, cx), cx, 4, 1, min_cc,
-                                 f"splitk_reduce[b={has_bias},{act}]"))
+            for zero in (False, True):
+                cx = dict(BLOCK=_REDUCE_BLOCK, HAS_BIAS=has_bias, ZERO=zero)
+                args = dict(part_ptr="*fp32", bias_ptr=f"*{act}", out_ptr=f"*{act}", MN="i32", N="i32",
+                            num_splits="i32")
+                out.append(AotConfig(_splitk_reduce_kernel, signature(args, cx), cx, 4, 1, min_cc,
+                                     f"splitk_reduce[b={has_bias},zero={zero},{act}]"))
     # the cuBLAS path runs on cc < 80 only, in fp16
     cx = dict(BLOCK_N=_DEQUANT_BLOCK[0], BLOCK_K8=_DEQUANT_BLOCK[1], HAS_GIDX=True)
     args = dict(qw_ptr="*i32", qz_ptr="*i32", sc_ptr="*fp16", gidx_ptr="*i32", out_ptr="*fp16", N="i32",
@@ -355,4 +438,4 @@ def aot_configs() -> list[AotConfig]:
     return out
 
 
-__all__ = ["w4a16_gemm", "dequantize", "aot_configs", "choose_config", "row_groups"]
+__all__ = ["w4a16_gemm", "small_m_gemm", "dequantize", "aot_configs", "choose_config", "row_groups"]

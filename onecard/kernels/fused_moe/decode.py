@@ -1,17 +1,21 @@
 """Triton fused MoE for decode-sized batches (T <= DECODE_MAX_TOKENS), same contract as ref.fused_moe.
 
-Built for bandwidth at batch 1..16 (the weights are read once per step; everything else is tiny):
-  0. one zeroed int32/fp32 workspace (a single memset): expert counters, active count, gate/up sums, output.
-  1. routing, one program per token: fp32 softmax, top-k, renormalise; then the token claims its experts with
-     atomics and the first claimant of an expert appends it to a compact ``active`` list (no sort, no host sync).
+Built for bandwidth at batch 1..16 (the weights are read once per step; everything else is tiny), in four
+launches (every launch is a CUDA-graph node; nothing else runs in between):
+  1. routing, one program per token: zero the token's rows of the fp32 accumulators, fp32 softmax, top-k,
+     renormalise; then the token claims its experts with atomics on persistent zeroed counters
+     (kernels/workspace.py) and the first claimant of an expert appends it to a compact ``active`` list (no
+     sort, no host sync).
   2. gate/up: grid (2 * I/BN column tiles, split-K, active slot). A program dequantizes one [BK8, BN] int32
      tile per K step (16-byte loads along N, scales/zeros once per group) of ONE expert and multiplies it with
      the rows of every token routed to that expert (tl.dot over a 16-row token block when T > 1, so tokens
      that share an expert share its weight read); fp32 partial sums go to gu [T*k, 2I] with atomic_add.
   3. down: same grid over H; the input tile is silu(gate) * up computed on the fly from gu (the full K sums
      are complete after kernel 2), times the routed weight, atomic_add into out32 [T, H]: the top-k sum is free.
-  4. cast out32 to x.dtype.
-Split-K is chosen on the host from static sizes so that about 12 programs per SM exist (CUDA-graph safe).
+  4. finish: cast out32 to x.dtype; zero the expert counters for the next call. (A "last arriver" of step 3
+     cannot do this: other CTAs' fp32 atomics are not ordered before its arrival counter.)
+Split-K is chosen on the host from static sizes so that a tuned number of programs per SM exists
+(CUDA-graph safe).
 """
 from __future__ import annotations
 
@@ -19,19 +23,23 @@ import torch
 import triton
 import triton.language as tl
 
-from onecard.kernels.gptq_gemm.triton import _dequant_tile_j, _group_sz, row_groups
+from onecard.kernels.gptq_gemm.triton import _dequant_tile_j, _group_sz, magic_zero_scale, nibbles, row_groups
 from onecard.kernels.triton_dot import dot
+from onecard.kernels import workspace
 from onecard.kernels.triton_common import AotConfig, next_pow2, num_sms, signature
 from onecard.kernels.types import GPTQWeight, MoEWeight
 
 DECODE_MAX_TOKENS = 16
-# name: (BLOCK_T, BLOCK_N, BLOCK_K8, num_warps, num_stages). BK8 = 16 packed rows = 128 inputs = one g128 group.
+# name: (BLOCK_T, BLOCK_N, BLOCK_K8, num_warps, num_stages, programs per SM for the split-K choice).
+# BK8 = 16 packed rows = 128 inputs = one g128 group. decode1 has the GEMV's structure and its tuned shape
+# (gptq_gemm/triton.py); both checked by bench/tune_decode.py on the H200.
 DECODE_CONFIGS = {
-    "decode1": (1, 128, 16, 8, 2),
-    "decode16": (16, 128, 16, 4, 2),
+    "decode1": (1, 64, 16, 4, 2, 8),
+    "decode16": (16, 128, 16, 4, 2, 12),
 }
-PROGRAMS_PER_SM = 12
-_WS_ALIGN = 32                        # int32 words: keep the fp32 parts of the workspace 128-byte aligned
+ROUTE_WARPS = 1                       # the top-k chain is 8 dependent reductions: shuffles only, no smem
+_ZERO_BLOCK = 1024
+_FINISH_BLOCK = 1024
 
 
 def choose_decode_config(num_tokens: int) -> str:
@@ -64,10 +72,18 @@ def softmax_topk(logits_ptr, t, stride_t, E, TOP_K: tl.constexpr, BLOCK_K: tl.co
 
 
 @triton.jit
-def _route_claim_kernel(logits_ptr, w_ptr, ids_ptr, count_ptr, active_ptr, num_active_ptr, E, stride_t,
+def _route_claim_kernel(logits_ptr, w_ptr, ids_ptr, count_ptr, active_ptr, num_active_ptr, gu_ptr, out32_ptr,
+                        E, stride_t, GU_ROW, H,
                         TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr,
-                        RENORM: tl.constexpr):
+                        RENORM: tl.constexpr, ZERO_BLOCK: tl.constexpr):
     t = tl.program_id(0)
+    # zero this token's rows of the atomic accumulators: gu [T*k, GU_ROW] and out32 [T, H]
+    offs_z = tl.arange(0, ZERO_BLOCK)
+    zeros = tl.zeros((ZERO_BLOCK,), dtype=tl.float32)
+    for z in range(0, TOP_K * GU_ROW, ZERO_BLOCK):
+        tl.store(gu_ptr + t * TOP_K * GU_ROW + z + offs_z, zeros, mask=z + offs_z < TOP_K * GU_ROW)
+    for z in range(0, H, ZERO_BLOCK):
+        tl.store(out32_ptr + t * H + z + offs_z, zeros, mask=z + offs_z < H)
     vals, ids, offs_k = softmax_topk(logits_ptr, t, stride_t, E, TOP_K, BLOCK_K, BLOCK_E, RENORM)
     k_mask = offs_k < TOP_K
     tl.store(w_ptr + t * TOP_K + offs_k, vals, mask=k_mask)
@@ -91,11 +107,47 @@ def _moe_decode_kernel(x_ptr, a_ptr, out_ptr, qa_ptr, za_ptr, sa_ptr, ga_ptr, qb
                        FLOAT_W: tl.constexpr, PER_ROW: tl.constexpr):
     """STAGE 1: gu[pair, mat*N + n] += x[t] @ W_mat[e] (mat 0 = gate (qa..), 1 = up (qb..)) over one K split.
     STAGE 2: out[t, n] += topk_w[pair] * (silu(gu[pair, :K]) * gu[pair, K:]) @ Wd[e] (qa.. = qb.. = down)."""
+    slot = tl.program_id(2)
+    if slot < tl.load(num_active_ptr):
+        _moe_decode_body(x_ptr, a_ptr, out_ptr, qa_ptr, za_ptr, sa_ptr, ga_ptr, qb_ptr, zb_ptr, sb_ptr, gb_ptr,
+                         ids_ptr, topk_w_ptr, active_ptr, slot, T, N, K, group_size, num_groups, g_stride,
+                         stride_a, stride_out, n_tiles, tiles_per_split, TOP_K, BLOCK_TOPK, BLOCK_T, BLOCK_N,
+                         BLOCK_K8, STAGE, FLOAT_W, PER_ROW)
+
+
+@triton.jit
+def _decode_input_row(x_ptr, a_ptr, a_row, stride_a, k, r_mask, K, STAGE: tl.constexpr):
+    """fp32 [BK8] inputs k of one pair: x's row (stage 1) or silu(gate) * up from the gu sums (stage 2)."""
+    if STAGE == 1:
+        return tl.load(x_ptr + a_row * stride_a + k, mask=r_mask, other=0.0).to(tl.float32)
+    else:
+        gv = tl.load(a_ptr + a_row * stride_a + k, mask=r_mask, other=0.0)
+        uv = tl.load(a_ptr + a_row * stride_a + K + k, mask=r_mask, other=0.0)
+        return gv / (1.0 + tl.exp(-gv)) * uv
+
+
+@triton.jit
+def _finish_kernel(out32_ptr, out_ptr, count_ptr, TH, E, BLOCK: tl.constexpr):
+    """out = out32 cast to out's dtype; program 0 zeroes the expert counters (E) and num_active (E + 1)."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    v = tl.load(out32_ptr + offs, mask=offs < TH, other=0.0)
+    tl.store(out_ptr + offs, v.to(out_ptr.dtype.element_ty), mask=offs < TH)
+    if tl.program_id(0) == 0:
+        for i in range(0, E + 1, BLOCK):
+            tl.store(count_ptr + i + tl.arange(0, BLOCK), tl.zeros((BLOCK,), dtype=tl.int32),
+                     mask=i + tl.arange(0, BLOCK) < E + 1)
+
+
+@triton.jit
+def _moe_decode_body(x_ptr, a_ptr, out_ptr, qa_ptr, za_ptr, sa_ptr, ga_ptr, qb_ptr, zb_ptr, sb_ptr, gb_ptr,
+                     ids_ptr, topk_w_ptr, active_ptr, slot, T, N, K, group_size, num_groups, g_stride, stride_a,
+                     stride_out, n_tiles, tiles_per_split,
+                     TOP_K: tl.constexpr, BLOCK_TOPK: tl.constexpr, BLOCK_T: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K8: tl.constexpr, STAGE: tl.constexpr,
+                     FLOAT_W: tl.constexpr, PER_ROW: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    slot = tl.program_id(2)
-    if slot >= tl.load(num_active_ptr):
-        return
+    DT: tl.constexpr = x_ptr.dtype.element_ty
     e32 = tl.load(active_ptr + slot)
     e = e32.to(tl.int64)
     mat = pid_n // n_tiles
@@ -146,32 +198,42 @@ def _moe_decode_kernel(x_ptr, a_ptr, out_ptr, qa_ptr, za_ptr, sa_ptr, ga_ptr, qb
                         other=0)                                          # [BK8, BN] int32
             g = tl.minimum((it * BLOCK_K8 * 8) // group_size, num_groups - 1)
             s_u, z_u = _group_sz(s_ptr, z_ptr, g, offs_n, n_mask, z_shift, N)
-        for j in tl.static_range(8):
-            k = r * 8 + j                                                 # [BK8] input rows
-            if FLOAT_W:
-                w = tl.load(q_ptr + k[:, None] * N + offs_n[None, :], mask=r_mask[:, None] & n_mask[None, :],
-                            other=0.0).to(tl.float32)
-            else:
-                w = _dequant_tile_j(q, j, s_u, z_u, s_ptr, z_ptr, g_ptr, k, r_mask, offs_n, n_mask, z_shift,
-                                    N, PER_ROW)                           # [BK8, BN] fp32
-            if BLOCK_T == 1:
-                if STAGE == 1:
-                    av = tl.load(x_ptr + a_row * stride_a + k, mask=r_mask, other=0.0).to(tl.float32)
+        FAST: tl.constexpr = not FLOAT_W and not PER_ROW
+        if FAST:
+            zb, sc = magic_zero_scale(z_u, s_u, DT)
+        if BLOCK_T == 1 and FAST:
+            # scale and zero once per tile: sum_j (q_j - z) s x_j = s * (sum_j q_j x_j - z * sum_j x_j)
+            nx = tl.zeros((BLOCK_K8, BLOCK_N), dtype=tl.float32)
+            xs = tl.zeros((BLOCK_K8,), dtype=tl.float32)
+            for j in tl.static_range(8):
+                av = _decode_input_row(x_ptr, a_ptr, a_row, stride_a, r * 8 + j, r_mask, K, STAGE)
+                nx += (nibbles(q, j, tl.float32) - 8388608.0) * av[:, None]
+                xs += av
+            acc += nx * s_u[None, :] - xs[:, None] * (z_u * s_u)[None, :]
+        else:
+            for j in tl.static_range(8):
+                k = r * 8 + j                                             # [BK8] input rows
+                if FLOAT_W:
+                    w = tl.load(q_ptr + k[:, None] * N + offs_n[None, :],
+                                mask=r_mask[:, None] & n_mask[None, :], other=0.0).to(tl.float32)
+                elif FAST:
+                    w = (nibbles(q, j, DT) - zb[None, :]) * sc[None, :]
                 else:
-                    gv = tl.load(a_ptr + a_row * stride_a + k, mask=r_mask, other=0.0)
-                    uv = tl.load(a_ptr + a_row * stride_a + K + k, mask=r_mask, other=0.0)
-                    av = gv / (1.0 + tl.exp(-gv)) * uv
-                acc += w * av[:, None]
-            else:
-                am = tok_mask[:, None] & r_mask[None, :]
-                if STAGE == 1:
-                    a = tl.load(x_ptr + offs_t[:, None] * stride_a + k[None, :], mask=am, other=0.0)
+                    w = _dequant_tile_j(q, j, s_u, z_u, s_ptr, z_ptr, g_ptr, k, r_mask, offs_n, n_mask, z_shift,
+                                        N, PER_ROW)                       # [BK8, BN] fp32
+                if BLOCK_T == 1:
+                    av = _decode_input_row(x_ptr, a_ptr, a_row, stride_a, k, r_mask, K, STAGE)
+                    acc += w.to(tl.float32) * av[:, None]
                 else:
-                    a_off = pair.to(tl.int64)[:, None] * stride_a + k[None, :]
-                    gv = tl.load(a_ptr + a_off, mask=am, other=0.0)
-                    uv = tl.load(a_ptr + a_off + K, mask=am, other=0.0)
-                    a = (gv / (1.0 + tl.exp(-gv)) * uv).to(x_ptr.dtype.element_ty)
-                acc += dot(a, w.to(x_ptr.dtype.element_ty))           # [BT, BN]
+                    am = tok_mask[:, None] & r_mask[None, :]
+                    if STAGE == 1:
+                        a = tl.load(x_ptr + offs_t[:, None] * stride_a + k[None, :], mask=am, other=0.0)
+                    else:
+                        a_off = pair.to(tl.int64)[:, None] * stride_a + k[None, :]
+                        gv = tl.load(a_ptr + a_off, mask=am, other=0.0)
+                        uv = tl.load(a_ptr + a_off + K, mask=am, other=0.0)
+                        a = (gv / (1.0 + tl.exp(-gv)) * uv).to(DT)
+                    acc += dot(a, w.to(DT))                               # [BT, BN]
     if BLOCK_T == 1:
         res = tl.sum(acc, axis=0)                                         # [BN]
         if STAGE == 1:
@@ -202,21 +264,25 @@ def weight_args(w: MoEWeight, block_k8: int):
     return (w, w, w, w), int(w.shape[1]), int(w.shape[2]), 1 << 30, 1, 0, 0, True
 
 
-def _split(programs: int, k_tiles: int, device: torch.device) -> tuple[int, int]:
-    """-> (splits, tiles_per_split) so that programs * splits ~ PROGRAMS_PER_SM * SMs."""
-    want = max(1, min(k_tiles, -(-PROGRAMS_PER_SM * num_sms(device) // max(programs, 1))))
+def _split(programs: int, k_tiles: int, device: torch.device, per_sm: int) -> tuple[int, int]:
+    """-> (splits, tiles_per_split) so that programs * splits ~ per_sm * SMs."""
+    want = max(1, min(k_tiles, -(-per_sm * num_sms(device) // max(programs, 1))))
     per = -(-k_tiles // want)
     return -(-k_tiles // per), per
 
 
 def fused_moe_decode(x: torch.Tensor, router_logits: torch.Tensor, w_gate: MoEWeight, w_up: MoEWeight,
-                     w_down: MoEWeight, top_k: int, renormalize: bool) -> torch.Tensor:
+                     w_down: MoEWeight, top_k: int, renormalize: bool,
+                     tuning: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
+    """``tuning`` (BLOCK_N, BLOCK_K8, num_warps, num_stages, programs per SM) overrides the table (bench)."""
     t, h = x.shape
     assert 1 <= t <= DECODE_MAX_TOKENS, t
     if x.stride(-1) != 1:
         x = x.contiguous()
     dev = x.device
-    bt, bn, bk8, warps, stages = DECODE_CONFIGS[choose_decode_config(t)]
+    bt, bn, bk8, warps, stages, per_sm = DECODE_CONFIGS[choose_decode_config(t)]
+    if tuning is not None:
+        bn, bk8, warps, stages, per_sm = tuning
     gate, k1, n1, gs1, ng1, pr1, gst1, float_w = weight_args(w_gate, bk8)
     up, *_, pr_up, gst_up, _ = weight_args(w_up, bk8)
     assert (pr_up, gst_up) == (pr1, gst1), "gate and up must share their group layout (g_idx or not)"
@@ -225,42 +291,49 @@ def fused_moe_decode(x: torch.Tensor, router_logits: torch.Tensor, w_gate: MoEWe
     num_experts = int(router_logits.shape[1])
     p = t * top_k
     slots = min(num_experts, p)
-    head = -(-(num_experts + 1) // _WS_ALIGN) * _WS_ALIGN
-    ws = torch.zeros(head + p * 2 * n1 + t * h, dtype=torch.int32, device=dev)   # one memset
-    counts, num_active = ws[:num_experts], ws[num_experts:num_experts + 1]
-    gu = ws[head:head + p * 2 * n1].view(torch.float32)                   # [T*k, 2I] gate | up sums
-    out32 = ws[head + p * 2 * n1:].view(torch.float32)                    # [T, H]
+    state = workspace.counters(dev, "moe", num_experts + 1)              # zeros between calls
+    counts, num_active = state[:num_experts], state[num_experts:]
+    gu = torch.empty(p, 2 * n1, dtype=torch.float32, device=dev)          # [T*k, 2I] gate | up sums
+    out32 = torch.empty(t, h, dtype=torch.float32, device=dev)            # [T, H]
+    out = torch.empty(t, h, dtype=x.dtype, device=dev)
     topk_w = torch.empty(t, top_k, dtype=torch.float32, device=dev)
     topk_ids = torch.empty(t, top_k, dtype=torch.int32, device=dev)
     active = torch.empty(slots, dtype=torch.int32, device=dev)
-    _route_claim_kernel[(t,)](router_logits, topk_w, topk_ids, counts, active, num_active, num_experts,
-                              router_logits.stride(0), TOP_K=top_k, BLOCK_K=next_pow2(top_k),
-                              BLOCK_E=next_pow2(num_experts), RENORM=renormalize)
+    _route_claim_kernel[(t,)](router_logits, topk_w, topk_ids, counts, active, num_active, gu, out32, num_experts,
+                              router_logits.stride(0), 2 * n1, h, TOP_K=top_k, BLOCK_K=next_pow2(top_k),
+                              BLOCK_E=next_pow2(num_experts), RENORM=renormalize, ZERO_BLOCK=_ZERO_BLOCK,
+                              num_warps=ROUTE_WARPS)
     common = dict(TOP_K=top_k, BLOCK_TOPK=next_pow2(top_k), BLOCK_T=bt, BLOCK_N=bn, BLOCK_K8=bk8,
                   FLOAT_W=float_w, num_warps=warps, num_stages=stages)
     tiles1 = triton.cdiv(n1, bn)
-    s1, per1 = _split(2 * tiles1 * slots, triton.cdiv(k1 // 8, bk8), dev)
+    s1, per1 = _split(2 * tiles1 * slots, triton.cdiv(k1 // 8, bk8), dev, per_sm)
     _moe_decode_kernel[(2 * tiles1, s1, slots)](
         x, x, gu, *gate, *up, topk_ids, topk_w, active, num_active, t, n1, k1, gs1, ng1, gst1,
         x.stride(0), 2 * n1, tiles1, per1, STAGE=1, PER_ROW=bool(pr1), **common)
     tiles2 = triton.cdiv(n2, bn)
-    s2, per2 = _split(tiles2 * slots, triton.cdiv(k2 // 8, bk8), dev)
+    s2, per2 = _split(tiles2 * slots, triton.cdiv(k2 // 8, bk8), dev, per_sm)
     _moe_decode_kernel[(tiles2, s2, slots)](
-        x, gu, out32, *down, *down, topk_ids, topk_w, active, num_active, t, n2, k2, gs2, ng2, gst2,
-        2 * n1, n2, tiles2, per2, STAGE=2, PER_ROW=bool(pr2), **common)
-    return out32.view(t, h).to(x.dtype)
+        x, gu, out32, *down, *down, topk_ids, topk_w, active, num_active, t, n2, k2, gs2, ng2,
+        gst2, 2 * n1, n2, tiles2, per2, STAGE=2, PER_ROW=bool(pr2), **common)
+    _finish_kernel[(triton.cdiv(t * h, _FINISH_BLOCK),)](out32, out, state, t * h, num_experts,
+                                                         BLOCK=_FINISH_BLOCK)
+    return out
 
 
 def decode_aot_configs(act: str, min_cc: int) -> list[AotConfig]:
     """Claiming router at E=128, k=8 and both decode GEMM configs x stages x weight kinds."""
     out: list[AotConfig] = []
     for renorm in (True, False):
-        cx = dict(TOP_K=8, BLOCK_K=8, BLOCK_E=128, RENORM=renorm)
+        cx = dict(TOP_K=8, BLOCK_K=8, BLOCK_E=128, RENORM=renorm, ZERO_BLOCK=_ZERO_BLOCK)
         args = dict(logits_ptr=f"*{act}", w_ptr="*fp32", ids_ptr="*i32", count_ptr="*i32", active_ptr="*i32",
-                    num_active_ptr="*i32", E="i32", stride_t="i32")
-        out.append(AotConfig(_route_claim_kernel, signature(args, cx), cx, 4, 1, min_cc,
+                    num_active_ptr="*i32", gu_ptr="*fp32", out32_ptr="*fp32", E="i32", stride_t="i32",
+                    GU_ROW="i32", H="i32")
+        out.append(AotConfig(_route_claim_kernel, signature(args, cx), cx, ROUTE_WARPS, 1, min_cc,
                              f"route_claim[{renorm},{act}]"))
-    for name, (bt, bn, bk8, warps, stages) in DECODE_CONFIGS.items():
+    cx = dict(BLOCK=_FINISH_BLOCK)
+    args = dict(out32_ptr="*fp32", out_ptr=f"*{act}", count_ptr="*i32", TH="i32", E="i32")
+    out.append(AotConfig(_finish_kernel, signature(args, cx), cx, 4, 1, min_cc, f"moe_finish[{act}]"))
+    for name, (bt, bn, bk8, warps, stages, _) in DECODE_CONFIGS.items():
         for float_w, per_row in ((False, False), (False, True), (True, False)):
             for stage in (1, 2):
                 cx = dict(TOP_K=8, BLOCK_TOPK=8, BLOCK_T=bt, BLOCK_N=bn, BLOCK_K8=bk8, STAGE=stage,

@@ -16,6 +16,8 @@ Ops (all tensors on one device; "T" = flattened tokens):
       (statistics in fp32; output in x.dtype)
   qk_norm_rope(q[T,Hq,D], k[T,Hkv,D], q_weight[D], k_weight[D], positions[T], cos_sin_cache[P,D], eps)
       -> (q_out, k_out): per-head RMSNorm then neox RoPE; cos_sin_cache fp32 = cat(cos[P,D/2], sin[P,D/2])
+  qk_norm_rope_store(q, k, v[T,Hkv,D], q_weight, k_weight, positions, cos_sin_cache, eps, k_cache, v_cache,
+      slot_mapping) -> q_out: qk_norm_rope, then store_kv(k_out, v, ...) (one launch on the Triton backend)
   silu_and_mul(x[T,2I]) -> [T,I]   (silu(x[:, :I]) * x[:, I:])
 """
 from __future__ import annotations
@@ -33,6 +35,7 @@ _OPS = {
     "paged_attention": "attention",
     "rms_norm": "norm",
     "qk_norm_rope": "rope",
+    "qk_norm_rope_store": "rope",
     "silu_and_mul": "activation",
 }
 _BACKENDS = ("auto", "ref", "triton")
@@ -111,6 +114,11 @@ def rms_norm(x, weight, eps, residual=None):
 
 def qk_norm_rope(q, k, q_weight, k_weight, positions, cos_sin_cache, eps):
     return _impl("qk_norm_rope", q.device)(q, k, q_weight, k_weight, positions, cos_sin_cache, eps)
+
+
+def qk_norm_rope_store(q, k, v, q_weight, k_weight, positions, cos_sin_cache, eps, k_cache, v_cache, slot_mapping):
+    return _impl("qk_norm_rope_store", q.device)(q, k, v, q_weight, k_weight, positions, cos_sin_cache, eps,
+                                                  k_cache, v_cache, slot_mapping)
 
 
 def silu_and_mul(x):

@@ -3,7 +3,7 @@
 Contract: ``forward(input_ids[T], positions[T], kv_caches, md) -> hidden[T, H]`` over a flattened
 variable-length batch (see runner/attn_metadata.py); ``compute_logits(hidden[B, H]) -> [B, V]`` fp32.
 Weights are placed by models/loader.py; this file only defines structure and arithmetic.
-Per layer: RMSNorm(+residual) → qkv → per-head q/k RMSNorm + RoPE → store KV → paged attention → o_proj →
+Per layer: RMSNorm(+residual) → qkv → per-head q/k RMSNorm + RoPE, K/V into the cache → paged attention → o_proj →
 RMSNorm(+residual) → MLP (dense SiLU-gated, or sparse MoE: router → softmax → top-k → renormalise → experts).
 """
 from __future__ import annotations
@@ -49,13 +49,12 @@ class Attention(nn.Module):
             q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q = q.reshape(t, self.num_heads, self.head_dim)                  # [T, Hq, D]
+        q = q.reshape(t, self.num_heads, self.head_dim)                  # [T, Hq, D] (rows strided in qkv)
         k = k.reshape(t, self.num_kv_heads, self.head_dim)               # [T, Hkv, D]
-        v = v.reshape(t, self.num_kv_heads, self.head_dim).contiguous()  # [T, Hkv, D]
-        q, k = ops.qk_norm_rope(q.contiguous(), k.contiguous(), self.q_norm, self.k_norm, positions, cos_sin,
-                                self.eps)
+        v = v.reshape(t, self.num_kv_heads, self.head_dim)               # [T, Hkv, D]
         k_cache, v_cache = kv_cache
-        ops.store_kv(k, v, k_cache, v_cache, md.slot_mapping)
+        q = ops.qk_norm_rope_store(q, k, v, self.q_norm, self.k_norm, positions, cos_sin, self.eps, k_cache,
+                                   v_cache, md.slot_mapping)              # k, v -> the cache
         o = ops.paged_attention(q, k_cache, v_cache, md, self.scale)     # [T, Hq, D]
         return self.o_proj(o.reshape(t, self.q_size))
 

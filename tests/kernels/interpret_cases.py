@@ -35,7 +35,8 @@ CASES = ([f"gemm{i}-{dt}" for i in range(len(GEMM)) for dt in (F32, F16)] + ["de
          + [f"attn{i}-{dt}" for i in range(len(ATTN)) for dt in (F32, F16)]
          + [f"store_kv-{dt}" for dt in (F32, F16)]
          + [f"rms_norm-{r}-{dt}" for r in ("res", "nores") for dt in (F32, F16)]
-         + [f"qk_norm_rope-{dt}" for dt in (F32, F16)] + [f"silu_and_mul-{dt}" for dt in (F32, F16)])
+         + [f"qk_norm_rope-{dt}" for dt in (F32, F16)] + [f"qk_norm_rope_store-{dt}" for dt in (F32, F16)]
+         + [f"silu_and_mul-{dt}" for dt in (F32, F16)])
 
 
 def _rel(out, ref) -> float:
@@ -105,6 +106,21 @@ def run_case(name: str, seed: int) -> float:
         pos = torch.randint(0, 64, (t,))
         a, b = tk.qk_norm_rope(q, k, qw, kw, pos, cache, 1e-6), ref.qk_norm_rope(q, k, qw, kw, pos, cache, 1e-6)
         return max(_rel(a[0], b[0]), _rel(a[1], b[1]))
+    if kind == "qk_norm_rope_store":
+        from onecard.kernels.rope import ref, triton as tk
+        t, hq, hkv, d = 5, 6, 3, 32
+        qkv = torch.randn(t, (hq + 2 * hkv) * d).to(dt)                  # q, k, v: strided views, as in the model
+        q, k, v = (x.reshape(t, -1, d) for x in qkv.split([hq * d, hkv * d, hkv * d], dim=-1))
+        qw, kw = torch.randn(d).to(dt), torch.randn(d).to(dt)
+        ang = torch.outer(torch.arange(64).float(), 1.0 / (1e4 ** (torch.arange(0, d, 2).float() / d)))
+        cache = torch.cat([ang.cos(), ang.sin()], dim=-1)
+        pos = torch.randint(0, 64, (t,))
+        slots = torch.tensor([3, -1, 0, 11, 6])
+        caches = [(torch.randn(3, 4, hkv, d).to(dt), torch.randn(3, 4, hkv, d).to(dt))]
+        caches.append((caches[0][0].clone(), caches[0][1].clone()))
+        qa = tk.qk_norm_rope_store(q, k, v, qw, kw, pos, cache, 1e-6, *caches[0], slots)
+        qb = ref.qk_norm_rope_store(q, k, v, qw, kw, pos, cache, 1e-6, *caches[1], slots)
+        return max(_rel(qa, qb), _rel(torch.cat(caches[0]), torch.cat(caches[1])))
     if kind == "silu_and_mul":
         from onecard.kernels.activation import ref, triton as tk
         x = torch.randn(3, 2 * 1100).to(dt)

@@ -156,8 +156,9 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     hkv = k_cache.shape[2]
     group = hq // hkv
     assert d == next_pow2(d) and q.stride(2) == 1 and k_cache.is_contiguous() and v_cache.is_contiguous()
-    out = torch.zeros_like(q)             # padding rows (past query_start_loc[-1]) stay zero, as in ref
     b = md.num_seqs
+    # padding rows (past query_start_loc[-1]) must come back zero, as in ref; a decode-only batch has none
+    out = torch.empty_like(q) if md.num_decode_tokens == t == b else torch.zeros_like(q)
     if b == 0 or t == 0:
         return out
     gp = next_pow2(group)

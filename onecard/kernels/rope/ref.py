@@ -23,3 +23,14 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
     cs = cos_sin_cache[positions.long()].float()                           # [T, D]
     cos, sin = cs.chunk(2, dim=-1)                                         # [T, D/2]
     return _norm_rope(q, q_weight, cos, sin, eps), _norm_rope(k, k_weight, cos, sin, eps)
+
+
+def qk_norm_rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: torch.Tensor,
+                       k_weight: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor, eps: float,
+                       k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
+    """qk_norm_rope, then store_kv of (k_out, v): -> q_out [T, Hq, D]; the caches are written in place."""
+    from onecard.kernels.attention.ref import store_kv
+
+    q_out, k_out = qk_norm_rope(q, k, q_weight, k_weight, positions, cos_sin_cache, eps)
+    store_kv(k_out, v, k_cache, v_cache, slot_mapping)
+    return q_out

@@ -2,6 +2,7 @@
 
 Each program normalises all Hq + Hkv heads of its token as a [HEADS, D/2] x 2 pair of halves, so the
 rotation needs no data exchange: out1 = x1*cos - x2*sin, out2 = x2*cos + x1*sin.
+``qk_norm_rope_store`` writes k (after norm + RoPE) and v straight into the paged KV cache.
 """
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from onecard.kernels.triton_common import AotConfig, next_pow2, signature
 
 
 @triton.jit
-def _norm_rope_heads(x_ptr, o_ptr, w_ptr, stride_t, stride_h, tok, cos, sin, eps, H,
+def _norm_rope_heads(x_ptr, o_ptr, w_ptr, stride_t, stride_h, tok, o_row, row_ok, cos, sin, eps, H,
                      BLOCK_H: tl.constexpr, HALF: tl.constexpr):
+    """Heads [H, D] of token tok -> output row o_row of o_ptr (rows of H * D), stored only where row_ok."""
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, HALF)
     mask = (offs_h < H)[:, None]
@@ -26,47 +28,82 @@ def _norm_rope_heads(x_ptr, o_ptr, w_ptr, stride_t, stride_h, tok, cos, sin, eps
     w2 = tl.load(w_ptr + HALF + offs_d).to(tl.float32)
     x1 = x1 * rstd[:, None] * w1[None, :]
     x2 = x2 * rstd[:, None] * w2[None, :]
-    ob = o_ptr + tok * H * 2 * HALF + offs_h[:, None] * (2 * HALF) + offs_d[None, :]
+    ob = o_ptr + o_row * H * 2 * HALF + offs_h[:, None] * (2 * HALF) + offs_d[None, :]
+    mask = mask & row_ok
     tl.store(ob, (x1 * cos[None, :] - x2 * sin[None, :]).to(o_ptr.dtype.element_ty), mask=mask)
     tl.store(ob + HALF, (x2 * cos[None, :] + x1 * sin[None, :]).to(o_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _qk_norm_rope_kernel(q_ptr, k_ptr, qw_ptr, kw_ptr, pos_ptr, cs_ptr, qo_ptr, ko_ptr,
+                         v_ptr, vc_ptr, slot_ptr, stride_vt,
                          stride_qt, stride_qh, stride_kt, stride_kh, HQ, HKV, eps,
-                         HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr):
+                         HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr,
+                         STORE_KV: tl.constexpr):
+    """STORE_KV: ko_ptr is the K cache and k goes to row slot_mapping[tok] of it (skipped when < 0), and v
+    [T, HKV, D] is copied to the same row of the V cache: the KV store needs no launch of its own."""
     tok = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + tok).to(tl.int64)
     offs_d = tl.arange(0, HALF)
     cos = tl.load(cs_ptr + pos * 2 * HALF + offs_d)
     sin = tl.load(cs_ptr + pos * 2 * HALF + HALF + offs_d)
-    _norm_rope_heads(q_ptr, qo_ptr, qw_ptr, stride_qt, stride_qh, tok, cos, sin, eps, HQ, BLOCK_HQ, HALF)
-    _norm_rope_heads(k_ptr, ko_ptr, kw_ptr, stride_kt, stride_kh, tok, cos, sin, eps, HKV, BLOCK_HKV, HALF)
+    _norm_rope_heads(q_ptr, qo_ptr, qw_ptr, stride_qt, stride_qh, tok, tok, True, cos, sin, eps, HQ, BLOCK_HQ,
+                     HALF)
+    if STORE_KV:
+        slot = tl.load(slot_ptr + tok).to(tl.int64)
+        _norm_rope_heads(k_ptr, ko_ptr, kw_ptr, stride_kt, stride_kh, tok, slot, slot >= 0, cos, sin, eps, HKV,
+                         BLOCK_HKV, HALF)
+        offs = tl.arange(0, BLOCK_HKV * 2 * HALF)
+        vm = (offs < HKV * 2 * HALF) & (slot >= 0)
+        v = tl.load(v_ptr + tok * stride_vt + offs, mask=vm)
+        tl.store(vc_ptr + slot * HKV * 2 * HALF + offs, v.to(vc_ptr.dtype.element_ty), mask=vm)
+    else:
+        _norm_rope_heads(k_ptr, ko_ptr, kw_ptr, stride_kt, stride_kh, tok, tok, True, cos, sin, eps, HKV,
+                         BLOCK_HKV, HALF)
 
 
 def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
                  positions: torch.Tensor, cos_sin_cache: torch.Tensor,
                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    q_out = _launch(q, k, q_weight, k_weight, positions, cos_sin_cache, eps, k_out, None, None, None)
+    return q_out, k_out
+
+
+def qk_norm_rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: torch.Tensor,
+                       k_weight: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor, eps: float,
+                       k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
+    assert k_cache.is_contiguous() and v_cache.is_contiguous() and v.stride(2) == 1
+    assert v.stride(1) == v.shape[2], "v heads must be contiguous within a token"
+    return _launch(q, k, q_weight, k_weight, positions, cos_sin_cache, eps, k_cache, v, v_cache, slot_mapping)
+
+
+def _launch(q, k, q_weight, k_weight, positions, cos_sin_cache, eps, k_out, v, v_cache, slot_mapping):
     t, hq, d = q.shape
     hkv = k.shape[1]
     assert d == next_pow2(d) and q.stride(2) == 1 and k.stride(2) == 1 and cos_sin_cache.is_contiguous()
     assert cos_sin_cache.dtype == torch.float32
     q_out = torch.empty(t, hq, d, dtype=q.dtype, device=q.device)
-    k_out = torch.empty(t, hkv, d, dtype=k.dtype, device=k.device)
+    store = v is not None
     if t > 0:
         _qk_norm_rope_kernel[(t,)](q, k, q_weight, k_weight, positions, cos_sin_cache, q_out, k_out,
+                                   v if store else k, v_cache if store else k_out,
+                                   slot_mapping if store else positions, v.stride(0) if store else 0,
                                    q.stride(0), q.stride(1), k.stride(0), k.stride(1), hq, hkv, eps,
-                                   HALF=d // 2, BLOCK_HQ=next_pow2(hq), BLOCK_HKV=next_pow2(hkv))
-    return q_out, k_out
+                                   HALF=d // 2, BLOCK_HQ=next_pow2(hq), BLOCK_HKV=next_pow2(hkv), STORE_KV=store)
+    return q_out
 
 
 def aot_configs() -> list[AotConfig]:
-    """Qwen3-30B-A3B: 32 q heads, 4 kv heads, head_dim 128."""
+    """Qwen3-30B-A3B: 32 q heads, 4 kv heads, head_dim 128; with and without the fused KV store."""
     out = []
     for act, min_cc in (("fp16", 70), ("bf16", 80)):
-        cx = dict(HALF=64, BLOCK_HQ=32, BLOCK_HKV=4)
-        args = dict(q_ptr=f"*{act}", k_ptr=f"*{act}", qw_ptr=f"*{act}", kw_ptr=f"*{act}", pos_ptr="*i64",
-                    cs_ptr="*fp32", qo_ptr=f"*{act}", ko_ptr=f"*{act}", stride_qt="i32", stride_qh="i32",
-                    stride_kt="i32", stride_kh="i32", HQ="i32", HKV="i32", eps="fp32")
-        out.append(AotConfig(_qk_norm_rope_kernel, signature(args, cx), cx, 4, 1, min_cc, f"qk_norm_rope[{act}]"))
+        for store in (False, True):
+            cx = dict(HALF=64, BLOCK_HQ=32, BLOCK_HKV=4, STORE_KV=store)
+            args = dict(q_ptr=f"*{act}", k_ptr=f"*{act}", qw_ptr=f"*{act}", kw_ptr=f"*{act}", pos_ptr="*i64",
+                        cs_ptr="*fp32", qo_ptr=f"*{act}", ko_ptr=f"*{act}", v_ptr=f"*{act}", vc_ptr=f"*{act}",
+                        slot_ptr="*i64", stride_vt="i32", stride_qt="i32", stride_qh="i32", stride_kt="i32",
+                        stride_kh="i32", HQ="i32", HKV="i32", eps="fp32")
+            out.append(AotConfig(_qk_norm_rope_kernel, signature(args, cx), cx, 4, 1, min_cc,
+                                 f"qk_norm_rope[store={store},{act}]"))
     return out

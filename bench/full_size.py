@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-L, H, NQ, NKV, D, E, TOPK, I, V, G = 48, 2048, 32, 4, 128, 128, 8, 768, 151936, 128
+L, H, NQ, NKV, D, E, TOPK, I, V, G = int(os.environ.get("ONECARD_BENCH_LAYERS", 48)), 2048, 32, 4, 128, 128, 8, 768, 151936, 128
 
 CONFIG = {
     "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": H,

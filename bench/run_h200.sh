@@ -37,7 +37,7 @@ for p in $parts; do
           kill -TERM $spid; wait $spid; echo "serve exit $?"; tail -5 "$OUT/serve.log" ;;
     profile) log profile; [ -d /tmp/q8 ] || ONECARD_BENCH_LAYERS=8 timeout 120 python3 bench/full_size.py build /tmp/q8
           timeout 240 python3 bench/profile_decode.py /tmp/q8 "$OUT/profile.json" ;;
-    tune) log tune; timeout 300 python3 bench/tune_decode.py "$OUT/tune.json" ;;
+    tune) log tune; timeout 330 python3 bench/tune_decode.py "$OUT/tune.json" ;;
     rss) log rss; timeout 120 python3 bench/load_rss.py --device cuda ;;
     overhead) log overhead; timeout 60 python3 bench/step_overhead.py --device cuda ;;
     hf) log hf; timeout 300 python3 bench/full_size.py hf "$OUT/hf.json" ;;

@@ -63,17 +63,26 @@ def profile(runner, bs: int, ctx: int = 512, steps: int = 5) -> dict:
     from torch.profiler import ProfilerActivity, profile as tprof
     with tprof(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
+            g.replay()
+        torch.cuda.synchronize()
+    graph_rows = kernel_rows(prof, steps)                   # CUPTI sees the kernels inside graph replays
+    with tprof(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
             fwd()
         torch.cuda.synchronize()
     rows = kernel_rows(prof, steps)
+    gtotal = sum(r["us_per_step"] for r in graph_rows)
+    print(f"--- bs={bs} ctx={ctx}, inside the CUDA graph: kernel time {gtotal:.0f} us/step")
+    for r in graph_rows[:25]:
+        print(f"  {r['us_per_step']:8.1f} us/step {r['calls_per_step']:6.0f} x {r['us_per_call']:7.2f} us  {r['kernel']}")
     total = sum(r["us_per_step"] for r in rows)
     calls = sum(r["calls_per_step"] for r in rows)
     print(f"--- bs={bs} ctx={ctx}: graph {graph_us:.0f} us/step, eager {eager_us:.0f} us/step, kernel time "
           f"{total:.0f} us/step over {calls:.0f} kernels/step ({len(model.layers)} layers)")
-    for r in rows[:40]:
+    for r in rows[:12]:
         print(f"  {r['us_per_step']:8.1f} us/step {r['calls_per_step']:6.0f} x {r['us_per_call']:7.2f} us  {r['kernel']}")
     return dict(bs=bs, ctx=ctx, graph_us=graph_us, eager_us=eager_us, kernel_us=total, kernels=calls,
-                layers=len(model.layers), rows=rows)
+                layers=len(model.layers), rows=rows, graph_kernel_us=gtotal, graph_rows=graph_rows)
 
 
 def kernel_rows(prof, steps: int) -> list[dict]:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU facts, kernel checks, tiny-checkpoint engine checks, the full-size benchmark.
 # Usage (repo root, on the H200): OUT=/some/dir bash bench/run_h200.sh [parts...]
-# parts: probe kernels checks full serve rss overhead hf floor profile tune   (default: probe kernels checks full floor)
+# parts: probe kernels checks full serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
 set -u
 export PYTHONPATH="$PWD${EXTRA_PYTHONPATH:+:$EXTRA_PYTHONPATH}" TOKENIZERS_PARALLELISM=false
 OUT="${OUT:-/tmp/onecard_out}"; mkdir -p "$OUT"
@@ -37,7 +37,8 @@ for p in $parts; do
           kill -TERM $spid; wait $spid; echo "serve exit $?"; tail -5 "$OUT/serve.log" ;;
     profile) log profile; [ -d /tmp/q8 ] || ONECARD_BENCH_LAYERS=8 timeout 120 python3 bench/full_size.py build /tmp/q8
           timeout 240 python3 bench/profile_decode.py /tmp/q8 "$OUT/profile.json" ;;
-    tune) log tune; timeout 330 python3 bench/tune_decode.py "$OUT/tune.json" ;;
+    tune) log tune; timeout 330 python3 bench/tune_decode.py "$OUT/tune.json" ${TUNE_PARTS:-} ;;
+    diag) log diag; timeout 120 python3 bench/diag_skinny.py ;;
     rss) log rss; timeout 120 python3 bench/load_rss.py --device cuda ;;
     overhead) log overhead; timeout 60 python3 bench/step_overhead.py --device cuda ;;
     hf) log hf; timeout 300 python3 bench/full_size.py hf "$OUT/hf.json" ;;

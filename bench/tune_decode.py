@@ -97,8 +97,8 @@ def sweep_moe(rows: list) -> None:
     from bench.kernels_gpu import E, H, I, TOPK
     from onecard.kernels.fused_moe import decode as md, ref as moe_r
     layers = [tuple(rand_gptq(k, n, E) for k, n in ((H, I), (H, I), (I, H))) for _ in range(4)]
-    for t, grid in ((1, itertools.product((32, 64, 128), (16,), (2, 4, 8), (2,), (4, 8, 12, 16))),
-                    (16, itertools.product((64, 128), (16,), (4, 8), (2,), (8, 12, 16)))):
+    for t, grid in ((1, itertools.product((32, 64), (16, 32), (2, 4), (2, 3), (8, 16, 24))),
+                    (16, itertools.product((64, 128), (16, 32), (2, 4), (2, 3, 4), (12,)))):
         x = torch.randn(t, H, device=DEV, dtype=torch.float16)
         logits = [torch.randn(t, E, device=DEV, dtype=torch.float16) for _ in range(2 * len(layers))]
         calls = [(lw, lg) for lw, lg in zip(layers * 2, logits)]

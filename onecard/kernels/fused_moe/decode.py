@@ -32,10 +32,11 @@ from onecard.kernels.types import GPTQWeight, MoEWeight
 DECODE_MAX_TOKENS = 16
 # name: (BLOCK_T, BLOCK_N, BLOCK_K8, num_warps, num_stages, programs per SM for the split-K choice).
 # BK8 = 16 packed rows = 128 inputs = one g128 group. decode1 has the GEMV's structure and its tuned shape
-# (gptq_gemm/triton.py); both checked by bench/tune_decode.py on the H200.
+# (gptq_gemm/triton.py). From bench/tune_decode.py on the H200 (whole MoE, graph replay, weights rotated):
+# decode1 2 warps 16/SM: 29.3 -> 27.4 us; decode16 2 warps: 186 -> 169 us (BK8 32 runs out of registers).
 DECODE_CONFIGS = {
-    "decode1": (1, 64, 16, 4, 2, 8),
-    "decode16": (16, 128, 16, 4, 2, 12),
+    "decode1": (1, 64, 16, 2, 2, 16),
+    "decode16": (16, 128, 16, 2, 2, 12),
 }
 ROUTE_WARPS = 1                       # the top-k chain is 8 dependent reductions: shuffles only, no smem
 _ZERO_BLOCK = 1024

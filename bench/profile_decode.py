@@ -29,9 +29,10 @@ def decode_inputs(runner, bs: int, ctx: int):
     table = (1 + torch.arange(bs * per, device=dev, dtype=torch.int32)).view(bs, per)
     seq_lens = torch.full((bs,), ctx + 1, dtype=torch.int32, device=dev)
     slots = (table[:, ctx // block].long() * block + ctx % block)
+    # max_seq_len = max_model_len, as the runner's CUDA graphs use it (so split-KV attention is on, as served)
     md = AttentionMetadata(slot_mapping=slots, query_start_loc=torch.arange(bs + 1, dtype=torch.int32, device=dev),
-                           seq_lens=seq_lens, block_table=table, max_query_len=1, max_seq_len=ctx + 1,
-                           num_decode_tokens=bs)
+                           seq_lens=seq_lens, block_table=table, max_query_len=1,
+                           max_seq_len=runner.config.scheduler.max_model_len, num_decode_tokens=bs)
     ids = torch.randint(0, 1000, (bs,), device=dev)
     pos = torch.full((bs,), ctx, dtype=torch.long, device=dev)
     return ids, pos, md

@@ -120,7 +120,7 @@ def _run(core, prompts: list[list[int]], max_tokens: int) -> dict[str, list[floa
 def bench_onecard(model_dir: str, out: str) -> dict:
     t0 = time.perf_counter()
     core, ready = _engine(model_dir, enforce_eager=os.environ.get("ONECARD_EAGER") == "1")
-    res: dict = {"time_to_ready_s": ready, "weights_gib": core.info.weights_bytes / 2**30,
+    res: dict = {"time_to_ready_s": ready, "precompile": getattr(core.runner, "precompile_summary", None), "weights_gib": core.info.weights_bytes / 2**30,
                  "kv_cache_gib": core.info.kv_cache_bytes / 2**30, "kv_tokens": core.info.kv_capacity_tokens}
     g = torch.Generator().manual_seed(1)
 
@@ -138,6 +138,12 @@ def bench_onecard(model_dir: str, out: str) -> dict:
         last = max(t[-1] for t in times.values())
         res[f"decode_bs{bs}_tok_s"] = bs * 255 / (last - first)
         res[f"decode_bs{bs}_tpot_ms"] = (last - first) / 255 * 1e3
+    try:
+        from bench.step_breakdown import breakdown
+        for bs in (1, 16):
+            res.update(breakdown(core, bs, V))
+    except Exception as e:  # noqa: BLE001 - report and go on
+        res["breakdown_error"] = repr(e)
     _run(core, [prompt(4096)], 1)
     pre = []
     for _ in range(3):
@@ -150,7 +156,7 @@ def bench_onecard(model_dir: str, out: str) -> dict:
     res["wall_s"] = time.perf_counter() - t0
     Path(out).write_text(json.dumps(res, indent=1))
     for k, v in res.items():
-        print(f"{k:28s} {v:10.2f}")
+        print(f"{k:28s} {v:10.2f}" if isinstance(v, (int, float)) else f"{k:28s} {v}")
     return res
 
 

@@ -78,6 +78,8 @@ def profile(runner, bs: int, ctx: int = 512, steps: int = 5) -> dict:
         print(f"  {r['us_per_step']:8.1f} us/step {r['calls_per_step']:6.0f} x {r['us_per_call']:7.2f} us  {r['kernel']}")
     total = sum(r["us_per_step"] for r in rows)
     calls = sum(r["calls_per_step"] for r in rows)
+    print(f"--- bs={bs}: graph replay {graph_us:.0f} us/step vs {gtotal:.0f} us of kernels inside it: "
+          f"{(graph_us - gtotal) / max(1, sum(r['calls_per_step'] for r in graph_rows)):.2f} us between kernels")
     print(f"--- bs={bs} ctx={ctx}: graph {graph_us:.0f} us/step, eager {eager_us:.0f} us/step, kernel time "
           f"{total:.0f} us/step over {calls:.0f} kernels/step ({len(model.layers)} layers)")
     for r in rows[:12]:

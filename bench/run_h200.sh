@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU facts, kernel checks, tiny-checkpoint engine checks, the full-size benchmark.
 # Usage (repo root, on the H200): OUT=/some/dir bash bench/run_h200.sh [parts...]
-# parts: probe kernels checks full serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
+# parts: probe kernels checks full startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
 set -u
 export PYTHONPATH="$PWD${EXTRA_PYTHONPATH:+:$EXTRA_PYTHONPATH}" TOKENIZERS_PARALLELISM=false
 OUT="${OUT:-/tmp/onecard_out}"; mkdir -p "$OUT"
@@ -16,6 +16,12 @@ for p in $parts; do
     checks) log checks; timeout 240 python3 bench/gpu_checks.py "$OUT/gpu_checks.json" 2>&1 | grep -v "Loading weights\|Writing" ;;
     full) log build; [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30
           log onecard; timeout 300 python3 bench/full_size.py onecard /tmp/q30 "$OUT/onecard.json" ;;
+    startup) log startup  # cold (fresh Triton cache) with precompile, warm, cold without precompile
+          [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30
+          rm -rf /tmp/tcache_a /tmp/tcache_b
+          TRITON_CACHE_DIR=/tmp/tcache_a timeout 150 python3 bench/startup.py /tmp/q30 "$OUT/startup.jsonl" cold_precompile
+          TRITON_CACHE_DIR=/tmp/tcache_a timeout 150 python3 bench/startup.py /tmp/q30 "$OUT/startup.jsonl" warm
+          TRITON_CACHE_DIR=/tmp/tcache_b ONECARD_PRECOMPILE=0 timeout 150 python3 bench/startup.py /tmp/q30 "$OUT/startup.jsonl" cold_jit ;;
     serve) log serve  # the real `onecard serve` with the deployment's flags: seconds from exec to /health 200
           cp onecard/data/onecard-tiny-coder/tokenizer* onecard/data/onecard-tiny-coder/chat_template.jinja /tmp/q30/ 2>/dev/null
           python3 -c "import fastapi, uvicorn" || { echo "no fastapi/uvicorn here: serve skipped"; continue; }

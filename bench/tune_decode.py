@@ -5,7 +5,7 @@ a device copy of the same bytes.
 
 Also the decode fused MoE (T = 1 and 16) over its block configurations.
 
-Usage (on the GPU, repo root): python bench/tune_decode.py OUT.json [gemm] [moe]
+Usage (on the GPU, repo root): python bench/tune_decode.py OUT.json [gemm|gemv|skinny] [moe|moe1|moe16]
 """
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def best_rows(rows, **key) -> list[dict]:
     return sorted(sel, key=lambda r: r["us"])[:5]
 
 
-def sweep_gemm(res: dict, rows: list) -> None:
+def sweep_gemm(res: dict, rows: list, parts: list[str]) -> None:
     for name, k, n in (("qkv", 2048, 5120), ("o_proj", 4096, 2048)):
         ws = [rand_gptq(k, n) for _ in range(COPIES)]
         nbytes = ws[0].nbytes()
@@ -70,8 +70,12 @@ def sweep_gemm(res: dict, rows: list) -> None:
         cp = graph_us([lambda s=s, d=d: d.copy_(s) for s, d in zip(srcs, dsts)])
         print(f"{name}: copy of the qweight bytes {cp:.2f} us ({2 * srcs[0].numel() * 4 / cp / 1e3:.0f} GB/s r+w)")
         res[f"{name}_copy_us"] = cp
-        for m, grid in ((1, itertools.product((32, 64, 128), (16, 32), (2, 4), (2,), (4, 8, 16))),
-                        (16, itertools.product((64, 128), (16,), (4, 8), (2,), (8, 12, 16, 24)))):
+        grids = []
+        if "gemv" in parts:
+            grids.append((1, itertools.product((32, 64, 128), (16, 32), (2, 4), (2,), (4, 8, 16))))
+        if "skinny" in parts:   # few programs per SM (0 = one split: no memset, no reduce launch)
+            grids.append((16, itertools.product((32, 64, 128), (16,), (2, 4), (2, 3, 4), (0, 1, 2, 4, 12))))
+        for m, grid in grids:
             x = torch.randn(m, k, device=DEV, dtype=torch.float16) / math.sqrt(k)
             ref = torch.matmul(x.float(), g_t.dequantize(ws[0], torch.float32))
             prod = graph_us([lambda w=w: g_t.w4a16_gemm(x, w) for w in ws])
@@ -92,13 +96,17 @@ def sweep_gemm(res: dict, rows: list) -> None:
                 print(f"  best {r['cfg']}: {r['us']:.2f} us (err {r['rel_err']:.1e})")
 
 
-def sweep_moe(rows: list) -> None:
+def sweep_moe(rows: list, parts: list[str]) -> None:
     """Decode MoE (route + gate/up + down + finish) at T = 1 and 16, 4 weight copies x 2 routings each."""
     from bench.kernels_gpu import E, H, I, TOPK
     from onecard.kernels.fused_moe import decode as md, ref as moe_r
     layers = [tuple(rand_gptq(k, n, E) for k, n in ((H, I), (H, I), (I, H))) for _ in range(4)]
-    for t, grid in ((1, itertools.product((32, 64), (16, 32), (2, 4), (2, 3), (8, 16, 24))),
-                    (16, itertools.product((64, 128), (16, 32), (2, 4), (2, 3, 4), (12,)))):
+    grids = []
+    if "moe1" in parts:
+        grids.append((1, itertools.product((32, 64), (16, 32), (2, 4), (2, 3), (8, 16, 24))))
+    if "moe16" in parts:
+        grids.append((16, itertools.product((64, 128), (16,), (2, 4), (2, 3), (4, 8, 12, 16, 24))))
+    for t, grid in grids:
         x = torch.randn(t, H, device=DEV, dtype=torch.float16)
         logits = [torch.randn(t, E, device=DEV, dtype=torch.float16) for _ in range(2 * len(layers))]
         calls = [(lw, lg) for lw, lg in zip(layers * 2, logits)]
@@ -128,10 +136,11 @@ def main() -> None:
     print(f"empty kernel per graph node: {res['empty_kernel_node_us']:.2f} us")
     rows: list = []
     parts = sys.argv[2:] or ["gemm", "moe"]
-    if "gemm" in parts:
-        sweep_gemm(res, rows)
-    if "moe" in parts:
-        sweep_moe(rows)
+    parts = parts + (["gemv", "skinny"] if "gemm" in parts else []) + (["moe1", "moe16"] if "moe" in parts else [])
+    if {"gemv", "skinny"} & set(parts):
+        sweep_gemm(res, rows, parts)
+    if {"moe1", "moe16"} & set(parts):
+        sweep_moe(rows, parts)
     res["rows"] = rows
     Path(sys.argv[1]).write_text(json.dumps(res, indent=1))
 

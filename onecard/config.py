@@ -27,6 +27,7 @@ class Env:
     triton_interpret: bool         # TRITON_INTERPRET=1: Triton kernels run on the CPU (tests)
     cpu_kv_cache_bytes: int        # ONECARD_CPU_KV_CACHE_BYTES: KV pool on CPU (default 256 MiB)
     log_level: str
+    precompile: bool = True        # ONECARD_PRECOMPILE=0: no parallel Triton precompile at start-up
 
     @staticmethod
     def read() -> "Env":
@@ -38,6 +39,7 @@ class Env:
             triton_interpret=e.get("TRITON_INTERPRET", "0") == "1",
             cpu_kv_cache_bytes=int(e.get("ONECARD_CPU_KV_CACHE_BYTES", str(256 << 20))),
             log_level=e.get("ONECARD_LOG_LEVEL", "INFO"),
+            precompile=e.get("ONECARD_PRECOMPILE", "1") != "0",
         )
 
 

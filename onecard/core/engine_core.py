@@ -33,6 +33,8 @@ class EngineCore:
         t0 = time.perf_counter()
         self.config = config
         self.runner = (runner_factory or _default_runner_factory)(config)
+        if config.device == "cuda" and hasattr(self.runner, "precompile"):
+            self.runner.precompile()     # every Triton kernel variant, compiled in parallel before first use
         num_blocks = self.runner.determine_num_blocks()
         self.runner.initialize_kv_cache(num_blocks)
         if config.device == "cuda" and not config.enforce_eager and hasattr(self.runner, "capture_graphs"):

@@ -58,6 +58,7 @@ class ModelRunner:
         self.block_tables: dict[str, np.ndarray] = {}
         self.vocab_size = int(config.model.hf_config["vocab_size"])
         self.graphs = None  # CUDAGraphRunner, set by capture_graphs()
+        self.precompile_summary: dict | None = None
 
     # ------------------------------------------------------------------ KV sizing
     @property
@@ -260,13 +261,24 @@ class ModelRunner:
         return b
 
     # ------------------------------------------------------------------ CUDA graphs
-    def capture_graphs(self) -> None:
-        from onecard.runner.cuda_graphs import CUDAGraphRunner
-
+    def graph_batch_sizes(self) -> list[int]:
         max_seqs = self.config.scheduler.max_num_seqs
         sizes = [b for b in (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256) if b <= max_seqs]
         if max_seqs not in sizes:
             sizes.append(max_seqs)
+        return sizes
+
+    def precompile(self) -> dict | None:
+        """Compile every kernel variant start-up and serving launch, in parallel (runner/precompile.py)."""
+        from onecard.runner.precompile import precompile
+
+        self.precompile_summary = precompile(self)
+        return self.precompile_summary
+
+    def capture_graphs(self) -> None:
+        from onecard.runner.cuda_graphs import CUDAGraphRunner
+
+        sizes = self.graph_batch_sizes()
         max_blocks = (self.config.scheduler.max_model_len + self.block_size - 1) // self.block_size
         self.graphs = CUDAGraphRunner(self.model, self.kv_caches, sizes, max_blocks,
                                       self.config.scheduler.max_model_len, self.device)

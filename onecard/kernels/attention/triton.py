@@ -35,7 +35,7 @@ def _store_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, stride_kt, stride_v
     tl.store(vc_ptr + slot * HD + offs, v.to(vc_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_bt", "num_segments"])  # runtime-varying: one compile serves all
 def _paged_attn_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, qsl_ptr, seqlen_ptr, bt_ptr,
                        scale_log2, stride_qt, stride_qh, stride_ot, stride_oh, stride_bt, block_size,
                        num_segments,
@@ -100,7 +100,7 @@ def _paged_attn_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, qsl_ptr
         tl.store(ml_ptr + base * 2 + 1, l_i, mask=row_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_segments"])  # runtime-varying: one compile serves all
 def _segment_reduce_kernel(part_ptr, ml_ptr, out_ptr, stride_ot, stride_oh, num_segments,
                            HQ: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr):
     tok = tl.program_id(0).to(tl.int64)

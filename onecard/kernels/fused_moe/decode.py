@@ -98,7 +98,7 @@ def _route_claim_kernel(logits_ptr, w_ptr, ids_ptr, count_ptr, active_ptr, num_a
     tl.store(active_ptr + slot, ids, mask=first)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "tiles_per_split"])  # runtime-varying: one compile serves all
 def _moe_decode_kernel(x_ptr, a_ptr, out_ptr, qa_ptr, za_ptr, sa_ptr, ga_ptr, qb_ptr, zb_ptr, sb_ptr, gb_ptr,
                        ids_ptr, topk_w_ptr, active_ptr, num_active_ptr,
                        T, N, K, group_size, num_groups, g_stride, stride_a, stride_out, n_tiles,
@@ -127,7 +127,7 @@ def _decode_input_row(x_ptr, a_ptr, a_row, stride_a, k, r_mask, K, STAGE: tl.con
         return gv / (1.0 + tl.exp(-gv)) * uv
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["TH"])  # runtime-varying: one compile serves all
 def _finish_kernel(out32_ptr, out_ptr, count_ptr, TH, E, BLOCK: tl.constexpr):
     """out = out32 cast to out's dtype; program 0 zeroes the expert counters (E) and num_active (E + 1)."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)

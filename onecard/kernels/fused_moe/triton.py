@@ -51,7 +51,7 @@ def _w_tile_j(w_ptr, z_ptr, s_ptr, g_ptr, q, j: tl.constexpr, s_u, z_u, r, r_mas
     return w
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs"])  # runtime-varying: one compile serves all
 def _moe_gemm_kernel(a_ptr, out_ptr, w1_ptr, z1_ptr, s1_ptr, g1_ptr, w2_ptr, z2_ptr, s2_ptr, g2_ptr,
                      rows_ptr, experts_ptr, ntpp_ptr, topk_w_ptr,
                      N, K, group_size, num_groups, a_div, num_pairs, stride_am, per_row, g_stride,
@@ -165,7 +165,8 @@ def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[t
     """-> (topk_weights fp32 [T, k], topk_ids int32 [T, k])."""
     t, e = router_logits.shape
     weights = torch.empty(t, top_k, dtype=torch.float32, device=router_logits.device)
-    ids = torch.empty(t, top_k, dtype=torch.int32, device=router_logits.device)
+    # zeros, not empty: a dry forward (kernels/precompile.py) skips the kernel and then indexes with these
+    ids = torch.zeros(t, top_k, dtype=torch.int32, device=router_logits.device)
     if t > 0:
         _route_kernel[(t,)](router_logits, weights, ids, e, router_logits.stride(0), TOP_K=top_k,
                             BLOCK_K=next_pow2(top_k), BLOCK_E=next_pow2(e), RENORM=renormalize)

@@ -61,7 +61,7 @@ def _group_sz(sc_ptr, qz_ptr, g, offs_n, n_mask, z_shift, N):
     return s_u, ((zp >> z_shift) & 0xF).to(tl.float32)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M", "tiles_per_split", "split"])  # runtime-varying: one compile serves all
 def _w4a16_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_ptr, part_ptr,
                   M, N, K, group_size, num_groups, tiles_per_split, stride_xm, per_row, has_bias, split,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K8: tl.constexpr, USE_DOT: tl.constexpr):
@@ -132,7 +132,7 @@ def magic_zero_scale(z_u, s_u, DT: tl.constexpr):
         return z_u + 8388608.0, s_u
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # runtime-varying: one compile serves all
 def _w4a16_small_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_ptr, part_ptr, cnt_ptr,
                         M, N, K, group_size, num_groups, tiles_per_split, stride_xm, has_bias,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K8: tl.constexpr,
@@ -218,7 +218,7 @@ def _store_out(out_ptr, o_off, o_mask, res, bias_ptr, offs_n, n_mask, has_bias):
     tl.store(out_ptr + o_off, res.to(out_ptr.dtype.element_ty), mask=o_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["MN", "num_splits"])  # runtime-varying: one compile serves all
 def _splitk_reduce_kernel(part_ptr, bias_ptr, out_ptr, MN, N, num_splits,
                           BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr):
     """out[MN] = sum of num_splits fp32 partials [S, MN] (+ bias), cast."""

@@ -1,0 +1,193 @@
+"""Compile, in parallel and before they are needed, the Triton kernel variants a start-up will launch.
+
+Why: with a cold Triton cache (every fresh container) the engine JIT-compiles each kernel variant the first
+time it is launched, one after another in the engine process: time to ready on the H200 was 42.6 s cold
+against 17.7 s warm for the full-size model. The JIT can only compile what it is launching; this module
+learns the whole list first and compiles it on every CPU at once.
+
+How:
+  * ``record()`` is a context manager during which no Triton kernel runs: Triton's ``jit_cache_hook`` sees each
+    launch that misses the in-memory cache, and we keep its ``specialization_data`` (the signature,
+    constexprs, alignment attributes and options — exactly what the JIT would compile) and return True, which
+    tells Triton to skip the compile and the launch. The runner drives "dry" forwards through it at the
+    shapes start-up and serving use (model_runner.precompile).
+  * ``compile_all(specs, target)`` compiles those specialisations in a pool of worker processes into Triton's
+    on-disk cache. They are built as Triton's own ``JITFunction.preload`` builds them, so they get the same
+    cache keys, and the real launches that follow are disk-cache hits (a few ms each).
+
+Contract: inside ``record()`` the outputs of skipped kernels are uninitialised memory. Host code must not
+branch on them, and torch ops must not index with them (onecard's ops do neither; fused_moe.route zeroes its
+ids for this). ``record()`` refuses (yields None) once any onecard kernel has been compiled in this process:
+a compiled kernel is not skipped and would run on the uninitialised outputs of a skipped one.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import logging
+import multiprocessing as mp
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from typing import Iterator
+
+logger = logging.getLogger(__name__)
+
+KERNEL_MODULES = ("onecard.kernels.gptq_gemm.triton", "onecard.kernels.fused_moe.triton",
+                  "onecard.kernels.fused_moe.decode", "onecard.kernels.attention.triton",
+                  "onecard.kernels.norm.triton", "onecard.kernels.rope.triton",
+                  "onecard.kernels.activation.triton")
+MAX_WORKERS = 8                       # each worker imports torch (~0.5 GB of host memory)
+
+
+@dataclass(frozen=True, slots=True)
+class KernelSpec:
+    module: str                       # the @triton.jit function's module ...
+    name: str                         # ... and name in it
+    data: str                         # Triton's specialization_data (JSON)
+
+
+@dataclass(slots=True)
+class Recording:
+    specs: dict[str, KernelSpec] = field(default_factory=dict)
+    launches: int = 0                 # skipped launches (a kernel seen twice is recorded once)
+
+    def hook(self, *, key, repr, fn, compile, is_manual_warmup, already_compiled):  # noqa: A002 - Triton's names
+        self.launches += 1
+        data = compile["specialization_data"]
+        self.specs.setdefault(data, KernelSpec(fn.module, fn.name, data))
+        return True                   # skip: no compile, no launch
+
+
+def _jit_functions() -> list:
+    from triton.runtime.jit import JITFunction
+
+    out = []
+    for name in KERNEL_MODULES:
+        mod = importlib.import_module(name)
+        out += [v for v in vars(mod).values() if isinstance(v, JITFunction)]
+    return out
+
+
+def any_compiled() -> bool:
+    """True once any onecard kernel has a compiled variant in this process (the in-memory JIT cache)."""
+    return any(bool(cache[0]) for fn in _jit_functions() for cache in fn.device_caches.values())
+
+
+@contextlib.contextmanager
+def record() -> Iterator[Recording | None]:
+    """Skip and record every Triton launch inside; yields None (records nothing, skips nothing) when a kernel
+    was already compiled in this process."""
+    from triton import knobs
+
+    if any_compiled() or knobs.runtime.jit_cache_hook is not None:
+        yield None
+        return
+    rec = Recording()
+    knobs.runtime.jit_cache_hook = rec.hook
+    try:
+        yield rec
+    finally:
+        knobs.runtime.jit_cache_hook = None
+
+
+def parse_spec(data: str) -> tuple[dict, dict, dict, dict]:
+    """-> (signature, constexprs, attrs, options) from specialization_data, as JITFunction.preload reads it."""
+    import triton.language as tl
+    from triton.runtime.jit import convert_to_tuple_if_list
+
+    obj = json.loads(data)
+    constexprs = {
+        tuple(k): tl.dtype(v) if tl.dtype.is_dtype(v) else
+        tl.constexpr(v["constexpr"]) if isinstance(v, dict) and "constexpr" in v else v
+        for k, v in zip(obj["constant_keys"], obj["constant_vals"])}
+    attrs = dict(zip(map(tuple, obj["attrs_keys"]), obj["attrs_vals"]))
+    signature = {k: convert_to_tuple_if_list(v) for k, v in obj["signature"].items()}
+    options = {k: tuple(v) if isinstance(v, list) else v for k, v in obj["options"].items()}
+    return signature, constexprs, attrs, options
+
+
+def compile_spec(spec: KernelSpec, target: tuple) -> tuple[str, float, str | None]:
+    """Compile one specialisation for ``target`` (backend, arch, warp size) into the on-disk cache.
+    -> (kernel name, seconds, error or None). Runs in a worker process; needs no GPU."""
+    t0 = time.perf_counter()
+    try:
+        import triton
+        from triton.backends.compiler import GPUTarget
+
+        src, options = _source(spec)
+        triton.compile(src, target=GPUTarget(*target), options=options)
+        return spec.name, time.perf_counter() - t0, None
+    except Exception as e:  # noqa: BLE001 - reported; the JIT compiles it (or raises) at the real launch
+        return spec.name, time.perf_counter() - t0, f"{type(e).__name__}: {e}"
+
+
+def _source(spec: KernelSpec):
+    from triton.compiler import ASTSource
+
+    fn = getattr(importlib.import_module(spec.module), spec.name)
+    signature, constexprs, attrs, options = parse_spec(spec.data)
+    return ASTSource(fn, signature, constexprs, attrs), options
+
+
+def is_cached(spec: KernelSpec, target: tuple) -> bool:
+    """Is this specialisation in Triton's on-disk cache already? (The key triton.compile computes.)"""
+    import hashlib
+
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import make_backend
+    from triton.runtime.cache import get_cache_key, get_cache_manager
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+
+    try:
+        src, options = _source(spec)
+    except Exception:  # noqa: BLE001 - not compilable here: the worker reports why
+        return False
+    backend = make_backend(GPUTarget(*target))
+    extra = src.parse_options()
+    key = get_cache_key(src, backend, backend.parse_options(dict(options, **extra)),
+                        get_cache_invalidating_env_vars())
+    name = f"{src.name[:150]}.json"
+    group = get_cache_manager(hashlib.sha256(key.encode("utf-8")).hexdigest()).get_group(name) or {}
+    return name in group
+
+
+def _cost(spec: KernelSpec) -> int:
+    return 0 if ("moe" in spec.name or "w4a16" in spec.name or "attn" in spec.name) else 1
+
+
+def compile_all(specs: list[KernelSpec], target: tuple, workers: int | None = None) -> dict:
+    """Compile ``specs`` in parallel (spawned worker processes). -> summary dict for the log/bench."""
+    t0 = time.perf_counter()
+    total = len(specs)
+    specs = [s for s in specs if not is_cached(s, target)]
+    if not specs:
+        return {"kernels": total, "compiled": 0, "workers": 0, "seconds": time.perf_counter() - t0,
+                "errors": []}
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    n = max(1, min(workers or MAX_WORKERS, cpus, len(specs)))
+    jobs = sorted(specs, key=_cost)                                       # heavy kernels first
+    errors: list[str] = []
+    times: list[float] = []
+    with ProcessPoolExecutor(max_workers=n, mp_context=mp.get_context("spawn")) as pool:
+        for name, sec, err in pool.map(compile_spec, jobs, [target] * len(jobs)):
+            times.append(sec)
+            if err:
+                errors.append(f"{name}: {err[:300]}")
+    for e in errors:
+        logger.warning("precompile: %s (the JIT compiles it at its first launch)", e)
+    return {"kernels": total, "compiled": len(specs), "workers": n, "seconds": time.perf_counter() - t0,
+            "compile_seconds_sum": sum(times), "errors": errors}
+
+
+def current_target() -> tuple:
+    from triton.runtime import driver
+
+    t = driver.active.get_current_target()
+    return (t.backend, t.arch, t.warp_size)
+
+
+__all__ = ["KernelSpec", "Recording", "record", "compile_all", "compile_spec", "parse_spec", "current_target",
+           "any_compiled", "is_cached"]

@@ -1,0 +1,114 @@
+"""Start-up precompile: dry forwards over every shape class the engine launches, then one parallel compile.
+
+Contract: ``precompile(runner) -> dict | None`` runs before the runner's first real kernel launch (before
+``determine_num_blocks``). Inside ``kernels.precompile.record()`` it runs the model's forward (no kernel
+executes) on: the memory profile's batch, every CUDA-graph decode batch, eager decode batches of every size up
+to max_num_seqs with short and long contexts, prefill chunks that reach each kernel path (decode-sized, the
+sorted MoE GEMM, the grouped prefill MoE, the profile's token budget) and mixed decode + prefill steps; then it
+compiles what was recorded, on all CPUs, into Triton's on-disk cache. Returns the summary (None where it does
+not apply: not CUDA, not the Triton backend, ONECARD_PRECOMPILE=0, or a kernel already compiled). A failure here is logged and
+start-up goes on: the JIT compiles at first launch as before.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+import torch
+
+from onecard.kernels import dispatch
+from onecard.runner.attn_metadata import AttentionMetadata
+
+logger = logging.getLogger(__name__)
+
+
+def batch(q_lens: list[int], ctx_lens: list[int], block_size: int, device: torch.device,
+          max_seq_len: int | None = None, table_width: int | None = None):
+    """-> (input_ids [T], positions [T], AttentionMetadata) for sequences with ``ctx_lens`` cached tokens and
+    ``q_lens`` new ones (decodes first, as the scheduler orders them). Block ids are arbitrary: no kernel runs."""
+    seq_lens = [c + q for q, c in zip(q_lens, ctx_lens)]
+    blocks = [-(-s // block_size) for s in seq_lens]
+    width = max(table_width or 0, max(blocks))
+    table = np.zeros((len(q_lens), width), dtype=np.int32)
+    pos = np.concatenate([np.arange(c, c + q) for q, c in zip(q_lens, ctx_lens)]).astype(np.int64)
+    slots = pos % block_size                                             # block 0, any slot
+    cu = np.zeros(len(q_lens) + 1, dtype=np.int32)
+    np.cumsum(q_lens, out=cu[1:])
+    num_decode = 0
+    for q in q_lens:
+        if q != 1:
+            break
+        num_decode += 1
+
+    def t(a):
+        return torch.from_numpy(a).to(device)
+
+    md = AttentionMetadata(
+        slot_mapping=t(slots), query_start_loc=t(cu), seq_lens=t(np.asarray(seq_lens, dtype=np.int32)),
+        block_table=t(table), max_query_len=max(q_lens), max_seq_len=max_seq_len or max(seq_lens),
+        num_decode_tokens=num_decode)
+    return torch.zeros(int(cu[-1]), dtype=torch.long, device=device), t(pos), md
+
+
+def dry_shapes(max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int) -> list[tuple[list, list, bool]]:
+    """(q_lens, ctx_lens, long) per dry forward; long = metadata max_seq_len = max_model_len (as the graphs)."""
+    shapes: list[tuple[list, list, bool]] = []
+    ctx = min(64, max_model_len - 1)
+    for b in range(1, max_num_seqs + 1):                                 # eager decode, every batch size
+        shapes.append(([1] * b, [ctx] * b, False))
+        shapes.append(([1] * b, [ctx] * b, True))                       # long contexts: split-KV attention
+    budget = max(2, min(max_num_batched_tokens, max_model_len))
+    for n in (2, 16, 17, 64, 65, 255, 256, budget - 1):                  # each MoE / GEMM path of a prefill chunk
+        if 2 <= n <= budget:
+            shapes.append(([n], [0], False))
+            shapes.append(([n], [min(100, max_model_len - n)] if max_model_len - n > 0 else [0], False))
+    if max_num_seqs >= 2:                                                # mixed steps: decodes + a chunk
+        if budget >= 4:
+            shapes.append(([1, 1, min(100, budget - 2)], [ctx, ctx, 0], False))
+        n = max(2, budget - (max_num_seqs - 1))
+        shapes.append(([1] * (max_num_seqs - 1) + [n], [ctx] * (max_num_seqs - 1) + [0], False))
+    return shapes
+
+
+@torch.inference_mode()
+def precompile(runner) -> dict | None:
+    if (runner.device.type != "cuda" or dispatch.backend_for(runner.device) != "triton"
+            or not runner.config.env.precompile):
+        return None
+    from onecard.kernels import precompile as pc
+
+    t0 = time.perf_counter()
+    sched = runner.config.scheduler
+    try:
+        runner.initialize_kv_cache(2, log=False)                          # shapes/strides only: nothing runs
+        with pc.record() as rec:
+            if rec is None:
+                logger.info("precompile skipped: a kernel was compiled before start-up")
+                return None
+            tokens = sched.max_num_batched_tokens
+            runner._dummy_forward(tokens, max(1, min(sched.max_num_seqs, tokens)))   # the memory profile's batch
+            for bs in runner.graph_batch_sizes():
+                ids, pos, md = batch([1] * bs, [1] * bs, runner.block_size, runner.device,
+                                     max_seq_len=sched.max_model_len,
+                                     table_width=-(-sched.max_model_len // runner.block_size))
+                runner.model(ids, pos, runner.kv_caches, md)
+            for q, c, long in dry_shapes(sched.max_num_seqs, sched.max_num_batched_tokens, sched.max_model_len):
+                ids, pos, md = batch(q, c, runner.block_size, runner.device,
+                                     max_seq_len=sched.max_model_len if long else None)
+                runner.model.compute_logits(runner.model(ids, pos, runner.kv_caches, md)[-1:])
+        torch.cuda.synchronize()
+        dry = time.perf_counter() - t0
+        summary = pc.compile_all(list(rec.specs.values()), pc.current_target())
+    except Exception:  # noqa: BLE001 - start-up goes on; the JIT compiles at first launch
+        logger.exception("precompile failed; kernels compile at their first launch")
+        return None
+    finally:
+        runner.kv_caches = []
+    summary.update(dry_seconds=dry, launches=rec.launches, total_seconds=time.perf_counter() - t0)
+    logger.info("precompiled %d of %d kernel variants in %.1f s (%d workers; dry forwards %.1f s)",
+                summary["compiled"], summary["kernels"], summary["total_seconds"], summary["workers"], dry)
+    return summary
+
+
+__all__ = ["precompile", "dry_shapes", "batch"]

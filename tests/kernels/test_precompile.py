@@ -1,0 +1,117 @@
+"""The start-up precompile (kernels/precompile.py) on the CPU: a specialisation in Triton's own
+specialization_data format, compiled by a spawned worker, lands in the on-disk cache under the key that
+``triton.compile`` (what the JIT calls) looks up; and the dry shapes reach every kernel path.
+
+Recording real launches needs a GPU (Triton's launcher): tests/gpu and bench/gpu_checks.py cover that part
+(after precompile, start-up compiles nothing).
+"""
+from __future__ import annotations
+
+import pytest
+
+triton = pytest.importorskip("triton")
+
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler.compiler import make_backend  # noqa: E402
+from triton.runtime.jit import serialize_specialization_data  # noqa: E402
+
+from onecard.kernels import precompile as pc  # noqa: E402
+from onecard.runner.precompile import dry_shapes  # noqa: E402
+
+TARGET = ("cuda", 90, 32)
+
+
+def _rms_norm_spec(h: int, has_res: bool, warps: int) -> pc.KernelSpec:
+    """What the JIT records for rms_norm(fp16 [T, h]): pointers 16-byte aligned, H and strides % 16 == 0."""
+    from onecard.kernels.norm.triton import _rms_norm_kernel as k
+
+    names = k.arg_names
+    sig = {n: "*fp16" for n in ("x_ptr", "res_ptr", "w_ptr", "out_ptr", "res_out_ptr")}
+    sig.update(H="i32", eps="fp32", stride_x="i32", stride_r="i32", BLOCK="constexpr", HAS_RES="constexpr")
+    constexprs = {(names.index("BLOCK"),): h, (names.index("HAS_RES"),): has_res}
+    attrs = {(names.index(n),): [["tt.divisibility", 16]]
+             for n in ("x_ptr", "res_ptr", "w_ptr", "out_ptr", "res_out_ptr", "H", "stride_x", "stride_r")}
+    options = make_backend(GPUTarget(*TARGET)).parse_options(dict(num_warps=warps, num_stages=1))
+    data = serialize_specialization_data("rms", sig, constexprs, attrs, options, "key")
+    return pc.KernelSpec(k.fn.__module__, k.fn.__name__, data)
+
+
+def test_worker_compile_is_a_cache_hit_for_triton_compile(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    specs = [_rms_norm_spec(2048, True, 4), _rms_norm_spec(1024, False, 4)]
+    assert not any(pc.is_cached(s, TARGET) for s in specs)
+    summary = pc.compile_all(specs, TARGET, workers=2)
+    assert summary["errors"] == [] and summary["compiled"] == 2 and summary["kernels"] == 2
+    assert all(pc.is_cached(s, TARGET) for s in specs)
+    # what the JIT would do at the launch: triton.compile on the same source -> the listener sees a cache hit
+    seen = []
+    monkeypatch.setattr(triton.knobs.compilation, "listener", lambda **kw: seen.append(kw["cache_hit"]))
+    for s in specs:
+        src, options = pc._source(s)
+        k = triton.compile(src, target=GPUTarget(*TARGET), options=options)
+        assert k.asm.get("cubin")
+    assert seen == [True, True]
+    # a second start-up finds everything cached and starts no workers
+    again = pc.compile_all(specs, TARGET)
+    assert again["compiled"] == 0 and again["workers"] == 0
+
+
+def test_a_spec_that_fails_is_reported_not_raised(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    bad = pc.KernelSpec("onecard.kernels.norm.triton", "no_such_kernel", _rms_norm_spec(2048, True, 4).data)
+    summary = pc.compile_all([bad], TARGET, workers=1)
+    assert summary["compiled"] == 1 and len(summary["errors"]) == 1 and "no_such_kernel" in summary["errors"][0]
+
+
+def test_parse_spec_round_trips_triton_serialization():
+    s = _rms_norm_spec(2048, True, 8)
+    sig, constexprs, attrs, options = pc.parse_spec(s.data)
+    assert sig["x_ptr"] == "*fp16" and sig["BLOCK"] == "constexpr"
+    assert sorted(constexprs.values(), key=str) == sorted([2048, True], key=str)
+    assert all(v == [["tt.divisibility", 16]] for v in attrs.values()) and len(attrs) == 8
+    assert options["num_warps"] == 8
+
+
+@pytest.mark.parametrize("max_seqs,budget,max_len", [(16, 8192, 65536), (4, 512, 2048), (1, 64, 128)])
+def test_dry_shapes_reach_every_path(max_seqs, budget, max_len):
+    from onecard.kernels.fused_moe.grouped import GROUPED_MIN_TOKENS
+    from onecard.kernels.fused_moe.triton import choose_config as moe_config
+    from onecard.kernels.gptq_gemm.triton import choose_config as gemm_config
+
+    shapes = dry_shapes(max_seqs, budget, max_len)
+    for q, c, _ in shapes:
+        assert len(q) == len(c) <= max_seqs
+        assert all(qi + ci <= max_len for qi, ci in zip(q, c)) and all(qi >= 1 for qi in q)
+        assert sum(q) <= max(budget, max_seqs)                      # within one step's budget
+    decode_sizes = {len(q) for q, _, _ in shapes if set(q) == {1}}
+    assert decode_sizes == set(range(1, max_seqs + 1))
+    tokens = {sum(q) for q, _, _ in shapes}
+    cap = min(budget, max_len)
+    assert {gemm_config(t) for t in tokens} >= {gemm_config(t) for t in range(1, cap + 1)}
+    moe_paths = {moe_config(t) if t < GROUPED_MIN_TOKENS else "grouped" for t in tokens}
+    assert moe_paths >= {moe_config(t) if t < GROUPED_MIN_TOKENS else "grouped" for t in range(1, cap + 1)}
+    if max_seqs >= 2:
+        assert any(q[0] == 1 and q[-1] > 1 for q, _, _ in shapes)          # a mixed decode + prefill step
+
+
+def test_dry_batches_are_valid_forwards(tiny_moe_gptq_dir):
+    """Every dry shape, built by runner/precompile.batch, is a forward the engine can really run (ref backend,
+    CPU): the metadata is consistent, so the kernels would see the arguments serving gives them."""
+    import torch
+
+    from onecard.config import EngineArgs
+    from onecard.runner.model_runner import ModelRunner
+    from onecard.runner.precompile import batch
+
+    cfg = EngineArgs(model=str(tiny_moe_gptq_dir), device="cpu", max_model_len=512, max_num_seqs=4,
+                     max_num_batched_tokens=300).create_config()
+    runner = ModelRunner(cfg)
+    runner.initialize_kv_cache(2, log=False)
+    assert runner.precompile() is None                                   # CPU: nothing to compile
+    for q, c, long in dry_shapes(4, 300, 512):
+        ids, pos, md = batch(q, c, runner.block_size, runner.device, max_seq_len=512 if long else None)
+        assert md.query_start_loc[-1].item() == ids.numel() == pos.numel() == sum(q)
+        assert md.seq_lens.tolist() == [a + b for a, b in zip(q, c)] and md.max_query_len == max(q)
+        assert md.num_decode_tokens == next((i for i, n in enumerate(q) if n != 1), len(q))
+        out = runner.model(ids, pos, runner.kv_caches, md)
+        assert out.shape[0] == sum(q) and torch.isfinite(out).all()

@@ -11,7 +11,7 @@ How:
     constexprs, alignment attributes and options — exactly what the JIT would compile) and return True, which
     tells Triton to skip the compile and the launch. The runner drives "dry" forwards through it at the
     shapes start-up and serving use (model_runner.precompile).
-  * ``compile_all(specs, target)`` compiles those specialisations in a pool of worker processes into Triton's
+  * ``compile_all(specs, target)`` compiles those specialisations in worker subprocesses into Triton's
     on-disk cache. They are built as Triton's own ``JITFunction.preload`` builds them, so they get the same
     cache keys, and the real launches that follow are disk-cache hits (a few ms each).
 
@@ -23,13 +23,16 @@ a compiled kernel is not skipped and would run on the uninitialised outputs of a
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import json
 import logging
-import multiprocessing as mp
 import os
+import queue
+import subprocess
+import sys
+import threading
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -39,7 +42,7 @@ KERNEL_MODULES = ("onecard.kernels.gptq_gemm.triton", "onecard.kernels.fused_moe
                   "onecard.kernels.fused_moe.decode", "onecard.kernels.attention.triton",
                   "onecard.kernels.norm.triton", "onecard.kernels.rope.triton",
                   "onecard.kernels.activation.triton")
-MAX_WORKERS = 8                       # each worker imports torch (~0.5 GB of host memory)
+MAX_WORKERS = 16                      # each worker imports torch (~0.4 GB of host memory, for seconds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,7 +162,10 @@ def _cost(spec: KernelSpec) -> int:
 
 
 def compile_all(specs: list[KernelSpec], target: tuple, workers: int | None = None) -> dict:
-    """Compile ``specs`` in parallel (spawned worker processes). -> summary dict for the log/bench."""
+    """Compile the uncached ``specs`` in parallel worker processes. -> summary dict for the log/bench.
+
+    Workers are plain subprocesses fed one job at a time over a pipe, not multiprocessing: the engine runs
+    in a daemon process (server/ core_client), and daemon processes may not have multiprocessing children."""
     t0 = time.perf_counter()
     total = len(specs)
     specs = [s for s in specs if not is_cached(s, target)]
@@ -168,18 +174,60 @@ def compile_all(specs: list[KernelSpec], target: tuple, workers: int | None = No
                 "errors": []}
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     n = max(1, min(workers or MAX_WORKERS, cpus, len(specs)))
-    jobs = sorted(specs, key=_cost)                                       # heavy kernels first
-    errors: list[str] = []
-    times: list[float] = []
-    with ProcessPoolExecutor(max_workers=n, mp_context=mp.get_context("spawn")) as pool:
-        for name, sec, err in pool.map(compile_spec, jobs, [target] * len(jobs)):
-            times.append(sec)
-            if err:
-                errors.append(f"{name}: {err[:300]}")
+    jobs: queue.Queue = queue.Queue()
+    for s in sorted(specs, key=_cost):                                    # heavy kernels first
+        jobs.put(s)
+    results: list[tuple[str, float, str | None]] = []
+    boot = ("import json, sys; sys.path[:0] = json.loads(sys.argv[1]); "
+            "from onecard.kernels.precompile import worker_main; worker_main()")
+
+    def drive() -> None:
+        proc = subprocess.Popen([sys.executable, "-c", boot, json.dumps(sys.path)], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True)
+        try:
+            while True:
+                try:
+                    spec = jobs.get_nowait()
+                except queue.Empty:
+                    break
+                proc.stdin.write(json.dumps({"spec": dataclasses.asdict(spec), "target": list(target)}) + "\n")
+                proc.stdin.flush()
+                line = ""
+                while line is not None and not line.startswith(_REPLY):
+                    line = proc.stdout.readline() or None                 # skip anything else it prints
+                if line is None:
+                    results.append((spec.name, 0.0, "the compile worker exited"))
+                    break
+                results.append(tuple(json.loads(line[len(_REPLY):])))
+        finally:
+            proc.stdin.close()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+    threads = [threading.Thread(target=drive, name=f"precompile-{i}", daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    errors = [f"{name}: {err[:300]}" for name, _, err in results if err]
     for e in errors:
         logger.warning("precompile: %s (the JIT compiles it at its first launch)", e)
     return {"kernels": total, "compiled": len(specs), "workers": n, "seconds": time.perf_counter() - t0,
-            "compile_seconds_sum": sum(times), "errors": errors}
+            "compile_seconds_sum": sum(r[1] for r in results), "errors": errors}
+
+
+_REPLY = "@@onecard-precompile "
+
+
+def worker_main() -> None:
+    """A compile worker: one JSON job per stdin line -> one reply line per job on stdout."""
+    for line in sys.stdin:
+        job = json.loads(line)
+        name, sec, err = compile_spec(KernelSpec(**job["spec"]), tuple(job["target"]))
+        sys.stdout.write(_REPLY + json.dumps([name, sec, err]) + "\n")
+        sys.stdout.flush()
 
 
 def current_target() -> tuple:
@@ -190,4 +238,4 @@ def current_target() -> tuple:
 
 
 __all__ = ["KernelSpec", "Recording", "record", "compile_all", "compile_spec", "parse_spec", "current_target",
-           "any_compiled", "is_cached"]
+           "any_compiled", "is_cached", "worker_main"]

@@ -164,8 +164,11 @@ class ModelRunner:
         hidden = self._forward(inputs)
         if not inputs.sample_rows:
             return RunnerOutput(sampled_token_ids={})
-        idx = torch.from_numpy(inputs.logits_indices).to(self.device, non_blocking=True)
-        logits = self.model.compute_logits(hidden[idx])                       # [S, V] fp32
+        if inputs.num_decode_tokens == len(inputs.sample_rows) == hidden.shape[0]:
+            last = hidden                                                     # decodes: every row samples
+        else:
+            last = hidden[torch.from_numpy(inputs.logits_indices).to(self.device, non_blocking=True)]
+        logits = self.model.compute_logits(last)                              # [S, V] fp32
         reqs = [sched.scheduled[i].request for i in inputs.sample_rows]
         batch = self._sampling_batch(reqs, logits.shape[-1])
         result = self.sampler.sample(logits, batch)

@@ -8,6 +8,7 @@ Recording real launches needs a GPU (Triton's launcher): tests/gpu and bench/gpu
 from __future__ import annotations
 
 import pytest
+import torch
 
 triton = pytest.importorskip("triton")
 
@@ -56,6 +57,28 @@ def test_worker_compile_is_a_cache_hit_for_triton_compile(tmp_path, monkeypatch)
     assert again["compiled"] == 0 and again["workers"] == 0
 
 
+def _compile_in_daemon(cache_dir: str, data: str, out) -> None:
+    import os
+
+    os.environ["TRITON_CACHE_DIR"] = cache_dir
+    spec = pc.KernelSpec("onecard.kernels.norm.triton", "_rms_norm_kernel", data)
+    out.put(pc.compile_all([spec], TARGET, workers=1))
+
+
+def test_compile_all_runs_inside_a_daemon_process(tmp_path):
+    """The engine process is a multiprocessing daemon (it may not start multiprocessing children)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=_compile_in_daemon, args=(str(tmp_path), _rms_norm_spec(2048, False, 4).data, q),
+                    daemon=True)
+    p.start()
+    summary = q.get(timeout=120)
+    p.join(30)
+    assert summary["compiled"] == 1 and summary["errors"] == [] and summary["workers"] == 1
+
+
 def test_a_spec_that_fails_is_reported_not_raised(tmp_path, monkeypatch):
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
     bad = pc.KernelSpec("onecard.kernels.norm.triton", "no_such_kernel", _rms_norm_spec(2048, True, 4).data)
@@ -97,8 +120,6 @@ def test_dry_shapes_reach_every_path(max_seqs, budget, max_len):
 def test_dry_batches_are_valid_forwards(tiny_moe_gptq_dir):
     """Every dry shape, built by runner/precompile.batch, is a forward the engine can really run (ref backend,
     CPU): the metadata is consistent, so the kernels would see the arguments serving gives them."""
-    import torch
-
     from onecard.config import EngineArgs
     from onecard.runner.model_runner import ModelRunner
     from onecard.runner.precompile import batch
@@ -115,3 +136,22 @@ def test_dry_batches_are_valid_forwards(tiny_moe_gptq_dir):
         assert md.num_decode_tokens == next((i for i, n in enumerate(q) if n != 1), len(q))
         out = runner.model(ids, pos, runner.kv_caches, md)
         assert out.shape[0] == sum(q) and torch.isfinite(out).all()
+
+
+def test_representative_layers(tiny_moe_gptq_dir, tiny_dense_dir):
+    """One layer per distinct kind: identical layers collapse; a layer with other shapes is its own kind."""
+    import copy
+
+    from onecard.config import EngineArgs
+    from onecard.models.loader import load_model
+    from onecard.runner.precompile import representative_layers
+
+    for d in (tiny_moe_gptq_dir, tiny_dense_dir):
+        cfg = EngineArgs(model=str(d), device="cpu").create_config()
+        model = load_model(cfg.model, torch.device("cpu"), torch.float32)
+        n = len(model.layers)
+        assert n >= 2 and representative_layers(model.layers) == [0]
+        odd = copy.deepcopy(model.layers[1])
+        odd.input_layernorm = odd.input_layernorm[:-1].clone()             # a different shape: another kind
+        model.layers[1] = odd
+        assert representative_layers(model.layers) == [0, 1]

@@ -31,10 +31,29 @@ def listener(*, src, metadata, metadata_group, times, cache_hit) -> None:
         MISSES.append({"phase": PHASE["name"], "kernel": getattr(src, "name", str(src))[:60]})
 
 
+def count_launcher_builds() -> None:
+    """Triton gcc-builds a C launcher per kernel signature at its first launch (cached on disk): count the
+    builds the engine process does itself."""
+    import triton.runtime.build as build
+
+    real = build._build
+
+    def counted(name, *a, **k):
+        if name == "__triton_launcher":
+            LAUNCHERS[PHASE["name"]] = LAUNCHERS.get(PHASE["name"], 0) + 1
+        return real(name, *a, **k)
+
+    build._build = counted
+
+
+LAUNCHERS: dict[str, int] = {}
+
+
 def main() -> None:
     model_dir, out = sys.argv[1], sys.argv[2]
     label = sys.argv[3] if len(sys.argv) > 3 else "run"
     triton.knobs.compilation.listener = listener
+    count_launcher_builds()
     t0 = time.perf_counter()
     core, ready = _engine(model_dir)
     res = {"label": label, "time_to_ready_s": ready, "triton_cache_dir": os.environ.get("TRITON_CACHE_DIR"),
@@ -49,6 +68,7 @@ def main() -> None:
     _run(core, [torch.randint(0, V, (64 + i,), generator=g).tolist() for i in range(16)], 8)
     res["workload_s"] = time.perf_counter() - t1
     res["workload_jit_misses"] = len(MISSES) - res["startup_jit_misses"]
+    res["launcher_builds"] = dict(LAUNCHERS)
     res["missed_kernels"] = sorted({f"{m['phase']}:{m['kernel']}" for m in MISSES})
     res["wall_s"] = time.perf_counter() - t0
     with open(out, "a") as f:
@@ -57,7 +77,8 @@ def main() -> None:
     print(f"[{label}] ready {ready:.1f} s; precompile: {p.get('compiled')} of {p.get('kernels')} variants "
           f"compiled in {p.get('total_seconds', 0):.1f} s on {p.get('workers')} workers "
           f"(dry {p.get('dry_seconds', 0):.1f} s, errors {len(p.get('errors', []))}); JIT misses: start-up "
-          f"{res['startup_jit_misses']}, workload {res['workload_jit_misses']} ({res['workload_s']:.1f} s)",
+          f"{res['startup_jit_misses']}, workload {res['workload_jit_misses']} ({res['workload_s']:.1f} s); "
+          f"launcher builds in the engine process {res['launcher_builds']}",
           flush=True)
     for m in res["missed_kernels"][:40]:
         print("   miss", m)

@@ -217,7 +217,7 @@ def _process_main(config: EngineConfig, conn_in, conn_out) -> None:
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)    # A decides when B stops
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    logging.basicConfig(level=config.env.log_level)
+    logging.basicConfig(level=config.env.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     def recv(timeout: float | None):
         if conn_in.poll(timeout):

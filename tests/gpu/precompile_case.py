@@ -1,0 +1,33 @@
+"""Worker for test_precompile_gpu.py (a fresh process, so the Triton cache and the in-memory JIT are cold):
+start an engine on a tiny GPTQ-MoE checkpoint, run greedy requests, print JSON with the tokens and the kernels the engine process JIT-compiled itself (cache misses).
+
+Usage: TRITON_CACHE_DIR=... [ONECARD_PRECOMPILE=0] python tests/gpu/precompile_case.py CKPT_DIR
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import triton  # noqa: E402
+
+MISSES: list[str] = []
+
+
+def listener(*, src, metadata, metadata_group, times, cache_hit) -> None:
+    if not cache_hit:
+        MISSES.append(getattr(src, "name", str(src)))
+
+
+def main() -> None:
+    triton.knobs.compilation.listener = listener
+    from bench.gpu_checks import greedy  # the same engine set-up as the other GPU checks
+
+    tokens = greedy(Path(sys.argv[1]), "triton", "float16", eager=False)
+    print(json.dumps({"tokens": tokens, "misses": MISSES}))
+
+
+if __name__ == "__main__":
+    main()

@@ -39,6 +39,16 @@ def block_ids_array(cached: dict[str, np.ndarray], req_id: str, block_ids: list[
     return arr
 
 
+def leading_decodes(q_lens) -> int:
+    """How many requests at the front have query length 1 (the scheduler puts decodes first)."""
+    n = 0
+    for q in q_lens:
+        if q != 1:
+            break
+        n += 1
+    return n
+
+
 def build_inputs(sched: SchedulerOutput, block_size: int, cached: dict[str, np.ndarray]) -> ModelInputs:
     reqs = sched.scheduled
     n = len(reqs)
@@ -76,11 +86,7 @@ def _general_inputs(sched: SchedulerOutput, block_size: int, cached: dict[str, n
     seq_lens = (starts + q_lens).astype(np.int32)
     sample_rows = [i for i, s in enumerate(reqs) if s.samples]
     logits_indices = cu[1:][sample_rows] - 1 if sample_rows else np.zeros(0, dtype=np.int64)
-    num_decode = 0
-    for q in q_lens:
-        if q != 1:
-            break
-        num_decode += 1
+    num_decode = leading_decodes(q_lens)
     return ModelInputs(
         input_ids=input_ids, positions=positions, slot_mapping=slot_mapping,
         query_start_loc=cu.astype(np.int32), seq_lens=seq_lens, block_table=block_table,

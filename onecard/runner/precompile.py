@@ -2,12 +2,13 @@
 
 Contract: ``precompile(runner) -> dict | None`` runs before the runner's first real kernel launch (before
 ``determine_num_blocks``). Inside ``kernels.precompile.record()`` it runs the model's forward (no kernel
-executes; one layer of each distinct kind, see representative_layers) on: the memory profile's batch, every CUDA-graph decode batch, eager decode batches of every size up
-to max_num_seqs with short and long contexts, prefill chunks that reach each kernel path (decode-sized, the
-sorted MoE GEMM, the grouped prefill MoE, the profile's token budget) and mixed decode + prefill steps; then it
-compiles what was recorded, on all CPUs, into Triton's on-disk cache. Returns the summary (None where it does
-not apply: not CUDA, not the Triton backend, ONECARD_PRECOMPILE=0, or a kernel already compiled). A failure here is logged and
-start-up goes on: the JIT compiles at first launch as before.
+executes; one layer of each distinct kind, see representative_layers) on: the memory profile's batch, every
+CUDA-graph decode batch, eager decode batches of every size up to max_num_seqs with short and long contexts,
+prefill chunks that reach each kernel path (decode-sized, the sorted MoE GEMM, the grouped prefill MoE, the
+profile's token budget) and mixed decode + prefill steps; then it compiles what was recorded, on all CPUs,
+into Triton's on-disk cache. Returns the summary (None where it does not apply: not CUDA, not the Triton
+backend, ONECARD_PRECOMPILE=0, or a kernel already compiled). A failure here is logged and start-up goes on:
+the JIT compiles at first launch as before.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from torch import nn
 
 from onecard.kernels import dispatch
 from onecard.runner.attn_metadata import AttentionMetadata
+from onecard.runner.input_batch import leading_decodes
 
 logger = logging.getLogger(__name__)
 
@@ -38,11 +40,6 @@ def batch(q_lens: list[int], ctx_lens: list[int], block_size: int, device: torch
     slots = pos % block_size                                             # block 0, any slot
     cu = np.zeros(len(q_lens) + 1, dtype=np.int32)
     np.cumsum(q_lens, out=cu[1:])
-    num_decode = 0
-    for q in q_lens:
-        if q != 1:
-            break
-        num_decode += 1
 
     def t(a):
         return torch.from_numpy(a).to(device)
@@ -50,7 +47,7 @@ def batch(q_lens: list[int], ctx_lens: list[int], block_size: int, device: torch
     md = AttentionMetadata(
         slot_mapping=t(slots), query_start_loc=t(cu), seq_lens=t(np.asarray(seq_lens, dtype=np.int32)),
         block_table=t(table), max_query_len=max(q_lens), max_seq_len=max_seq_len or max(seq_lens),
-        num_decode_tokens=num_decode)
+        num_decode_tokens=leading_decodes(q_lens))
     return torch.zeros(int(cu[-1]), dtype=torch.long, device=device), t(pos), md
 
 

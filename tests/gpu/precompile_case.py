@@ -1,5 +1,6 @@
-"""Worker for test_precompile_gpu.py (a fresh process, so the Triton cache and the in-memory JIT are cold):
-start an engine on a tiny GPTQ-MoE checkpoint, run greedy requests, print JSON with the tokens and the kernels the engine process JIT-compiled itself (cache misses).
+"""Worker for test_precompile_gpu.py (a fresh process, so the Triton cache and the in-memory JIT are
+cold): start an engine on a tiny GPTQ-MoE checkpoint, run greedy requests, print JSON with the tokens and
+the kernels the engine process JIT-compiled itself (cache misses).
 
 Usage: TRITON_CACHE_DIR=... [ONECARD_PRECOMPILE=0] python tests/gpu/precompile_case.py CKPT_DIR
 """

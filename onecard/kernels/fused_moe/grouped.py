@@ -1,6 +1,6 @@
 """Fused MoE for prefill-sized batches on sm80+: dequantize each projection of all experts once per layer to
-fp16 (bf16 on sm90+, see _gemm_dtype; one Triton launch each) and run PyTorch's grouped GEMM (cuBLAS/CUTLASS tensor cores) over tokens
-sorted by expert.
+fp16 (bf16 on sm90+, see _gemm_dtype; one Triton launch each) and run PyTorch's grouped GEMM (cuBLAS/CUTLASS
+tensor cores) over tokens sorted by expert.
 
 Why: at thousands of tokens the MoE is compute-bound, and the tensor-core grouped GEMM beats a Triton int4
 GEMM by far; the dequantization costs one pass over the layer's weights (~0.3 GB read, 1.2 GB written at

@@ -69,6 +69,9 @@ def bench_graph(fn, copies: int = 20, replays: int = 20) -> float:
 
 
 def cases(quick: bool):
+    from onecard.kernels.triton_common import set_pdl
+
+    set_pdl(int(os.environ.get("ONECARD_PDL_MAX_TOKENS", "1")))          # as the runner does from Env
     from onecard.kernels.activation import ref as act_r, triton as act_t
     from onecard.kernels.attention import ref as at_r, triton as at_t
     from onecard.kernels.fused_moe import ref as moe_r, triton as moe_t
@@ -81,15 +84,24 @@ def cases(quick: bool):
         for m in (1, 16, 512, 4096):
             x = torch.randn(m, k, device=DEV, dtype=torch.float16) / math.sqrt(k)
             nbytes = w.nbytes() + x.numel() * 2 + m * n * 2
-            yield (f"w4a16 {name} M={m}", lambda: g_t.w4a16_gemm(x, w), lambda: g_r.w4a16_gemm(x, w), nbytes)
+            yield (f"w4a16 {name} M={m}", lambda x=x, w=w: g_t.w4a16_gemm(x, w),
+                   lambda x=x, w=w: g_r.w4a16_gemm(x, w), nbytes)
+    wr = (torch.randn(E, H, device=DEV) / math.sqrt(H)).half()
+    for t in (1, 16):
+        x = torch.randn(t, H, device=DEV, dtype=torch.float16)
+        yield (f"moe_router T={t}", lambda x=x: moe_t.moe_router(x, wr),
+               lambda x=x: moe_r.moe_router(x.float(), wr.float()), E * H * 2)
+        # the cuBLAS call it replaces at decode (same fp32 reference): timing comparison
+        yield (f"moe_router cuBLAS T={t}", lambda x=x: torch.nn.functional.linear(x, wr),
+               lambda x=x: moe_r.moe_router(x.float(), wr.float()), E * H * 2)
     wg, wu, wd = rand_gptq(H, I, E), rand_gptq(H, I, E), rand_gptq(I, H, E)
     per_expert = (wg.nbytes() + wu.nbytes() + wd.nbytes()) / E
     for t in (1, 16, 512) if quick else (1, 4, 16, 64, 512, 4096):
         x = torch.randn(t, H, device=DEV, dtype=torch.float16)
         logits = torch.randn(t, E, device=DEV, dtype=torch.float16)
         distinct = int(torch.unique(moe_r.route(logits, TOPK, True)[1]).numel())
-        yield (f"fused_moe T={t}", lambda: moe_t.fused_moe(x, logits, wg, wu, wd, TOPK, True),
-               lambda: moe_r.fused_moe(x, logits, wg, wu, wd, TOPK, True), distinct * per_expert)
+        yield (f"fused_moe T={t}", lambda x=x, logits=logits: moe_t.fused_moe(x, logits, wg, wu, wd, TOPK, True),
+               lambda x=x, logits=logits: moe_r.fused_moe(x, logits, wg, wu, wd, TOPK, True), distinct * per_expert)
     for b, ctx in ((1, 512), (1, 8192), (16, 512), (16, 8192)):
         kc, vc, md, _, _ = make_paged_batch([ctx] * b, [1] * b, HKV, D, 16, dtype=torch.float16)
         kc, vc = kc.to(DEV), vc.to(DEV)
@@ -97,15 +109,18 @@ def cases(quick: bool):
                       md.block_table.to(DEV), 1, ctx, b)
         q = torch.randn(b, HQ, D, device=DEV, dtype=torch.float16)
         s = 1 / math.sqrt(D)
-        yield (f"paged_attn decode B={b} ctx={ctx}", lambda: at_t.paged_attention(q, kc, vc, md, s),
-               lambda: at_r.paged_attention(q, kc, vc, md, s), b * ctx * HKV * D * 2 * 2)
+        yield (f"paged_attn decode B={b} ctx={ctx}",
+               lambda q=q, kc=kc, vc=vc, md=md: at_t.paged_attention(q, kc, vc, md, s),
+               lambda q=q, kc=kc, vc=vc, md=md: at_r.paged_attention(q, kc, vc, md, s), b * ctx * HKV * D * 2 * 2)
     kc, vc, md, _, _ = make_paged_batch([2048, 1024], [512, 1024], HKV, D, 16, dtype=torch.float16)
     kc, vc = kc.to(DEV), vc.to(DEV)
     md = type(md)(md.slot_mapping.to(DEV), md.query_start_loc.to(DEV), md.seq_lens.to(DEV),
                   md.block_table.to(DEV), 1024, 2048, 0)
     q = torch.randn(1536, HQ, D, device=DEV, dtype=torch.float16)
-    yield ("paged_attn prefill 512+1024", lambda: at_t.paged_attention(q, kc, vc, md, 0.088),
-           lambda: at_r.paged_attention(q, kc, vc, md, 0.088), (3072 * HKV * D * 2 + 1536 * HQ * D * 2) * 2)
+    yield ("paged_attn prefill 512+1024",
+           lambda q=q, kc=kc, vc=vc, md=md: at_t.paged_attention(q, kc, vc, md, 0.088),
+           lambda q=q, kc=kc, vc=vc, md=md: at_r.paged_attention(q, kc, vc, md, 0.088),
+           (3072 * HKV * D * 2 + 1536 * HQ * D * 2) * 2)
     for t in (1, 512):
         k, v = torch.randn(t, HKV, D, device=DEV).half(), torch.randn(t, HKV, D, device=DEV).half()
         kc = torch.zeros(256, 16, HKV, D, device=DEV).half()
@@ -130,9 +145,9 @@ def cases(quick: bool):
                           1.0 / (1e7 ** (torch.arange(0, D, 2, device=DEV).float() / D)))
         cache = torch.cat([ang.cos(), ang.sin()], -1)
         yield (f"qk_norm_rope T={t}",
-               lambda qq=qq, kk=kk, pos=pos: torch.cat([a.flatten() for a in r_t.qk_norm_rope(
+               lambda qq=qq, kk=kk, pos=pos, w=w, cache=cache: torch.cat([a.flatten() for a in r_t.qk_norm_rope(
                    qq, kk, w[:D], w[:D], pos, cache, 1e-6)]),
-               lambda qq=qq, kk=kk, pos=pos: torch.cat([a.flatten() for a in r_r.qk_norm_rope(
+               lambda qq=qq, kk=kk, pos=pos, w=w, cache=cache: torch.cat([a.flatten() for a in r_r.qk_norm_rope(
                    qq, kk, w[:D], w[:D], pos, cache, 1e-6)]), t * (HQ + HKV) * D * 2 * 2)
         xa = torch.randn(t, 2 * I * TOPK, device=DEV).half()
         yield (f"silu_and_mul T={t}", lambda xa=xa: act_t.silu_and_mul(xa), lambda xa=xa: act_r.silu_and_mul(xa),

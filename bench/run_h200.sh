@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU facts, kernel checks, tiny-checkpoint engine checks, the full-size benchmark.
 # Usage (repo root, on the H200): OUT=/some/dir bash bench/run_h200.sh [parts...]
-# parts: probe kernels checks full startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
+# parts: probe kernels checks full nopdl pdl16 gputests startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
 set -u
 export PYTHONPATH="$PWD${EXTRA_PYTHONPATH:+:$EXTRA_PYTHONPATH}" TOKENIZERS_PARALLELISM=false
 OUT="${OUT:-/tmp/onecard_out}"; mkdir -p "$OUT"
@@ -16,6 +16,13 @@ for p in $parts; do
     checks) log checks; timeout 240 python3 bench/gpu_checks.py "$OUT/gpu_checks.json" 2>&1 | grep -v "Loading weights\|Writing" ;;
     full) log build; [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30
           log onecard; timeout 300 python3 bench/full_size.py onecard /tmp/q30 "$OUT/onecard.json" ;;
+    nopdl) log onecard_nopdl  # the same engine bench with programmatic dependent launch off (A/B)
+          [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30
+          ONECARD_PDL_MAX_TOKENS=0 timeout 300 python3 bench/full_size.py onecard /tmp/q30 "$OUT/onecard_nopdl.json" ;;
+    pdl16) log onecard_pdl16  # PDL for every decode batch size (the default is batch 1 only)
+          [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30
+          ONECARD_PDL_MAX_TOKENS=16 timeout 300 python3 bench/full_size.py onecard /tmp/q30 "$OUT/onecard_pdl16.json" ;;
+    gputests) log gputests; timeout 300 python3 -m pytest -x -q -p no:cacheprovider tests/gpu 2>&1 | tail -15 ;;
     startup) log startup  # cold (fresh Triton cache) with precompile, warm, cold without precompile
           [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30
           rm -rf /tmp/tcache_a /tmp/tcache_b

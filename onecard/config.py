@@ -28,6 +28,7 @@ class Env:
     cpu_kv_cache_bytes: int        # ONECARD_CPU_KV_CACHE_BYTES: KV pool on CPU (default 256 MiB)
     log_level: str
     precompile: bool = True        # ONECARD_PRECOMPILE=0: no parallel Triton precompile at start-up
+    pdl_max_tokens: int = 1        # ONECARD_PDL_MAX_TOKENS: PDL (sm90) for launches of <= this many tokens; 0 off
 
     @staticmethod
     def read() -> "Env":
@@ -40,6 +41,7 @@ class Env:
             cpu_kv_cache_bytes=int(e.get("ONECARD_CPU_KV_CACHE_BYTES", str(256 << 20))),
             log_level=e.get("ONECARD_LOG_LEVEL", "INFO"),
             precompile=e.get("ONECARD_PRECOMPILE", "1") != "0",
+            pdl_max_tokens=int(e.get("ONECARD_PDL_MAX_TOKENS", "1")),
         )
 
 

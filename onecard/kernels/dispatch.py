@@ -9,6 +9,7 @@ Ops (all tensors on one device; "T" = flattened tokens):
   fused_moe(x[T,H], router_logits[T,E], w_gate, w_up, w_down: MoEWeight, top_k, renormalize) -> [T,H]
       router: softmax (fp32) -> top-k -> renormalise if `renormalize`; out = sum_k p_k * down(silu(gate) * up)
       float MoEWeight layout [E, K, N]: w_gate/w_up [E, H, I], w_down [E, I, H]
+  moe_router(x[T,H], weight[E,H]) -> router_logits[T,E] in x.dtype  (= F.linear(x, weight))
   store_kv(k[T,Hkv,D], v[T,Hkv,D], k_cache[NB,BS,Hkv,D], v_cache, slot_mapping[T]) -> None (in place; -1 skipped)
   paged_attention(q[T,Hq,D], k_cache, v_cache, md: AttentionMetadata, scale) -> [T,Hq,D]  (causal, GQA)
   rms_norm(x[T,H], weight[H], eps, residual[T,H]|None) -> (out[T,H], residual_out[T,H])
@@ -31,6 +32,7 @@ import torch
 _OPS = {
     "w4a16_gemm": "gptq_gemm",
     "fused_moe": "fused_moe",
+    "moe_router": "fused_moe",
     "store_kv": "attention",
     "paged_attention": "attention",
     "rms_norm": "norm",
@@ -98,6 +100,10 @@ def fused_moe(x, router_logits, w_gate, w_up, w_down, top_k, renormalize):
         if x.shape[0] >= grouped.GROUPED_MIN_TOKENS and grouped.available(x.device):
             return grouped.fused_moe(x, router_logits, w_gate, w_up, w_down, top_k, renormalize)
     return _impl("fused_moe", x.device)(x, router_logits, w_gate, w_up, w_down, top_k, renormalize)
+
+
+def moe_router(x, weight):
+    return _impl("moe_router", x.device)(x, weight)
 
 
 def store_kv(k, v, k_cache, v_cache, slot_mapping):

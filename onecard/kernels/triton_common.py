@@ -3,6 +3,17 @@ AOT config record every ``triton.py`` exports through ``aot_configs()``.
 
 ``AotConfig`` = one kernel at one block configuration and signature that a dispatcher can launch; the AOT
 test compiles each for sm70/75/80/90 with ``triton.compile(ASTSource(...), target=GPUTarget(...))``.
+
+Programmatic dependent launch (PDL, sm90+): the decode-path kernels take a ``PDL`` constexpr and are launched
+with ``launch_pdl=PDL`` (``pdl(device, num_tokens)`` decides). Such a kernel's programs start while the
+previous kernel in the stream is still running and stop at ``pdl_enter`` until it has finished and its
+writes are visible, so a launch's start-up and its first weight loads overlap the previous kernel's tail
+(each decode layer is ~12 small kernels: their ramps were a large part of the batch-1 step).
+Transitivity: every program calls ``pdl_enter`` unconditionally (before any early return), and it lets the
+next launch start only after its own wait, so when a kernel's programs start, every kernel before the
+previous one is complete; when it passes its wait, all are. Hence the rule for code before ``pdl_enter``:
+write nothing; read weights, or outputs of a launch at least two back in the same PDL chain (from L2,
+``cache_modifier=".cg"``: an SM's L1 may hold a stale line of a reused buffer), never the previous launch's.
 """
 from __future__ import annotations
 
@@ -14,6 +25,7 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 TL_DTYPE = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.int32: "i32",
             torch.int64: "i64", torch.int8: "i8", torch.uint8: "u8"}
@@ -60,6 +72,32 @@ def num_sms(device: torch.device) -> int:
     if device.type != "cuda":
         return 4                      # small, so split-K paths run under the interpreter too
     return _cuda_props(device.index if device.index is not None else torch.cuda.current_device())[1]
+
+
+class _Pdl:
+    """The process-wide PDL setting: launches of at most ``max_tokens`` tokens use it (the runner sets it from
+    Env.pdl_max_tokens, ONECARD_PDL_MAX_TOKENS; 0 turns PDL off)."""
+
+    max_tokens = 1
+
+
+def set_pdl(max_tokens: int) -> None:
+    _Pdl.max_tokens = int(max_tokens)
+
+
+def pdl(device: torch.device, num_tokens: int) -> bool:
+    """Launch this ``num_tokens``-token op with programmatic dependent launch? Needs sm90+ (griddepcontrol) and a
+    real GPU. Batch 1 gains (H200: 322 -> 377 tok/s); see BENCHMARKS.md for the batch sizes measured."""
+    return (0 < num_tokens <= _Pdl.max_tokens and device.type == "cuda" and not interpreting()
+            and compute_capability(device) >= 90)
+
+
+@triton.jit
+def pdl_enter(PDL: tl.constexpr):
+    """Wait for the previous kernel (complete, writes visible), then let the next one launch. No-op if not PDL."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
 
 
 def next_pow2(n: int) -> int:

@@ -87,7 +87,7 @@ class SparseMoE(nn.Module):
         self.w_down: MoEWeight | None = None     # [E, I, H] or GPTQ
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        router_logits = F.linear(x, self.gate)                            # [T, E]
+        router_logits = ops.moe_router(x, self.gate)                      # [T, E]
         return ops.fused_moe(x, router_logits, self.w_gate, self.w_up, self.w_down, self.top_k, self.renormalize)
 
 

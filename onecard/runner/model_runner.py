@@ -42,6 +42,10 @@ class ModelRunner:
         self.device = torch.device(config.device)
         self.dtype = _DTYPES[config.model.dtype]
         dispatch.set_default_backend(config.env.kernel_backend, config.env.triton_interpret)
+        if self.device.type == "cuda":                                    # (PDL is never used off a GPU)
+            from onecard.kernels.triton_common import set_pdl
+
+            set_pdl(config.env.pdl_max_tokens)
         torch.manual_seed(config.model.seed)
         t0 = time.perf_counter()
         self.model = load_model(config.model, self.device, self.dtype)

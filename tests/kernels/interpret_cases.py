@@ -16,11 +16,13 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..",
 
 F32, F16 = "fp32", "fp16"
 # (M, K, N, group_size, desc_act, bias): gemv, skinny (dot), tiled; group == K; per-row groups; act order;
-# split-K partials (M = 1) and atomics (M > 1) at g128
+# split-K partials (M = 1) and atomics (M > 1) at g128; splits of 3 and 2 tiles (M = 1: two prefetched + loop)
 GEMM = [(1, 64, 40, 32, False, True), (1, 256, 16, 256, True, False), (3, 136, 40, 136, False, True),
         (17, 256, 48, 128, False, False), (70, 128, 40, 32, False, True), (5, 128, 24, 32, True, False),
         (2, 2048, 16, 128, False, True), (1, 1024, 136, 128, False, False), (16, 512, 264, 128, False, True),
-        (9, 384, 72, 128, True, True)]
+        (9, 384, 72, 128, True, True), (1, 768, 1024, 128, False, False), (4, 1024, 1536, 128, False, True)]
+# (T, H, E): the decode router GEMV: one H chunk, several chunks (T > 1), H past one chunk at T = 1
+ROUTER = [(1, 64, 8), (3, 72, 6), (16, 256, 12), (5, 2048, 16), (1, 5000, 3)]
 # (T, H, I, E, top_k, renormalize, desc_act): decode1 (T = 1), decode16 (T <= 16; split-K, shared experts),
 # sorted16, sorted64
 MOE = [(1, 64, 32, 8, 2, True, False), (3, 72, 40, 6, 3, False, False), (17, 128, 48, 8, 2, True, True),
@@ -32,6 +34,7 @@ ATTN = [([5, 9, 1], [5, 9, 1], 8, 2, 4, 0), ([7, 70, 33], [1, 4, 1], 6, 2, 16, 1
 
 CASES = ([f"gemm{i}-{dt}" for i in range(len(GEMM)) for dt in (F32, F16)] + ["dequant"]
          + [f"moe{i}-{w}-{dt}" for i in range(len(MOE)) for w in ("float", "gptq") for dt in (F32, F16)]
+         + [f"router{i}-{dt}" for i in range(len(ROUTER)) for dt in (F32, F16)]
          + [f"attn{i}-{dt}" for i in range(len(ATTN)) for dt in (F32, F16)]
          + [f"store_kv-{dt}" for dt in (F32, F16)]
          + [f"rms_norm-{r}-{dt}" for r in ("res", "nores") for dt in (F32, F16)]
@@ -72,6 +75,11 @@ def run_case(name: str, seed: int) -> float:
                   random_gptq(h, i, 32, experts=e, desc_act=desc, seed=seed + 2)[0],
                   random_gptq(i, h, 16, experts=e, desc_act=desc, seed=seed + 3)[0]]
         return _rel(tk.fused_moe(x, logits, *ws, top_k, renorm), ref.fused_moe(x, logits, *ws, top_k, renorm))
+    if kind.startswith("router"):
+        from onecard.kernels.fused_moe import ref, triton as tk
+        t, h, e = ROUTER[int(kind[6:])]
+        x, w = torch.randn(t, h + 3).to(dt)[:, :h], (torch.randn(e, h) / math.sqrt(h)).to(dt)  # x: strided rows
+        return _rel(tk.moe_router(x, w), ref.moe_router(x.float(), w.float()))
     if kind.startswith("attn"):
         from onecard.kernels.attention import ref, triton as tk
         seq_lens, qlens, hq, hkv, bs, dec = ATTN[int(kind[4:])]

@@ -37,8 +37,11 @@ def _compile(job: tuple[str, int, int]) -> tuple[str, int, str, str | None]:
 
     mod, i, cc = job
     c = importlib.import_module(f"onecard.kernels.{mod}.triton").aot_configs()[i]
+    constexprs = dict(c.constexprs)
+    if "PDL" in constexprs:
+        constexprs["PDL"] = cc >= 90          # as triton_common.pdl() picks: griddepcontrol exists on sm90+
     try:
-        compiled = triton.compile(ASTSource(fn=c.kernel, signature=c.signature, constexprs=c.constexprs),
+        compiled = triton.compile(ASTSource(fn=c.kernel, signature=c.signature, constexprs=constexprs),
                                   target=GPUTarget("cuda", cc, 32),
                                   options=dict(num_warps=c.num_warps, num_stages=c.num_stages))
         if not compiled.asm.get("cubin"):

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from onecard.kernels.triton_dot import dot
-from onecard.kernels.triton_common import AotConfig, next_pow2, num_sms, signature
+from onecard.kernels.triton_common import AotConfig, next_pow2, num_sms, pdl, pdl_enter, signature
 from onecard.runner.attn_metadata import AttentionMetadata
 
 
@@ -40,7 +40,8 @@ def _paged_attn_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, qsl_ptr
                        scale_log2, stride_qt, stride_qh, stride_ot, stride_oh, stride_bt, block_size,
                        num_segments,
                        HQ: tl.constexpr, HKV: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
-                       D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr):
+                       D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)                                                        # before the early return
     seq = tl.program_id(0)
     qblk = tl.program_id(1)
     kvh = tl.program_id(2) // num_segments
@@ -102,7 +103,8 @@ def _paged_attn_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, qsl_ptr
 
 @triton.jit(do_not_specialize=["num_segments"])  # runtime-varying: one compile serves all
 def _segment_reduce_kernel(part_ptr, ml_ptr, out_ptr, stride_ot, stride_oh, num_segments,
-                           HQ: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr):
+                           HQ: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     tok = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)
@@ -170,15 +172,17 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     else:
         part = ml = out.new_empty(0, dtype=torch.float32)
     grid = (b, triton.cdiv(md.max_query_len, bq), hkv * segs)
+    p = pdl(q.device, t)
     _paged_attn_kernel[grid](
         q, k_cache, v_cache, out, part, ml, md.query_start_loc, md.seq_lens, md.block_table,
         scale * 1.4426950408889634, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         md.block_table.stride(0), k_cache.shape[1], segs,
-        HQ=hq, HKV=hkv, GROUP=group, GROUP_PAD=gp, D=d, BLOCK_Q=bq, BLOCK_N=BLOCK_N, num_warps=4, num_stages=2)
+        HQ=hq, HKV=hkv, GROUP=group, GROUP_PAD=gp, D=d, BLOCK_Q=bq, BLOCK_N=BLOCK_N, PDL=p, num_warps=4,
+        num_stages=2, launch_pdl=p)
     if segs > 1:
         # decode-only: every sequence's single query row is row i (query_start_loc = arange)
         _segment_reduce_kernel[(md.num_decode_tokens, hq)](
-            part, ml, out, out.stride(0), out.stride(1), segs, HQ=hq, D=d, BLOCK_S=segs)
+            part, ml, out, out.stride(0), out.stride(1), segs, HQ=hq, D=d, BLOCK_S=segs, PDL=p, launch_pdl=p)
     return out
 
 
@@ -194,7 +198,7 @@ def aot_configs() -> list[AotConfig]:
                     stride_kt="i32", stride_vt="i32", HD="i32")
         out.append(AotConfig(_store_kv_kernel, signature(args, cx), cx, 4, 1, min_cc, f"store_kv[{act}]"))
         for bq in sorted({block_q(gp, 1), block_q(gp, 1 << 20)}):
-            cx = dict(HQ=hq, HKV=hkv, GROUP=group, GROUP_PAD=gp, D=d, BLOCK_Q=bq, BLOCK_N=BLOCK_N)
+            cx = dict(HQ=hq, HKV=hkv, GROUP=group, GROUP_PAD=gp, D=d, BLOCK_Q=bq, BLOCK_N=BLOCK_N, PDL=False)
             args = dict(q_ptr=f"*{act}", kc_ptr=f"*{act}", vc_ptr=f"*{act}", out_ptr=f"*{act}", part_ptr="*fp32",
                         ml_ptr="*fp32", qsl_ptr="*i32", seqlen_ptr="*i32", bt_ptr="*i32", scale_log2="fp32",
                         stride_qt="i32", stride_qh="i32", stride_ot="i32", stride_oh="i32", stride_bt="i32",
@@ -202,7 +206,7 @@ def aot_configs() -> list[AotConfig]:
             out.append(AotConfig(_paged_attn_kernel, signature(args, cx), cx, 4, 2, min_cc,
                                  f"paged_attn[bq={bq},{act}]"))
         for segs in sorted({next_pow2(s) for s in range(2, MAX_SEGMENTS + 1)}):
-            cx = dict(HQ=hq, D=d, BLOCK_S=segs)
+            cx = dict(HQ=hq, D=d, BLOCK_S=segs, PDL=False)
             args = dict(part_ptr="*fp32", ml_ptr="*fp32", out_ptr=f"*{act}", stride_ot="i32", stride_oh="i32",
                         num_segments="i32")
             out.append(AotConfig(_segment_reduce_kernel, signature(args, cx), cx, 4, 1, min_cc,

@@ -13,6 +13,11 @@ from onecard.kernels.gptq_gemm.ref import dequantize_gptq, expert_slice
 from onecard.kernels.types import GPTQWeight, MoEWeight
 
 
+def moe_router(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Router logits [T, E] = x [T, H] @ weight [E, H]^T in x.dtype (what the model computed with F.linear)."""
+    return F.linear(x, weight)
+
+
 def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (topk_weights fp32 [T, k], topk_ids int64 [T, k])."""
     probs = torch.softmax(router_logits.float(), dim=-1)                  # [T, E]

@@ -19,8 +19,8 @@ import triton
 import triton.language as tl
 
 from onecard.kernels.fused_moe.decode import (DECODE_CONFIGS, DECODE_MAX_TOKENS, choose_decode_config,
-                                              decode_aot_configs, fused_moe_decode, softmax_topk,
-                                              weight_args)
+                                              decode_aot_configs, fused_moe_decode, router_logits,
+                                              softmax_topk, weight_args)
 from onecard.kernels.gptq_gemm.triton import _dequant_tile_j, _group_sz
 from onecard.kernels.triton_dot import dot
 from onecard.kernels.triton_common import AotConfig, next_pow2, signature
@@ -161,6 +161,13 @@ def choose_config(num_tokens: int) -> str:
     return "sorted16" if num_tokens <= 64 else "sorted64"
 
 
+def moe_router(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Decode-sized T: decode.router_logits (one launch, PDL); larger T is compute-bound: cuBLAS."""
+    if 1 <= x.shape[0] <= DECODE_MAX_TOKENS and weight.is_contiguous():
+        return router_logits(x, weight)
+    return torch.nn.functional.linear(x, weight)
+
+
 def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (topk_weights fp32 [T, k], topk_ids int32 [T, k])."""
     t, e = router_logits.shape
@@ -264,4 +271,5 @@ def aot_configs() -> list[AotConfig]:
     return out
 
 
-__all__ = ["fused_moe", "route", "moe_align_block_size", "aot_configs", "choose_config", "DECODE_CONFIGS"]
+__all__ = ["fused_moe", "moe_router", "route", "moe_align_block_size", "aot_configs", "choose_config",
+           "DECODE_CONFIGS"]

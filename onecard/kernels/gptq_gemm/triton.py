@@ -28,7 +28,7 @@ import triton.language as tl
 from onecard.kernels.triton_dot import dot
 from onecard.kernels import workspace
 from onecard.kernels.triton_common import (AotConfig, compute_capability, last_arrival, next_pow2, num_sms,
-                                           signature)
+                                           pdl, pdl_enter, signature)
 from onecard.kernels.types import GPTQWeight
 
 
@@ -132,18 +132,67 @@ def magic_zero_scale(z_u, s_u, DT: tl.constexpr):
         return z_u + 8388608.0, s_u
 
 
+@triton.jit
+def _small_tile_load(qw_ptr, sc_ptr, qz_ptr, t, t_end, offs_r, offs_n, n_mask, z_shift, k8, N, group_size,
+                     num_groups, BLOCK_K8: tl.constexpr):
+    """K tile t's weights: (q [BK8, BN] int32 (16-byte loads along N), scales, true zeros [BN] fp32); q is 0
+    for t >= t_end (another split's tile)."""
+    r = t * BLOCK_K8 + offs_r                                             # [BK8] packed rows
+    q = tl.load(qw_ptr + r[:, None] * N + offs_n[None, :], mask=((r < k8) & (t < t_end))[:, None] & n_mask[None, :],
+                other=0)
+    g = tl.minimum((t * BLOCK_K8 * 8) // group_size, num_groups - 1)
+    s_u, z_u = _group_sz(sc_ptr, qz_ptr, g, offs_n, n_mask, z_shift, N)
+    return q, s_u, z_u
+
+
+@triton.jit
+def _small_tile_mac(acc, q, s_u, z_u, t, t_end, x_ptr, sc_ptr, qz_ptr, gidx_ptr, offs_r, offs_m, m_mask, offs_n, n_mask,
+                    z_shift, k8, N, stride_xm, DT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K8: tl.constexpr, PER_ROW: tl.constexpr):
+    """acc += x[:, rows of tile t] @ dequant(q) (nothing for t >= t_end); see _w4a16_small_kernel for the two
+    accumulator forms."""
+    r = t * BLOCK_K8 + offs_r                                             # [BK8] packed rows
+    r_mask = (r < k8) & (t < t_end)                                       # x rows masked: exact zero
+    if BLOCK_M == 1 and not PER_ROW:
+        nx = tl.zeros((BLOCK_K8, BLOCK_N), dtype=tl.float32)            # sum_j (2**23 + n_j) - 2**23) x_j
+        xs = tl.zeros((BLOCK_K8,), dtype=tl.float32)                      # sum_j x_j
+        for j in tl.static_range(8):
+            xv = tl.load(x_ptr + r * 8 + j, mask=r_mask, other=0.0).to(tl.float32)
+            nx += (nibbles(q, j, tl.float32) - 8388608.0) * xv[:, None]
+            xs += xv
+        acc += nx * s_u[None, :] - xs[:, None] * (z_u * s_u)[None, :]
+    else:
+        zb, sc = magic_zero_scale(z_u, s_u, DT)
+        for j in tl.static_range(8):
+            k = r * 8 + j                                                 # [BK8] input rows
+            if PER_ROW:
+                w = _dequant_tile_j(q, j, s_u, z_u, sc_ptr, qz_ptr, gidx_ptr, k, r_mask, offs_n, n_mask,
+                                    z_shift, N, PER_ROW)
+            else:
+                w = (nibbles(q, j, DT) - zb[None, :]) * sc[None, :]
+            if BLOCK_M == 1:
+                xv = tl.load(x_ptr + k, mask=r_mask, other=0.0).to(tl.float32)
+                acc += w.to(tl.float32) * xv[:, None]
+            else:
+                xj = tl.load(x_ptr + offs_m[:, None] * stride_xm + k[None, :],
+                             mask=m_mask[:, None] & r_mask[None, :], other=0.0)   # [BM, BK8]
+                acc += dot(xj, w.to(DT))
+    return acc
+
+
 @triton.jit(do_not_specialize=["M"])  # runtime-varying: one compile serves all
 def _w4a16_small_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_ptr, part_ptr, cnt_ptr,
                         M, N, K, group_size, num_groups, tiles_per_split, stride_xm, has_bias,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K8: tl.constexpr,
-                        PER_ROW: tl.constexpr, BLOCK_S: tl.constexpr):
+                        PER_ROW: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr):
     """Decode GEMM, M <= 16, one launch. BLOCK_M == 1: GEMV with a [BK8, BN] fp32 accumulator whose row sum is
     deferred past the K loop; the scale and zero are applied once per tile (sum_j n_j x_j then s * (. - z *
     sum_j x_j)), so the inner loop is shift, or, subtract, FMA per weight. Else tl.dot on a 16-row block with
     weights dequantized in x's dtype (exact (q - z), one rounding of (q - z) * s, as in fp32-then-cast).
     Split-K (grid dim 1 > 1), BLOCK_M == 1: each split stores fp32 partials [S, 1, N]; the last split of a
     column tile to arrive at cnt_ptr[pid_n] sums them in split order (deterministic), adds the bias and casts.
-    BLOCK_M > 1: fp32 atomic_add into part_ptr [M, N] (zeroed by the caller); the reduce kernel finishes."""
+    BLOCK_M > 1: fp32 atomic_add into part_ptr [M, N] (zeroed by the caller); the reduce kernel finishes.
+    M == 1: the first two K tiles' weights load before the PDL wait (they overlap the previous kernel's tail)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)                      # [BN]
@@ -158,39 +207,32 @@ def _w4a16_small_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_p
         acc = tl.zeros((BLOCK_K8, BLOCK_N), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    t_begin = pid_k * tiles_per_split
+    t_begin = pid_k * tiles_per_split                                     # every split has >= 1 tile
     t_end = tl.minimum(t_begin + tiles_per_split, tl.cdiv(k8, BLOCK_K8))
-    for t in range(t_begin, t_end):
-        r = t * BLOCK_K8 + offs_r                                         # [BK8] packed rows
-        r_mask = r < k8
-        q = tl.load(qw_ptr + r[:, None] * N + offs_n[None, :],
-                    mask=r_mask[:, None] & n_mask[None, :], other=0)      # [BK8, BN] int32, 16-byte loads
-        g = tl.minimum((t * BLOCK_K8 * 8) // group_size, num_groups - 1)
-        s_u, z_u = _group_sz(sc_ptr, qz_ptr, g, offs_n, n_mask, z_shift, N)
-        if BLOCK_M == 1 and not PER_ROW:
-            nx = tl.zeros((BLOCK_K8, BLOCK_N), dtype=tl.float32)          # sum_j (2**23 + n_j) - 2**23) x_j
-            xs = tl.zeros((BLOCK_K8,), dtype=tl.float32)                  # sum_j x_j
-            for j in tl.static_range(8):
-                xv = tl.load(x_ptr + r * 8 + j, mask=r_mask, other=0.0).to(tl.float32)
-                nx += (nibbles(q, j, tl.float32) - 8388608.0) * xv[:, None]
-                xs += xv
-            acc += nx * s_u[None, :] - xs[:, None] * (z_u * s_u)[None, :]
-        else:
-            zb, sc = magic_zero_scale(z_u, s_u, DT)
-            for j in tl.static_range(8):
-                k = r * 8 + j                                             # [BK8] input rows
-                if PER_ROW:
-                    w = _dequant_tile_j(q, j, s_u, z_u, sc_ptr, qz_ptr, gidx_ptr, k, r_mask, offs_n, n_mask,
-                                        z_shift, N, PER_ROW)
-                else:
-                    w = (nibbles(q, j, DT) - zb[None, :]) * sc[None, :]
-                if BLOCK_M == 1:
-                    xv = tl.load(x_ptr + k, mask=r_mask, other=0.0).to(tl.float32)
-                    acc += w.to(tl.float32) * xv[:, None]
-                else:
-                    xj = tl.load(x_ptr + offs_m[:, None] * stride_xm + k[None, :],
-                                 mask=m_mask[:, None] & r_mask[None, :], other=0.0)   # [BM, BK8]
-                    acc += dot(xj, w.to(DT))
+    if BLOCK_M == 1:
+        # the first two tiles' weights (all of them at the tuned splits) stream before the PDL wait
+        q0, s0, z0 = _small_tile_load(qw_ptr, sc_ptr, qz_ptr, t_begin, t_end, offs_r, offs_n, n_mask, z_shift, k8,
+                                      N, group_size, num_groups, BLOCK_K8)
+        q1, s1, z1 = _small_tile_load(qw_ptr, sc_ptr, qz_ptr, t_begin + 1, t_end, offs_r, offs_n, n_mask, z_shift,
+                                      k8, N, group_size, num_groups, BLOCK_K8)
+        pdl_enter(PDL)
+        acc = _small_tile_mac(acc, q0, s0, z0, t_begin, t_end, x_ptr, sc_ptr, qz_ptr, gidx_ptr, offs_r, offs_m,
+                              m_mask, offs_n, n_mask, z_shift, k8, N, stride_xm, DT, BLOCK_M, BLOCK_N, BLOCK_K8,
+                              PER_ROW)
+        acc = _small_tile_mac(acc, q1, s1, z1, t_begin + 1, t_end, x_ptr, sc_ptr, qz_ptr, gidx_ptr, offs_r,
+                              offs_m, m_mask, offs_n, n_mask, z_shift, k8, N, stride_xm, DT, BLOCK_M, BLOCK_N,
+                              BLOCK_K8, PER_ROW)
+        t_loop = t_begin + 2
+    else:
+        # M > 1: a plain pipelined loop (peeling the first tiles measured slower for tl.dot)
+        pdl_enter(PDL)
+        t_loop = t_begin
+    for t in range(t_loop, t_end):
+        q, s_u, z_u = _small_tile_load(qw_ptr, sc_ptr, qz_ptr, t, t_end, offs_r, offs_n, n_mask, z_shift, k8, N,
+                                       group_size, num_groups, BLOCK_K8)
+        acc = _small_tile_mac(acc, q, s_u, z_u, t, t_end, x_ptr, sc_ptr, qz_ptr, gidx_ptr, offs_r, offs_m,
+                              m_mask, offs_n, n_mask, z_shift, k8, N, stride_xm, DT, BLOCK_M, BLOCK_N, BLOCK_K8,
+                              PER_ROW)
     if BLOCK_M == 1:
         res = tl.sum(acc, axis=0)[None, :]                                # [1, BN]
     else:
@@ -220,8 +262,9 @@ def _store_out(out_ptr, o_off, o_mask, res, bias_ptr, offs_n, n_mask, has_bias):
 
 @triton.jit(do_not_specialize=["MN", "num_splits"])  # runtime-varying: one compile serves all
 def _splitk_reduce_kernel(part_ptr, bias_ptr, out_ptr, MN, N, num_splits,
-                          BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr):
+                          BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
     """out[MN] = sum of num_splits fp32 partials [S, MN] (+ bias), cast."""
+    pdl_enter(PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < MN
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
@@ -334,14 +377,16 @@ def small_m_gemm(x: torch.Tensor, w: GPTQWeight, bias: torch.Tensor | None = Non
         part = torch.empty(splits, 1, n, dtype=torch.float32, device=dev)
     else:
         part = torch.zeros(m, n, dtype=torch.float32, device=dev)
+    p = pdl(dev, m)
     _w4a16_small_kernel[(grid_n, splits)](
         x, w.qweight, w.qzeros, w.scales, gidx, bias_arg, out, part, workspace.counters(dev, "gemm", grid_n),
         m, n, k, w.group_size, w.num_groups, tiles_per_split, x.stride(0), int(bias is not None),
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K8=bk8, PER_ROW=bool(per_row), BLOCK_S=GEMV_MAX_SPLITS,
-        num_warps=warps, num_stages=stages)
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K8=bk8, PER_ROW=bool(per_row), BLOCK_S=GEMV_MAX_SPLITS, PDL=p,
+        num_warps=warps, num_stages=stages, launch_pdl=p)
     if splits > 1 and m > 1:
         _splitk_reduce_kernel[(triton.cdiv(m * n, _REDUCE_BLOCK),)](
-            part, bias_arg, out, m * n, n, 1, BLOCK=_REDUCE_BLOCK, HAS_BIAS=bias is not None)
+            part, bias_arg, out, m * n, n, 1, BLOCK=_REDUCE_BLOCK, HAS_BIAS=bias is not None, PDL=p,
+            launch_pdl=p)
     return out
 
 
@@ -386,7 +431,7 @@ def w4a16_gemm(x: torch.Tensor, w: GPTQWeight, bias: torch.Tensor | None = None)
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K8=bk8, USE_DOT=use_dot, num_warps=warps, num_stages=stages)
     if splits > 1:
         _splitk_reduce_kernel[(triton.cdiv(m * n, _REDUCE_BLOCK),)](
-            part, bias_arg, out, m * n, n, splits, BLOCK=_REDUCE_BLOCK, HAS_BIAS=bias is not None)
+            part, bias_arg, out, m * n, n, splits, BLOCK=_REDUCE_BLOCK, HAS_BIAS=bias is not None, PDL=False)
     return out
 
 
@@ -400,7 +445,8 @@ def aot_configs() -> list[AotConfig]:
         for name, (bm, bn, bk8, use_dot, warps, stages) in _CONFIGS.items():
             if bm <= SMALL_M_MAX:
                 for per_row in (False, True):
-                    cx = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K8=bk8, PER_ROW=per_row, BLOCK_S=GEMV_MAX_SPLITS)
+                    cx = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K8=bk8, PER_ROW=per_row, BLOCK_S=GEMV_MAX_SPLITS,
+                              PDL=False)
                     args = dict(x_ptr=f"*{act}", qw_ptr="*i32", qz_ptr="*i32", sc_ptr="*fp16", gidx_ptr="*i32",
                                 bias_ptr=f"*{act}", out_ptr=f"*{act}", part_ptr="*fp32", cnt_ptr="*i32",
                                 M="i32", N="i32",
@@ -418,7 +464,7 @@ def aot_configs() -> list[AotConfig]:
             out.append(AotConfig(_w4a16_kernel, signature(args, cx), cx, warps, stages, min_cc,
                                  f"w4a16[{name},{act}]"))
         for has_bias in (False, True):
-            cx = dict(BLOCK=_REDUCE_BLOCK, HAS_BIAS=has_bias)
+            cx = dict(BLOCK=_REDUCE_BLOCK, HAS_BIAS=has_bias, PDL=False)
             args = dict(part_ptr="*fp32", bias_ptr=f"*{act}", out_ptr=f"*{act}", MN="i32", N="i32",
                         num_splits="i32")
             out.append(AotConfig(_splitk_reduce_kernel, signature(args, cx), cx, 4, 1, min_cc,

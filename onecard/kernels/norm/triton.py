@@ -5,15 +5,17 @@ import torch
 import triton
 import triton.language as tl
 
-from onecard.kernels.triton_common import AotConfig, next_pow2, signature
+from onecard.kernels.triton_common import AotConfig, next_pow2, pdl, pdl_enter, signature
 
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, H, eps, stride_x, stride_r,
-                     BLOCK: tl.constexpr, HAS_RES: tl.constexpr):
+                     BLOCK: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < H
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)       # a weight: may load before the wait
+    pdl_enter(PDL)
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
     if HAS_RES:
         x = (x.to(tl.float32) + tl.load(res_ptr + row * stride_r + offs, mask=mask, other=0.0).to(tl.float32))
@@ -21,7 +23,6 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, H, eps, stride
         tl.store(res_out_ptr + row * H + offs, x, mask=mask)
     h = x.to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(h * h, axis=0) / H + eps)
-    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * H + offs, (h * rstd * w).to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -33,8 +34,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     res_out = x if residual is None else torch.empty(t, h, dtype=x.dtype, device=x.device)
     if t > 0:
         res = residual if residual is not None else x
+        p = pdl(x.device, t)
         _rms_norm_kernel[(t,)](x, res, weight, out, res_out, h, eps, x.stride(0), res.stride(0),
-                               BLOCK=next_pow2(h), HAS_RES=residual is not None, num_warps=4 if h <= 4096 else 8)
+                               BLOCK=next_pow2(h), HAS_RES=residual is not None, PDL=p,
+                               num_warps=4 if h <= 4096 else 8, launch_pdl=p)
     return out, res_out
 
 
@@ -44,7 +47,7 @@ def aot_configs() -> list[AotConfig]:
     for act, min_cc in (("fp16", 70), ("bf16", 80)):
         for h in (2048,):
             for has_res in (False, True):
-                cx = dict(BLOCK=h, HAS_RES=has_res)
+                cx = dict(BLOCK=h, HAS_RES=has_res, PDL=False)          # the AOT test sets PDL per target
                 args = dict(x_ptr=f"*{act}", res_ptr=f"*{act}", w_ptr=f"*{act}", out_ptr=f"*{act}",
                             res_out_ptr=f"*{act}", H="i32", eps="fp32", stride_x="i32", stride_r="i32")
                 out.append(AotConfig(_rms_norm_kernel, signature(args, cx), cx, 4, 1, min_cc,

@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from onecard.kernels.triton_common import AotConfig, next_pow2, signature
+from onecard.kernels.triton_common import AotConfig, next_pow2, pdl, pdl_enter, signature
 
 
 @triton.jit
@@ -39,9 +39,10 @@ def _qk_norm_rope_kernel(q_ptr, k_ptr, qw_ptr, kw_ptr, pos_ptr, cs_ptr, qo_ptr, 
                          v_ptr, vc_ptr, slot_ptr, stride_vt,
                          stride_qt, stride_qh, stride_kt, stride_kh, HQ, HKV, eps,
                          HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr,
-                         STORE_KV: tl.constexpr):
+                         STORE_KV: tl.constexpr, PDL: tl.constexpr):
     """STORE_KV: ko_ptr is the K cache and k goes to row slot_mapping[tok] of it (skipped when < 0), and v
     [T, HKV, D] is copied to the same row of the V cache: the KV store needs no launch of its own."""
+    pdl_enter(PDL)
     tok = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + tok).to(tl.int64)
     offs_d = tl.arange(0, HALF)
@@ -86,11 +87,13 @@ def _launch(q, k, q_weight, k_weight, positions, cos_sin_cache, eps, k_out, v, v
     q_out = torch.empty(t, hq, d, dtype=q.dtype, device=q.device)
     store = v is not None
     if t > 0:
+        p = pdl(q.device, t)
         _qk_norm_rope_kernel[(t,)](q, k, q_weight, k_weight, positions, cos_sin_cache, q_out, k_out,
                                    v if store else k, v_cache if store else k_out,
                                    slot_mapping if store else positions, v.stride(0) if store else 0,
                                    q.stride(0), q.stride(1), k.stride(0), k.stride(1), hq, hkv, eps,
-                                   HALF=d // 2, BLOCK_HQ=next_pow2(hq), BLOCK_HKV=next_pow2(hkv), STORE_KV=store)
+                                   HALF=d // 2, BLOCK_HQ=next_pow2(hq), BLOCK_HKV=next_pow2(hkv), STORE_KV=store,
+                                   PDL=p, launch_pdl=p)
     return q_out
 
 
@@ -99,7 +102,7 @@ def aot_configs() -> list[AotConfig]:
     out = []
     for act, min_cc in (("fp16", 70), ("bf16", 80)):
         for store in (False, True):
-            cx = dict(HALF=64, BLOCK_HQ=32, BLOCK_HKV=4, STORE_KV=store)
+            cx = dict(HALF=64, BLOCK_HQ=32, BLOCK_HKV=4, STORE_KV=store, PDL=False)
             args = dict(q_ptr=f"*{act}", k_ptr=f"*{act}", qw_ptr=f"*{act}", kw_ptr=f"*{act}", pos_ptr="*i64",
                         cs_ptr="*fp32", qo_ptr=f"*{act}", ko_ptr=f"*{act}", v_ptr=f"*{act}", vc_ptr=f"*{act}",
                         slot_ptr="*i64", stride_vt="i32", stride_qt="i32", stride_qh="i32", stride_kt="i32",

@@ -31,7 +31,8 @@ def _jobs() -> list[tuple[str, int, int]]:
     return jobs
 
 
-def _compile(job: tuple[str, int, int]) -> tuple[str, int, str, str | None]:
+def _compile(job: tuple[str, int, int]) -> tuple[str, int, str, str | None, bool | None]:
+    """-> (module, cc, config name, error or None, PTX has griddepcontrol (None: no PDL constexpr))."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -44,11 +45,12 @@ def _compile(job: tuple[str, int, int]) -> tuple[str, int, str, str | None]:
         compiled = triton.compile(ASTSource(fn=c.kernel, signature=c.signature, constexprs=constexprs),
                                   target=GPUTarget("cuda", cc, 32),
                                   options=dict(num_warps=c.num_warps, num_stages=c.num_stages))
+        gdc = ("griddepcontrol.wait" in compiled.asm["ptx"]) if "PDL" in constexprs else None
         if not compiled.asm.get("cubin"):
-            return mod, cc, c.name, "no cubin produced"
-        return mod, cc, c.name, None
+            return mod, cc, c.name, "no cubin produced", gdc
+        return mod, cc, c.name, None, gdc
     except Exception as e:                                                 # reported by the test below
-        return mod, cc, c.name, f"{type(e).__name__}: {str(e)[:2000]}"
+        return mod, cc, c.name, f"{type(e).__name__}: {str(e)[:2000]}", None
 
 
 @pytest.fixture(scope="module")
@@ -83,5 +85,13 @@ def test_every_dispatcher_config_is_listed():
 def test_aot_compiles(compiled, module, cc):
     mine = [r for r in compiled if r[0] == module and r[1] == cc]
     assert mine, f"no configs for {module} at sm{cc}"
-    failures = [f"{name}: {err}" for _, _, name, err in mine if err]
+    failures = [f"{name}: {err}" for _, _, name, err, _ in mine if err]
     assert not failures, "\n".join(failures)
+
+
+def test_pdl_wait_is_compiled_in_on_sm90_only(compiled):
+    """Kernels with a PDL constexpr carry griddepcontrol.wait on sm90 and none of it below (no such PTX)."""
+    pdl = [r for r in compiled if r[4] is not None and r[3] is None]
+    assert {r[1] for r in pdl} == set(TARGETS), "no PDL-capable kernels compiled"
+    wrong = [f"sm{cc} {name}" for _, cc, name, _, gdc in pdl if gdc != (cc >= 90)]
+    assert not wrong, wrong

@@ -172,17 +172,18 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     else:
         part = ml = out.new_empty(0, dtype=torch.float32)
     grid = (b, triton.cdiv(md.max_query_len, bq), hkv * segs)
-    p = pdl(q.device, t)
+    use_pdl = pdl(q.device, t)
     _paged_attn_kernel[grid](
         q, k_cache, v_cache, out, part, ml, md.query_start_loc, md.seq_lens, md.block_table,
         scale * 1.4426950408889634, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         md.block_table.stride(0), k_cache.shape[1], segs,
-        HQ=hq, HKV=hkv, GROUP=group, GROUP_PAD=gp, D=d, BLOCK_Q=bq, BLOCK_N=BLOCK_N, PDL=p, num_warps=4,
-        num_stages=2, launch_pdl=p)
+        HQ=hq, HKV=hkv, GROUP=group, GROUP_PAD=gp, D=d, BLOCK_Q=bq, BLOCK_N=BLOCK_N, PDL=use_pdl, num_warps=4,
+        num_stages=2, launch_pdl=use_pdl)
     if segs > 1:
         # decode-only: every sequence's single query row is row i (query_start_loc = arange)
         _segment_reduce_kernel[(md.num_decode_tokens, hq)](
-            part, ml, out, out.stride(0), out.stride(1), segs, HQ=hq, D=d, BLOCK_S=segs, PDL=p, launch_pdl=p)
+            part, ml, out, out.stride(0), out.stride(1), segs, HQ=hq, D=d, BLOCK_S=segs, PDL=use_pdl,
+            launch_pdl=use_pdl)
     return out
 
 

@@ -95,9 +95,9 @@ def router_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if x.stride(-1) != 1:
         x = x.contiguous()
     out = torch.empty(t, e, dtype=x.dtype, device=x.device)
-    p = pdl(x.device, t)
+    use_pdl = pdl(x.device, t)
     _router_kernel[(e,)](x, weight, out, t, h, e, x.stride(0), BLOCK_T=next_pow2(t), BLOCK_H=router_block_h(t, h),
-                         PDL=p, num_warps=ROUTER_WARPS, launch_pdl=p)
+                         PDL=use_pdl, num_warps=ROUTER_WARPS, launch_pdl=use_pdl)
     return out
 
 
@@ -214,32 +214,26 @@ def _moe_decode_kernel(x_ptr, a_ptr, out_ptr, qa_ptr, za_ptr, sa_ptr, ga_ptr, qb
         # both tiles' loads up front measured slower on the H200: fused MoE T=1 26.9 vs 21.5 us.)
         q0, s0, z0 = _decode_tile_load(q_ptr, s_ptr, z_ptr, t_begin, t_end, live, offs_r, offs_n, n_mask, z_shift,
                                        k8, N, group_size, num_groups, BLOCK_K8, BLOCK_N, FLOAT_W)
-        if STAGE == 2:
-            pdl_enter(PDL)
         acc = tl.zeros((BLOCK_K8, BLOCK_N), dtype=tl.float32)            # row sums deferred past the loop
-        if live:
-            acc = _decode_tile_mac(acc, q0, s0, z0, t_begin, t_end, x_ptr, a_ptr, a_row, q_ptr, z_ptr, s_ptr,
-                                   g_ptr, offs_r, offs_n, n_mask, z_shift, k8, K, N, stride_a, offs_t, tok_mask,
-                                   pair, DT, BLOCK_T, BLOCK_N, BLOCK_K8, STAGE, FLOAT_W, PER_ROW)
-            for it in range(t_begin + 1, t_end):
-                q, s_u, z_u = _decode_tile_load(q_ptr, s_ptr, z_ptr, it, t_end, live, offs_r, offs_n, n_mask,
-                                                z_shift, k8, N, group_size, num_groups, BLOCK_K8, BLOCK_N, FLOAT_W)
-                acc = _decode_tile_mac(acc, q, s_u, z_u, it, t_end, x_ptr, a_ptr, a_row, q_ptr, z_ptr, s_ptr,
-                                       g_ptr, offs_r, offs_n, n_mask, z_shift, k8, K, N, stride_a, offs_t,
-                                       tok_mask, pair, DT, BLOCK_T, BLOCK_N, BLOCK_K8, STAGE, FLOAT_W, PER_ROW)
+        t_loop = t_begin + 1
     else:
         # batch > 1: many tiles per program; a plain pipelined loop (peeling its first tile measured slower:
         # T=16 188 vs 172 us)
-        if STAGE == 2:
-            pdl_enter(PDL)
         acc = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
-        if live:
-            for it in range(t_begin, t_end):
-                q, s_u, z_u = _decode_tile_load(q_ptr, s_ptr, z_ptr, it, t_end, live, offs_r, offs_n, n_mask,
-                                                z_shift, k8, N, group_size, num_groups, BLOCK_K8, BLOCK_N, FLOAT_W)
-                acc = _decode_tile_mac(acc, q, s_u, z_u, it, t_end, x_ptr, a_ptr, a_row, q_ptr, z_ptr, s_ptr,
-                                       g_ptr, offs_r, offs_n, n_mask, z_shift, k8, K, N, stride_a, offs_t,
-                                       tok_mask, pair, DT, BLOCK_T, BLOCK_N, BLOCK_K8, STAGE, FLOAT_W, PER_ROW)
+        t_loop = t_begin
+    if STAGE == 2:
+        pdl_enter(PDL)
+    if live:
+        if BLOCK_T == 1:
+            acc = _decode_tile_mac(acc, q0, s0, z0, t_begin, t_end, x_ptr, a_ptr, a_row, q_ptr, z_ptr, s_ptr,
+                                   g_ptr, offs_r, offs_n, n_mask, z_shift, k8, K, N, stride_a, offs_t, tok_mask,
+                                   pair, DT, BLOCK_T, BLOCK_N, BLOCK_K8, STAGE, FLOAT_W, PER_ROW)
+        for it in range(t_loop, t_end):
+            q, s_u, z_u = _decode_tile_load(q_ptr, s_ptr, z_ptr, it, t_end, live, offs_r, offs_n, n_mask, z_shift,
+                                            k8, N, group_size, num_groups, BLOCK_K8, BLOCK_N, FLOAT_W)
+            acc = _decode_tile_mac(acc, q, s_u, z_u, it, t_end, x_ptr, a_ptr, a_row, q_ptr, z_ptr, s_ptr, g_ptr,
+                                   offs_r, offs_n, n_mask, z_shift, k8, K, N, stride_a, offs_t, tok_mask, pair,
+                                   DT, BLOCK_T, BLOCK_N, BLOCK_K8, STAGE, FLOAT_W, PER_ROW)
     if live:
         if BLOCK_T == 1:
             res = tl.sum(acc, axis=0)                                     # [BN]
@@ -396,14 +390,14 @@ def fused_moe_decode(x: torch.Tensor, router_logits: torch.Tensor, w_gate: MoEWe
     out = torch.empty(t, h, dtype=x.dtype, device=dev)
     topk_w = torch.empty(t, top_k, dtype=torch.float32, device=dev)
     topk_ids = torch.empty(t, top_k, dtype=torch.int32, device=dev)
-    p = pdl(dev, t)
+    use_pdl = pdl(dev, t)
     _route_claim_kernel[(t,)](router_logits, topk_w, topk_ids, counts, active, num_active, gu, out32,
                               num_experts,
                               router_logits.stride(0), 2 * n1, h, TOP_K=top_k, BLOCK_K=next_pow2(top_k),
                               BLOCK_E=next_pow2(num_experts), RENORM=renormalize, ZERO_BLOCK=_ZERO_BLOCK,
-                              PDL=p, num_warps=ROUTE_WARPS, launch_pdl=p)
+                              PDL=use_pdl, num_warps=ROUTE_WARPS, launch_pdl=use_pdl)
     common = dict(TOP_K=top_k, BLOCK_TOPK=next_pow2(top_k), BLOCK_T=bt, BLOCK_N=bn, BLOCK_K8=bk8,
-                  FLOAT_W=float_w, PDL=p, num_warps=warps, num_stages=stages, launch_pdl=p)
+                  FLOAT_W=float_w, PDL=use_pdl, num_warps=warps, num_stages=stages, launch_pdl=use_pdl)
     tiles1 = triton.cdiv(n1, bn)
     s1, per1 = _split(2 * tiles1 * slots, triton.cdiv(k1 // 8, bk8), dev, per_sm)
     _moe_decode_kernel[(2 * tiles1, s1, slots)](
@@ -415,7 +409,7 @@ def fused_moe_decode(x: torch.Tensor, router_logits: torch.Tensor, w_gate: MoEWe
         x, gu, out32, *down, *down, topk_ids, topk_w, active, t, n2, k2, gs2, ng2,
         gst2, 2 * n1, n2, tiles2, per2, STAGE=2, PER_ROW=bool(pr2), **common)
     _finish_kernel[(triton.cdiv(t * h, _FINISH_BLOCK),)](out32, out, state, t * h, state.numel(),
-                                                         BLOCK=_FINISH_BLOCK, PDL=p, launch_pdl=p)
+                                                         BLOCK=_FINISH_BLOCK, PDL=use_pdl, launch_pdl=use_pdl)
     return out
 
 

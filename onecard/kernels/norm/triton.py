@@ -34,10 +34,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     res_out = x if residual is None else torch.empty(t, h, dtype=x.dtype, device=x.device)
     if t > 0:
         res = residual if residual is not None else x
-        p = pdl(x.device, t)
+        use_pdl = pdl(x.device, t)
         _rms_norm_kernel[(t,)](x, res, weight, out, res_out, h, eps, x.stride(0), res.stride(0),
-                               BLOCK=next_pow2(h), HAS_RES=residual is not None, PDL=p,
-                               num_warps=4 if h <= 4096 else 8, launch_pdl=p)
+                               BLOCK=next_pow2(h), HAS_RES=residual is not None, PDL=use_pdl,
+                               num_warps=4 if h <= 4096 else 8, launch_pdl=use_pdl)
     return out, res_out
 
 

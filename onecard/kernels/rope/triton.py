@@ -87,13 +87,13 @@ def _launch(q, k, q_weight, k_weight, positions, cos_sin_cache, eps, k_out, v, v
     q_out = torch.empty(t, hq, d, dtype=q.dtype, device=q.device)
     store = v is not None
     if t > 0:
-        p = pdl(q.device, t)
+        use_pdl = pdl(q.device, t)
         _qk_norm_rope_kernel[(t,)](q, k, q_weight, k_weight, positions, cos_sin_cache, q_out, k_out,
                                    v if store else k, v_cache if store else k_out,
                                    slot_mapping if store else positions, v.stride(0) if store else 0,
                                    q.stride(0), q.stride(1), k.stride(0), k.stride(1), hq, hkv, eps,
                                    HALF=d // 2, BLOCK_HQ=next_pow2(hq), BLOCK_HKV=next_pow2(hkv), STORE_KV=store,
-                                   PDL=p, launch_pdl=p)
+                                   PDL=use_pdl, launch_pdl=use_pdl)
     return q_out
 
 

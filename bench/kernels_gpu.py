@@ -102,6 +102,22 @@ def cases(quick: bool):
         distinct = int(torch.unique(moe_r.route(logits, TOPK, True)[1]).numel())
         yield (f"fused_moe T={t}", lambda x=x, logits=logits: moe_t.fused_moe(x, logits, wg, wu, wd, TOPK, True),
                lambda x=x, logits=logits: moe_r.fused_moe(x, logits, wg, wu, wd, TOPK, True), distinct * per_expert)
+    # the layer's whole MoE block: post-attention RMSNorm + router + experts (batch 1: fused_moe/batch1.py),
+    # and at T = 1 the unfused chain it replaced (rms_norm, router, fused_moe) for timing
+    nw = (1 + 0.1 * torch.randn(H, device=DEV)).half()
+    for t in (1, 16):
+        x, r = torch.randn(t, H, device=DEV).half(), torch.randn(t, H, device=DEV).half()
+        yield (f"norm_moe T={t}",
+               lambda x=x, r=r: torch.cat(moe_t.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True)),
+               lambda x=x, r=r: torch.cat(moe_r.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True)),
+               TOPK * per_expert + E * H * 2)
+        if t == 1:
+            def chain(x=x, r=r):
+                h, res = n_t.rms_norm(x, nw, 1e-6, r)
+                return torch.cat([moe_t.fused_moe(h, moe_t.moe_router(h, wr), wg, wu, wd, TOPK, True), res])
+            yield ("norm+router+fused_moe T=1 (unfused)", chain,
+                   lambda x=x, r=r: torch.cat(moe_r.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True)),
+                   TOPK * per_expert + E * H * 2)
     for b, ctx in ((1, 512), (1, 8192), (16, 512), (16, 8192)):
         kc, vc, md, _, _ = make_paged_batch([ctx] * b, [1] * b, HKV, D, 16, dtype=torch.float16)
         kc, vc = kc.to(DEV), vc.to(DEV)

@@ -67,6 +67,7 @@ def profile(runner, bs: int, ctx: int = 512, steps: int = 5) -> dict:
             g.replay()
         torch.cuda.synchronize()
     graph_rows = kernel_rows(prof, steps)                   # CUPTI sees the kernels inside graph replays
+    critical = critical_path(prof, steps)
     with tprof(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             fwd()
@@ -76,6 +77,10 @@ def profile(runner, bs: int, ctx: int = 512, steps: int = 5) -> dict:
     print(f"--- bs={bs} ctx={ctx}, inside the CUDA graph: kernel time {gtotal:.0f} us/step")
     for r in graph_rows[:25]:
         print(f"  {r['us_per_step']:8.1f} us/step {r['calls_per_step']:6.0f} x {r['us_per_call']:7.2f} us  {r['kernel']}")
+    print(f"--- bs={bs}: critical path inside the graph (end of a kernel minus the latest end before it; with PDL "
+          f"kernels overlap, so this, not the duration, is what each costs): {sum(critical.values()):.0f} us/step")
+    for name, us in sorted(critical.items(), key=lambda kv: -kv[1])[:16]:
+        print(f"  {us:8.1f} us/step  {name}")
     total = sum(r["us_per_step"] for r in rows)
     calls = sum(r["calls_per_step"] for r in rows)
     print(f"--- bs={bs}: graph replay {graph_us:.0f} us/step vs {gtotal:.0f} us of kernels inside it: "
@@ -85,7 +90,27 @@ def profile(runner, bs: int, ctx: int = 512, steps: int = 5) -> dict:
     for r in rows[:12]:
         print(f"  {r['us_per_step']:8.1f} us/step {r['calls_per_step']:6.0f} x {r['us_per_call']:7.2f} us  {r['kernel']}")
     return dict(bs=bs, ctx=ctx, graph_us=graph_us, eager_us=eager_us, kernel_us=total, kernels=calls,
-                layers=len(model.layers), rows=rows, graph_kernel_us=gtotal, graph_rows=graph_rows)
+                layers=len(model.layers), rows=rows, graph_kernel_us=gtotal, graph_rows=graph_rows,
+                critical_us=critical)
+
+
+def critical_path(prof, steps: int) -> dict[str, float]:
+    """µs per step that each kernel name adds to the stream's timeline: kernels sorted by start, each charged
+    max(0, its end - the latest end so far). Gaps between kernels are charged to the kernel after them."""
+    evs = [e for e in prof.events() if getattr(e, "device_type", None) is not None
+           and str(e.device_type).endswith("CUDA") and e.time_range.end > e.time_range.start]
+    evs.sort(key=lambda e: e.time_range.start)
+    out: dict[str, float] = {}
+    last = None
+    for e in evs:
+        end = e.time_range.end
+        if last is not None and e.time_range.start - last > 50:           # between replays: not a step's time
+            last = e.time_range.start
+        inc = end - last if last is not None else end - e.time_range.start
+        if inc > 0:
+            out[e.name[:90]] = out.get(e.name[:90], 0.0) + inc / steps
+            last = end
+    return out
 
 
 def kernel_rows(prof, steps: int) -> list[dict]:

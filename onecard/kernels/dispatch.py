@@ -10,11 +10,14 @@ Ops (all tensors on one device; "T" = flattened tokens):
       router: softmax (fp32) -> top-k -> renormalise if `renormalize`; out = sum_k p_k * down(silu(gate) * up)
       float MoEWeight layout [E, K, N]: w_gate/w_up [E, H, I], w_down [E, I, H]
   moe_router(x[T,H], weight[E,H]) -> router_logits[T,E] in x.dtype  (= F.linear(x, weight))
+  norm_moe(x[T,H], residual[T,H]|None, norm_weight[H], eps, gate[E,H], w_gate, w_up, w_down, top_k, renormalize)
+      -> (out[T,H], residual_out[T,H]): rms_norm, then fused_moe(h, moe_router(h, gate), ...); out in the model
+      dtype or float32 (the Triton batch-1 path: the next rms_norm takes it as x)
   store_kv(k[T,Hkv,D], v[T,Hkv,D], k_cache[NB,BS,Hkv,D], v_cache, slot_mapping[T]) -> None (in place; -1 skipped)
   paged_attention(q[T,Hq,D], k_cache, v_cache, md: AttentionMetadata, scale) -> [T,Hq,D]  (causal, GQA)
   rms_norm(x[T,H], weight[H], eps, residual[T,H]|None) -> (out[T,H], residual_out[T,H])
       residual None: residual_out = x; else residual_out = x + residual; out = norm(residual_out) * weight
-      (statistics in fp32; output in x.dtype)
+      (statistics in fp32; outputs in residual's dtype, x's without one; x may be fp32 with a residual)
   qk_norm_rope(q[T,Hq,D], k[T,Hkv,D], q_weight[D], k_weight[D], positions[T], cos_sin_cache[P,D], eps)
       -> (q_out, k_out): per-head RMSNorm then neox RoPE; cos_sin_cache fp32 = cat(cos[P,D/2], sin[P,D/2])
   qk_norm_rope_store(q, k, v[T,Hkv,D], q_weight, k_weight, positions, cos_sin_cache, eps, k_cache, v_cache,
@@ -33,6 +36,7 @@ _OPS = {
     "w4a16_gemm": "gptq_gemm",
     "fused_moe": "fused_moe",
     "moe_router": "fused_moe",
+    "norm_moe": "fused_moe",
     "store_kv": "attention",
     "paged_attention": "attention",
     "rms_norm": "norm",
@@ -100,6 +104,14 @@ def fused_moe(x, router_logits, w_gate, w_up, w_down, top_k, renormalize):
         if x.shape[0] >= grouped.GROUPED_MIN_TOKENS and grouped.available(x.device):
             return grouped.fused_moe(x, router_logits, w_gate, w_up, w_down, top_k, renormalize)
     return _impl("fused_moe", x.device)(x, router_logits, w_gate, w_up, w_down, top_k, renormalize)
+
+
+def norm_moe(x, residual, norm_weight, eps, gate, w_gate, w_up, w_down, top_k, renormalize):
+    if x.shape[0] == 1 or backend_for(x.device) == "ref":
+        return _impl("norm_moe", x.device)(x, residual, norm_weight, eps, gate, w_gate, w_up, w_down, top_k,
+                                           renormalize)
+    h, residual = rms_norm(x, norm_weight, eps, residual)                 # the grouped prefill path lives here
+    return fused_moe(h, moe_router(h, gate), w_gate, w_up, w_down, top_k, renormalize), residual
 
 
 def moe_router(x, weight):

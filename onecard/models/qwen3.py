@@ -107,6 +107,10 @@ class DecoderLayer(nn.Module):
     def forward(self, x, residual, positions, cos_sin, kv_cache, md):
         h, residual = ops.rms_norm(x, self.input_layernorm, self.eps, residual)
         h = self.self_attn(h, positions, cos_sin, kv_cache, md)
+        if self.is_moe:                                                   # norm + router + experts: one op
+            m = self.mlp
+            return ops.norm_moe(h, residual, self.post_attention_layernorm, self.eps, m.gate, m.w_gate, m.w_up,
+                                m.w_down, m.top_k, m.renormalize)
         h, residual = ops.rms_norm(h, self.post_attention_layernorm, self.eps, residual)
         return self.mlp(h), residual
 

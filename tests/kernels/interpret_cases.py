@@ -28,6 +28,10 @@ ROUTER = [(1, 64, 8), (3, 72, 6), (16, 256, 12), (5, 2048, 16), (1, 5000, 3)]
 MOE = [(1, 64, 32, 8, 2, True, False), (3, 72, 40, 6, 3, False, False), (17, 128, 48, 8, 2, True, True),
        (70, 64, 16, 4, 2, True, False), (1, 256, 160, 16, 4, False, True), (16, 256, 136, 8, 3, True, False),
        (9, 128, 48, 32, 8, True, True)]
+# (T, H, I, E, top_k, renormalize, residual?): the batch-1 block (one chunk of H per program; H not a multiple
+# of E; no residual; E not a power of two) and T > 1 (RMSNorm + router + fused_moe)
+NORM_MOE = [(1, 64, 32, 8, 2, True, True), (1, 200, 48, 6, 3, False, True), (1, 128, 40, 16, 4, True, False),
+            (3, 64, 32, 8, 2, True, True)]
 # (seq_lens, query_lens, Hq, Hkv, block_size, num_decode_tokens): prefill, chunk over prefix, split-KV decode
 ATTN = [([5, 9, 1], [5, 9, 1], 8, 2, 4, 0), ([7, 70, 33], [1, 4, 1], 6, 2, 16, 1),
         ([130, 2100], [1, 1], 4, 1, 16, 2), ([17], [17], 4, 4, 8, 0)]
@@ -35,9 +39,10 @@ ATTN = [([5, 9, 1], [5, 9, 1], 8, 2, 4, 0), ([7, 70, 33], [1, 4, 1], 6, 2, 16, 1
 CASES = ([f"gemm{i}-{dt}" for i in range(len(GEMM)) for dt in (F32, F16)] + ["dequant"]
          + [f"moe{i}-{w}-{dt}" for i in range(len(MOE)) for w in ("float", "gptq") for dt in (F32, F16)]
          + [f"router{i}-{dt}" for i in range(len(ROUTER)) for dt in (F32, F16)]
+         + [f"norm_moe{i}-{w}-{dt}" for i in range(len(NORM_MOE)) for w in ("float", "gptq") for dt in (F32, F16)]
          + [f"attn{i}-{dt}" for i in range(len(ATTN)) for dt in (F32, F16)]
          + [f"store_kv-{dt}" for dt in (F32, F16)]
-         + [f"rms_norm-{r}-{dt}" for r in ("res", "nores") for dt in (F32, F16)]
+         + [f"rms_norm-{r}-{dt}" for r in ("res", "nores", "x32res") for dt in (F32, F16)]
          + [f"qk_norm_rope-{dt}" for dt in (F32, F16)] + [f"qk_norm_rope_store-{dt}" for dt in (F32, F16)]
          + [f"silu_and_mul-{dt}" for dt in (F32, F16)])
 
@@ -75,6 +80,19 @@ def run_case(name: str, seed: int) -> float:
                   random_gptq(h, i, 32, experts=e, desc_act=desc, seed=seed + 2)[0],
                   random_gptq(i, h, 16, experts=e, desc_act=desc, seed=seed + 3)[0]]
         return _rel(tk.fused_moe(x, logits, *ws, top_k, renorm), ref.fused_moe(x, logits, *ws, top_k, renorm))
+    if kind.startswith("norm_moe"):
+        from onecard.kernels.fused_moe import ref, triton as tk
+        t, h, i, e, top_k, renorm, has_res = NORM_MOE[int(kind[8:])]
+        x, res = torch.randn(t, h).to(dt), (torch.randn(t, h).to(dt) if has_res else None)
+        nw, gate = (1 + 0.1 * torch.randn(h)).to(dt), (torch.randn(e, h) / math.sqrt(h)).to(dt)
+        if rest.startswith("float"):
+            ws = [(torch.randn(e, a, b) / math.sqrt(a)).to(dt) for a, b in ((h, i), (h, i), (i, h))]
+        else:
+            ws = [random_gptq(h, i, 32, experts=e, seed=seed + 1)[0], random_gptq(h, i, 32, experts=e, seed=seed + 2)[0],
+                  random_gptq(i, h, 16, experts=e, seed=seed + 3)[0]]
+        args = (nw, 1e-6, gate, *ws, top_k, renorm)
+        (o1, r1), (o2, r2) = tk.norm_moe(x, res, *args), ref.norm_moe(x, res, *args)
+        return max(_rel(o1, o2), _rel(r1, r2))
     if kind.startswith("router"):
         from onecard.kernels.fused_moe import ref, triton as tk
         t, h, e = ROUTER[int(kind[6:])]
@@ -101,7 +119,9 @@ def run_case(name: str, seed: int) -> float:
     if kind == "rms_norm":
         from onecard.kernels.norm import ref, triton as tk
         x, r, w = torch.randn(5, 40).to(dt), torch.randn(5, 40).to(dt), torch.randn(40).to(dt)
-        res = r if rest.startswith("res") else None
+        res = r if rest.startswith(("res", "x32")) else None
+        if rest.startswith("x32"):
+            x = torch.randn(5, 40)                                         # fp32 x, residual in dt
         (o1, r1), (o2, r2) = tk.rms_norm(x, w, 1e-6, res), ref.rms_norm(x, w, 1e-6, res)
         return max(_rel(o1, o2), _rel(r1, r2))
     if kind == "qk_norm_rope":

@@ -107,7 +107,13 @@ def softmax_topk(logits_ptr, t, stride_t, E, TOP_K: tl.constexpr, BLOCK_K: tl.co
     """Token t's router: fp32 softmax over E logits -> top-k (lowest index among ties) -> renormalise.
     Returns (weights [BLOCK_K] fp32, expert ids [BLOCK_K] int32, offsets [BLOCK_K]); lanes >= TOP_K unused."""
     offs = tl.arange(0, BLOCK_E)
-    x = tl.load(logits_ptr + t * stride_t + offs, mask=offs < E, other=-float("inf")).to(tl.float32)
+    x = tl.load(logits_ptr + t * stride_t + offs, mask=offs < E, other=-float("inf"))
+    return topk_of(x.to(tl.float32), offs, E, TOP_K, BLOCK_K, BLOCK_E, RENORM)
+
+
+@triton.jit
+def topk_of(x, offs, E, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr, RENORM: tl.constexpr):
+    """softmax_topk on logits already loaded: x [BLOCK_E] fp32 (-inf past E), offs = arange(BLOCK_E)."""
     p = tl.exp(x - tl.max(x, axis=0))
     p = p / tl.sum(p, axis=0)                                             # [BE] fp32 softmax
     p = tl.where(offs < E, p, -1.0)
@@ -370,14 +376,6 @@ def fused_moe_decode(x: torch.Tensor, router_logits: torch.Tensor, w_gate: MoEWe
     if x.stride(-1) != 1:
         x = x.contiguous()
     dev = x.device
-    bt, bn, bk8, warps, stages, per_sm = DECODE_CONFIGS[choose_decode_config(t)]
-    if tuning is not None:
-        bn, bk8, warps, stages, per_sm = tuning
-    gate, k1, n1, gs1, ng1, pr1, gst1, float_w = weight_args(w_gate, bk8)
-    up, *_, pr_up, gst_up, _ = weight_args(w_up, bk8)
-    assert (pr_up, gst_up) == (pr1, gst1), "gate and up must share their group layout (g_idx or not)"
-    down, k2, n2, gs2, ng2, pr2, gst2, _ = weight_args(w_down, bk8)
-    assert k1 == h and n2 == h and k2 == n1, (x.shape, k1, n1, k2, n2)
     num_experts = int(router_logits.shape[1])
     p = t * top_k
     slots = min(num_experts, p)
@@ -385,6 +383,7 @@ def fused_moe_decode(x: torch.Tensor, router_logits: torch.Tensor, w_gate: MoEWe
     state = workspace.counters(dev, "moe", num_experts + 1 + slots)
     counts, num_active = state[:num_experts], state[num_experts:num_experts + 1]
     active = state[num_experts + 1:]
+    n1 = moe_inter_size(w_gate)
     gu = torch.empty(p, 2 * n1, dtype=torch.float32, device=dev)          # [T*k, 2I] gate | up sums
     out32 = torch.empty(t, h, dtype=torch.float32, device=dev)            # [T, H]
     out = torch.empty(t, h, dtype=x.dtype, device=dev)
@@ -396,6 +395,34 @@ def fused_moe_decode(x: torch.Tensor, router_logits: torch.Tensor, w_gate: MoEWe
                               router_logits.stride(0), 2 * n1, h, TOP_K=top_k, BLOCK_K=next_pow2(top_k),
                               BLOCK_E=next_pow2(num_experts), RENORM=renormalize, ZERO_BLOCK=_ZERO_BLOCK,
                               PDL=use_pdl, num_warps=ROUTE_WARPS, launch_pdl=use_pdl)
+    moe_stages(x, gu, out32, w_gate, w_up, w_down, topk_ids, topk_w, active, top_k, use_pdl, tuning)
+    _finish_kernel[(triton.cdiv(t * h, _FINISH_BLOCK),)](out32, out, state, t * h, state.numel(),
+                                                         BLOCK=_FINISH_BLOCK, PDL=use_pdl, launch_pdl=use_pdl)
+    return out
+
+
+def moe_inter_size(w: MoEWeight) -> int:
+    """I: the gate projection's output size."""
+    return int(w.out_features) if isinstance(w, GPTQWeight) else int(w.shape[2])
+
+
+def moe_stages(x: torch.Tensor, gu: torch.Tensor, out32: torch.Tensor, w_gate: MoEWeight, w_up: MoEWeight,
+               w_down: MoEWeight, topk_ids: torch.Tensor, topk_w: torch.Tensor, active: torch.Tensor,
+               top_k: int, use_pdl: bool, tuning: tuple[int, int, int, int, int] | None = None) -> None:
+    """Launch stage 1 (gate/up: gu += ...) and stage 2 (down: out32 += ...) over the ``active`` slots; gu
+    [T*k, 2I] and out32 [T, H] fp32 must be zero, and the routing (ids, weights, active) written, by earlier
+    launches."""
+    t = x.shape[0]
+    dev = x.device
+    slots = active.numel()
+    bt, bn, bk8, warps, stages, per_sm = DECODE_CONFIGS[choose_decode_config(t)]
+    if tuning is not None:
+        bn, bk8, warps, stages, per_sm = tuning
+    gate, k1, n1, gs1, ng1, pr1, gst1, float_w = weight_args(w_gate, bk8)
+    up, *_, pr_up, gst_up, _ = weight_args(w_up, bk8)
+    assert (pr_up, gst_up) == (pr1, gst1), "gate and up must share their group layout (g_idx or not)"
+    down, k2, n2, gs2, ng2, pr2, gst2, _ = weight_args(w_down, bk8)
+    assert k1 == x.shape[1] and n2 == x.shape[1] and k2 == n1, (x.shape, k1, n1, k2, n2)
     common = dict(TOP_K=top_k, BLOCK_TOPK=next_pow2(top_k), BLOCK_T=bt, BLOCK_N=bn, BLOCK_K8=bk8,
                   FLOAT_W=float_w, PDL=use_pdl, num_warps=warps, num_stages=stages, launch_pdl=use_pdl)
     tiles1 = triton.cdiv(n1, bn)
@@ -408,9 +435,6 @@ def fused_moe_decode(x: torch.Tensor, router_logits: torch.Tensor, w_gate: MoEWe
     _moe_decode_kernel[(tiles2, s2, slots)](
         x, gu, out32, *down, *down, topk_ids, topk_w, active, t, n2, k2, gs2, ng2,
         gst2, 2 * n1, n2, tiles2, per2, STAGE=2, PER_ROW=bool(pr2), **common)
-    _finish_kernel[(triton.cdiv(t * h, _FINISH_BLOCK),)](out32, out, state, t * h, state.numel(),
-                                                         BLOCK=_FINISH_BLOCK, PDL=use_pdl, launch_pdl=use_pdl)
-    return out
 
 
 def decode_aot_configs(act: str, min_cc: int) -> list[AotConfig]:
@@ -453,5 +477,5 @@ def decode_aot_configs(act: str, min_cc: int) -> list[AotConfig]:
     return out
 
 
-__all__ = ["fused_moe_decode", "router_logits", "decode_aot_configs", "choose_decode_config", "weight_args",
-           "DECODE_MAX_TOKENS", "DECODE_CONFIGS"]
+__all__ = ["fused_moe_decode", "moe_stages", "moe_inter_size", "router_logits", "decode_aot_configs",
+           "choose_decode_config", "weight_args", "softmax_topk", "topk_of", "DECODE_MAX_TOKENS", "DECODE_CONFIGS"]

@@ -3,6 +3,7 @@
 router: p = softmax(router_logits in fp32) -> top-k -> divide by their sum when ``renormalize``;
 out[t] = sum_k p[t, k] * (silu(x[t] @ Wg[e]) * (x[t] @ Wu[e])) @ Wd[e] with e = topk_ids[t, k].
 Weights are float [E, K, N] (w_gate/w_up [E, H, I], w_down [E, I, H]) or stacked GPTQWeight.
+norm_moe: the post-attention RMSNorm (norm/ref.py, residual add), the router and fused_moe in one op.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from onecard.kernels.gptq_gemm.ref import dequantize_gptq, expert_slice
+from onecard.kernels.norm.ref import rms_norm
 from onecard.kernels.types import GPTQWeight, MoEWeight
 
 
@@ -46,3 +48,12 @@ def fused_moe(x: torch.Tensor, router_logits: torch.Tensor, w_gate: MoEWeight, w
         y = h @ expert_weight(w_down, e)                                  # [n, H]
         out.index_add_(0, tok, y * topk_weights[tok, slot].unsqueeze(1))
     return out.to(x.dtype)
+
+
+def norm_moe(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+             gate: torch.Tensor, w_gate: MoEWeight, w_up: MoEWeight, w_down: MoEWeight, top_k: int,
+             renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (moe out [T, H], residual_out [T, H]): h, residual_out = rms_norm(x, norm_weight, eps, residual);
+    out = fused_moe(h, moe_router(h, gate), ...). out is in h's dtype here; a backend may return it in fp32."""
+    h, residual_out = rms_norm(x, norm_weight, eps, residual)
+    return fused_moe(h, moe_router(h, gate), w_gate, w_up, w_down, top_k, renormalize), residual_out

@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from onecard.kernels.fused_moe import batch1
 from onecard.kernels.fused_moe.decode import (DECODE_CONFIGS, DECODE_MAX_TOKENS, choose_decode_config,
                                               decode_aot_configs, fused_moe_decode, router_logits,
                                               softmax_topk, weight_args)
@@ -243,6 +244,18 @@ def fused_moe(x: torch.Tensor, router_logits: torch.Tensor, w_gate: MoEWeight, w
     return y.view(t, top_k, n2).sum(dim=1)
 
 
+def norm_moe(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+             gate: torch.Tensor, w_gate: MoEWeight, w_up: MoEWeight, w_down: MoEWeight, top_k: int,
+             renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Batch 1: batch1.norm_moe (three launches, fp32 out); otherwise RMSNorm, router and fused_moe here."""
+    if batch1.supported(x, gate, top_k):
+        return batch1.norm_moe(x, residual, norm_weight, eps, gate, w_gate, w_up, w_down, top_k, renormalize)
+    from onecard.kernels.norm.triton import rms_norm
+
+    h, residual_out = rms_norm(x, norm_weight, eps, residual)
+    return fused_moe(h, moe_router(h, gate), w_gate, w_up, w_down, top_k, renormalize), residual_out
+
+
 def aot_configs() -> list[AotConfig]:
     """Routing at the served shapes (E=128, k=8, and any power-of-two E) and every GEMM config/flag combination
     for GPTQ (fp16 / bf16 activations) and float weights."""
@@ -252,7 +265,7 @@ def aot_configs() -> list[AotConfig]:
             cx = dict(TOP_K=8, BLOCK_K=8, BLOCK_E=128, RENORM=renorm)
             args = dict(logits_ptr=f"*{act}", w_ptr="*fp32", ids_ptr="*i32", E="i32", stride_t="i32")
             out.append(AotConfig(_route_kernel, signature(args, cx), cx, 4, 1, min_cc, f"route[{renorm},{act}]"))
-        out += decode_aot_configs(act, min_cc)
+        out += decode_aot_configs(act, min_cc) + batch1.aot_configs(act, min_cc)
         for name, (bm, bn1, bn2, bk8, warps, stages) in _CONFIGS.items():
             for float_w in (False, True):
                 for gated, bn in ((True, bn1), (False, bn2)):
@@ -271,5 +284,5 @@ def aot_configs() -> list[AotConfig]:
     return out
 
 
-__all__ = ["fused_moe", "moe_router", "route", "moe_align_block_size", "aot_configs", "choose_config",
+__all__ = ["fused_moe", "norm_moe", "moe_router", "route", "moe_align_block_size", "aot_configs", "choose_config",
            "DECODE_CONFIGS"]

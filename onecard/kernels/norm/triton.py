@@ -30,8 +30,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
              residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     t, h = x.shape
     assert x.stride(1) == 1 and (residual is None or residual.stride(1) == 1)
-    out = torch.empty(t, h, dtype=x.dtype, device=x.device)
-    res_out = x if residual is None else torch.empty(t, h, dtype=x.dtype, device=x.device)
+    dt = x.dtype if residual is None else residual.dtype                 # x may be fp32 (ref.py)
+    out = torch.empty(t, h, dtype=dt, device=x.device)
+    res_out = x if residual is None else torch.empty(t, h, dtype=dt, device=x.device)
     if t > 0:
         res = residual if residual is not None else x
         use_pdl = pdl(x.device, t)
@@ -42,14 +43,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
 
 
 def aot_configs() -> list[AotConfig]:
-    """Hidden 2048 (layers) and head_dim-sized rows, with and without the residual."""
+    """Hidden 2048 (layers), with and without the residual, x in the model dtype or (with the residual) fp32."""
     out = []
     for act, min_cc in (("fp16", 70), ("bf16", 80)):
         for h in (2048,):
-            for has_res in (False, True):
+            # x in fp32 with a residual: the layer after a batch-1 MoE (fused_moe/batch1.py)
+            for has_res, x_t in ((False, act), (True, act), (True, "fp32")):
                 cx = dict(BLOCK=h, HAS_RES=has_res, PDL=False)          # the AOT test sets PDL per target
-                args = dict(x_ptr=f"*{act}", res_ptr=f"*{act}", w_ptr=f"*{act}", out_ptr=f"*{act}",
+                args = dict(x_ptr=f"*{x_t}", res_ptr=f"*{act}", w_ptr=f"*{act}", out_ptr=f"*{act}",
                             res_out_ptr=f"*{act}", H="i32", eps="fp32", stride_x="i32", stride_r="i32")
                 out.append(AotConfig(_rms_norm_kernel, signature(args, cx), cx, 4, 1, min_cc,
-                                     f"rms_norm[{h},res={has_res},{act}]"))
+                                     f"rms_norm[{h},res={has_res},x={x_t},{act}]"))
     return out

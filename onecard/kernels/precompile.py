@@ -14,6 +14,9 @@ How:
   * ``compile_all(specs, target)`` compiles those specialisations in worker subprocesses into Triton's
     on-disk cache. They are built as Triton's own ``JITFunction.preload`` builds them, so they get the same
     cache keys, and the real launches that follow are disk-cache hits (a few ms each).
+  * ``WorkerPool(n)`` starts those workers ahead of time, without blocking: each imports torch, Triton and
+    the kernel modules (seconds) and then waits for jobs, so the runner starts one before it loads the weights
+    and the boot is off the critical path; ``compile_all(..., pool=pool)`` feeds that pool's workers.
 
 Contract: inside ``record()`` the outputs of skipped kernels are uninitialised memory. Host code must not
 branch on them, and torch ops must not index with them (onecard's ops do neither; fused_moe.route zeroes its
@@ -170,68 +173,133 @@ def _cost(spec: KernelSpec) -> int:
     return 0 if ("moe" in spec.name or "w4a16" in spec.name or "attn" in spec.name) else 1
 
 
-def compile_all(specs: list[KernelSpec], target: tuple, workers: int | None = None) -> dict:
+def available_cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+_BOOT = ("import json, sys; sys.path[:0] = json.loads(sys.argv[1]); "
+         "from onecard.kernels.precompile import worker_main; worker_main()")
+
+
+class WorkerPool:
+    """``n`` compile workers (default min(MAX_WORKERS, CPUs)), started at construction without waiting for
+    them: each imports what compile_spec needs, then blocks on its first job.
+
+    Plain subprocesses fed one JSON job per stdin line, not multiprocessing: the engine runs in a daemon
+    process (server/ core_client), and daemon processes may not have multiprocessing children. The owner
+    closes it (``close()`` or ``with``) in every case: close() ends each worker (EOF on its stdin; killed if
+    it does not exit) and reaps it. A worker whose parent dies also gets EOF and exits: no orphans."""
+
+    def __init__(self, n: int | None = None):
+        self.procs: list[subprocess.Popen] = []
+        try:
+            for _ in range(max(1, n or min(MAX_WORKERS, available_cpus()))):
+                self.procs.append(subprocess.Popen([sys.executable, "-c", _BOOT, json.dumps(sys.path)],
+                                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+        except BaseException:
+            self.close()
+            raise
+
+    def __len__(self) -> int:
+        return len(self.procs)
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self, timeout: float = 60.0) -> None:
+        """End and reap every worker; idempotent. A worker still booting finishes its imports first."""
+        for p in self.procs:
+            with contextlib.suppress(OSError):                            # it may be gone already
+                p.stdin.close()
+        deadline = time.monotonic() + timeout
+        for p in self.procs:
+            try:
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+            p.stdout.close()
+
+
+def compile_all(specs: list[KernelSpec], target: tuple, workers: int | None = None,
+                pool: WorkerPool | None = None) -> dict:
     """Compile the uncached ``specs`` in parallel worker processes. -> summary dict for the log/bench.
 
-    Workers are plain subprocesses fed one job at a time over a pipe, not multiprocessing: the engine runs
-    in a daemon process (server/ core_client), and daemon processes may not have multiprocessing children."""
+    With ``pool``, its running workers do it (``workers`` is ignored; the caller owns and closes the pool).
+    Without, it starts min(``workers`` or MAX_WORKERS, CPUs, uncached specs) workers and closes them."""
     t0 = time.perf_counter()
     total = len(specs)
     specs = [s for s in specs if not is_cached(s, target)]
     if not specs:
-        return {"kernels": total, "compiled": 0, "workers": 0, "seconds": time.perf_counter() - t0,
-                "errors": []}
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    n = max(1, min(workers or MAX_WORKERS, cpus, len(specs)))
+        summary = {"workers": 0, "compile_seconds_sum": 0.0, "errors": []}
+    elif pool is not None:
+        summary = _compile(specs, target, pool.procs[:len(specs)])
+    else:
+        with WorkerPool(min(workers or MAX_WORKERS, available_cpus(), len(specs))) as own:
+            summary = _compile(specs, target, own.procs)
+    for e in summary["errors"]:
+        logger.warning("precompile: %s (the JIT compiles it at its first launch)", e)
+    return {"kernels": total, "compiled": len(specs), "seconds": time.perf_counter() - t0, **summary}
+
+
+def _compile(specs: list[KernelSpec], target: tuple, procs: list[subprocess.Popen]) -> dict:
+    """One thread per worker, each feeding its worker one job at a time from a shared queue."""
     jobs: queue.Queue = queue.Queue()
     for s in sorted(specs, key=_cost):                                    # heavy kernels first
         jobs.put(s)
     results: list[tuple[str, float, str | None]] = []
-    boot = ("import json, sys; sys.path[:0] = json.loads(sys.argv[1]); "
-            "from onecard.kernels.precompile import worker_main; worker_main()")
 
-    def drive() -> None:
-        proc = subprocess.Popen([sys.executable, "-c", boot, json.dumps(sys.path)], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, text=True)
-        try:
-            while True:
-                try:
-                    spec = jobs.get_nowait()
-                except queue.Empty:
-                    break
+    def drive(proc: subprocess.Popen) -> None:
+        while True:
+            try:
+                spec = jobs.get_nowait()
+            except queue.Empty:
+                return
+            line: str | None = ""
+            try:
                 proc.stdin.write(json.dumps({"spec": dataclasses.asdict(spec), "target": list(target)}) + "\n")
                 proc.stdin.flush()
-                line = ""
-                while line is not None and not line.startswith(_REPLY):
-                    line = proc.stdout.readline() or None                 # skip anything else it prints
-                if line is None:
-                    results.append((spec.name, 0.0, "the compile worker exited"))
-                    break
-                results.append(tuple(json.loads(line[len(_REPLY):])))
-        finally:
-            proc.stdin.close()
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            except (OSError, ValueError):                                 # it died, or was closed
+                line = None
+            while line is not None and not line.startswith(_REPLY):
+                line = proc.stdout.readline() or None                     # skip anything else it prints
+            if line is None:
+                results.append((spec.name, 0.0, "the compile worker exited"))
+                return                                                    # the other workers take the rest
+            results.append(tuple(json.loads(line[len(_REPLY):])))
 
-    threads = [threading.Thread(target=drive, name=f"precompile-{i}", daemon=True) for i in range(n)]
+    threads = [threading.Thread(target=drive, args=(p,), name=f"precompile-{i}", daemon=True)
+               for i, p in enumerate(procs)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     errors = [f"{name}: {err[:300]}" for name, _, err in results if err]
-    for e in errors:
-        logger.warning("precompile: %s (the JIT compiles it at its first launch)", e)
-    return {"kernels": total, "compiled": len(specs), "workers": n, "seconds": time.perf_counter() - t0,
-            "compile_seconds_sum": sum(r[1] for r in results), "errors": errors}
+    while not jobs.empty():                                               # every worker exited
+        errors.append(f"{jobs.get_nowait().name}: not compiled (no compile worker left)")
+    return {"workers": len(procs), "compile_seconds_sum": sum(r[1] for r in results), "errors": errors}
 
 
 _REPLY = "@@onecard-precompile "
 
 
+def _preimport() -> None:
+    """What compile_spec and _source import, so the first job does not pay for it (a WorkerPool worker does
+    this while the engine loads weights). Best effort: a failure shows up in that job's reply."""
+    for name in ("triton", "triton.compiler", "triton.backends.nvidia.driver", *KERNEL_MODULES):
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - e.g. no NVIDIA backend here
+            pass
+
+
 def worker_main() -> None:
-    """A compile worker: one JSON job per stdin line -> one reply line per job on stdout."""
+    """A compile worker: imports first (_preimport), then one JSON job per stdin line -> one reply line per
+    job on stdout (prefixed _REPLY: an import may print to stdout too). Exits at EOF on stdin."""
+    _preimport()
     for line in sys.stdin:
         job = json.loads(line)
         name, sec, err = compile_spec(KernelSpec(**job["spec"]), tuple(job["target"]))
@@ -246,5 +314,5 @@ def current_target() -> tuple:
     return (t.backend, t.arch, t.warp_size)
 
 
-__all__ = ["KernelSpec", "Recording", "record", "compile_all", "compile_spec", "parse_spec", "current_target",
-           "any_compiled", "is_cached", "worker_main"]
+__all__ = ["KernelSpec", "Recording", "record", "WorkerPool", "compile_all", "compile_spec", "parse_spec",
+           "current_target", "any_compiled", "is_cached", "available_cpus", "worker_main"]

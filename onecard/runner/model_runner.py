@@ -1,11 +1,13 @@
 """The model runner (process B, torch): loads the model, sizes and owns the paged KV cache, runs steps.
 
-Contract: ``ModelRunner(config)`` loads weights; ``determine_num_blocks()`` sizes the KV pool (GPU: profile a
-forward at max_num_batched_tokens, then blocks = (total × util − peak torch memory − non-torch memory) /
-bytes per block; ``kv_cache_memory_bytes`` or ``num_gpu_blocks`` override; CPU: ``Env.cpu_kv_cache_bytes``);
-``initialize_kv_cache(num_blocks)`` allocates ``[num_blocks, block_size, kv_heads, head_dim]`` K and V per
-layer; ``execute(SchedulerOutput) -> RunnerOutput`` runs one forward over the flattened batch and samples each
-request's last position when it ``samples``. The only host sync per step is reading the sampled ids.
+Contract: ``ModelRunner(config)`` loads weights, and meanwhile boots the precompile's compile workers where
+it applies (``compile_pool``; ``precompile()`` uses and closes them, runner/precompile.py);
+``determine_num_blocks()`` sizes the KV pool (GPU: profile a forward at max_num_batched_tokens, then blocks =
+(total × util − peak torch memory − non-torch memory) / bytes per block; ``kv_cache_memory_bytes`` or
+``num_gpu_blocks`` override; CPU: ``Env.cpu_kv_cache_bytes``); ``initialize_kv_cache(num_blocks)``
+allocates ``[num_blocks, block_size, kv_heads, head_dim]`` K and V per layer; ``execute(SchedulerOutput) ->
+RunnerOutput`` runs one forward over the flattened batch and samples each request's last position when it
+``samples``. The only host sync per step is reading the sampled ids.
 """
 from __future__ import annotations
 
@@ -37,6 +39,7 @@ class _RequestState:
 class ModelRunner:
     def __init__(self, config: EngineConfig):
         from onecard.models.loader import load_model
+        from onecard.runner.precompile import start_workers
 
         self.config = config
         self.device = torch.device(config.device)
@@ -48,7 +51,14 @@ class ModelRunner:
             set_pdl(config.env.pdl_max_tokens)
         torch.manual_seed(config.model.seed)
         t0 = time.perf_counter()
-        self.model = load_model(config.model, self.device, self.dtype)
+        # the precompile's workers boot (seconds of imports) while the weights load; precompile() closes them
+        self.compile_pool = start_workers(self.device, config.env)
+        try:
+            self.model = load_model(config.model, self.device, self.dtype)
+        except BaseException:
+            if self.compile_pool is not None:
+                self.compile_pool.close()
+            raise
         self.load_seconds = time.perf_counter() - t0
         self.weights_bytes = int(getattr(self.model, "weights_bytes", 0))
         self.block_size = config.cache.block_size

@@ -6,9 +6,12 @@ executes; one layer of each distinct kind, see representative_layers) on: the me
 CUDA-graph decode batch, eager decode batches of every size up to max_num_seqs with short and long contexts,
 prefill chunks that reach each kernel path (decode-sized, the sorted MoE GEMM, the grouped prefill MoE, the
 profile's token budget) and mixed decode + prefill steps; then it compiles what was recorded, on all CPUs,
-into Triton's on-disk cache. Returns the summary (None where it does not apply: not CUDA, not the Triton
-backend, ONECARD_PRECOMPILE=0, or a kernel already compiled). A failure here is logged and start-up goes on:
-the JIT compiles at first launch as before.
+into Triton's on-disk cache. Returns the summary (None where it does not apply, see ``applies``). A failure
+here is logged and start-up goes on: the JIT compiles at first launch as before.
+
+The compile workers take seconds to boot (torch + Triton imports): ``start_workers`` starts them before the
+runner loads the weights, when precompile will apply, and the runner keeps them as ``runner.compile_pool``;
+``precompile`` compiles on them and closes them in every case (also when it is skipped or fails).
 """
 from __future__ import annotations
 
@@ -93,11 +96,44 @@ def representative_layers(layers: nn.ModuleList) -> list[int]:
     return sorted(first.values())
 
 
-@torch.inference_mode()
-def precompile(runner) -> dict | None:
-    if (runner.device.type != "cuda" or dispatch.backend_for(runner.device) != "triton"
-            or not runner.config.env.precompile):
+def applies(device: torch.device, env) -> bool:
+    """Will the precompile run? A CUDA device on the Triton backend, ONECARD_PRECOMPILE not 0 (``env``:
+    config.Env), and no onecard kernel compiled yet in this process (record() would refuse)."""
+    if device.type != "cuda" or dispatch.backend_for(device) != "triton" or not env.precompile:
+        return False
+    from onecard.kernels import precompile as pc
+
+    if pc.any_compiled():
+        logger.info("precompile skipped: a kernel was compiled before start-up")
+        return False
+    return True
+
+
+def start_workers(device: torch.device, env):
+    """-> a started kernels.precompile.WorkerPool (min(MAX_WORKERS, CPUs) workers) where the precompile
+    applies, else None. The caller closes it: precompile() does."""
+    if not applies(device, env):
         return None
+    from onecard.kernels import precompile as pc
+
+    try:
+        return pc.WorkerPool()
+    except Exception:  # noqa: BLE001 - compile_all starts its own workers later (or logs why it cannot)
+        logger.exception("could not start the precompile workers early")
+        return None
+
+
+def precompile(runner) -> dict | None:
+    pool, runner.compile_pool = getattr(runner, "compile_pool", None), None
+    try:
+        return _precompile(runner, pool) if applies(runner.device, runner.config.env) else None
+    finally:
+        if pool is not None:
+            pool.close()
+
+
+@torch.inference_mode()
+def _precompile(runner, pool) -> dict | None:
     from onecard.kernels import precompile as pc
 
     t0 = time.perf_counter()
@@ -126,7 +162,7 @@ def precompile(runner) -> dict | None:
                 runner.model.compute_logits(runner.model(ids, pos, runner.kv_caches, md)[-1:])
         torch.cuda.synchronize()
         dry = time.perf_counter() - t0
-        summary = pc.compile_all(list(rec.specs.values()), pc.current_target())
+        summary = pc.compile_all(list(rec.specs.values()), pc.current_target(), pool=pool)
     except Exception:  # noqa: BLE001 - start-up goes on; the JIT compiles at first launch
         logger.exception("precompile failed; kernels compile at their first launch")
         return None
@@ -139,4 +175,4 @@ def precompile(runner) -> dict | None:
     return summary
 
 
-__all__ = ["precompile", "dry_shapes", "batch", "representative_layers"]
+__all__ = ["precompile", "applies", "start_workers", "dry_shapes", "batch", "representative_layers"]

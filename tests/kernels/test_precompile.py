@@ -1,6 +1,7 @@
 """The start-up precompile (kernels/precompile.py) on the CPU: a specialisation in Triton's own
 specialization_data format, compiled by a spawned worker, lands in the on-disk cache under the key that
-``triton.compile`` (what the JIT calls) looks up; and the dry shapes reach every kernel path.
+``triton.compile`` (what the JIT calls) looks up, also from workers started ahead (WorkerPool); and the dry
+shapes reach every kernel path.
 
 Recording real launches needs a GPU (Triton's launcher): tests/gpu and bench/gpu_checks.py cover that part
 (after precompile, start-up compiles nothing).
@@ -43,18 +44,54 @@ def test_worker_compile_is_a_cache_hit_for_triton_compile(tmp_path, monkeypatch)
     assert not any(pc.is_cached(s, TARGET) for s in specs)
     summary = pc.compile_all(specs, TARGET, workers=2)
     assert summary["errors"] == [] and summary["compiled"] == 2 and summary["kernels"] == 2
+    _assert_jit_cache_hits(specs, monkeypatch)
+    # a second start-up finds everything cached and starts no workers
+    again = pc.compile_all(specs, TARGET)
+    assert again["compiled"] == 0 and again["workers"] == 0
+
+
+def _assert_jit_cache_hits(specs: list[pc.KernelSpec], monkeypatch) -> None:
+    """What the JIT would do at the launch: triton.compile on the same source -> the listener sees a hit."""
     assert all(pc.is_cached(s, TARGET) for s in specs)
-    # what the JIT would do at the launch: triton.compile on the same source -> the listener sees a cache hit
     seen = []
     monkeypatch.setattr(triton.knobs.compilation, "listener", lambda **kw: seen.append(kw["cache_hit"]))
     for s in specs:
         src, options = pc._source(s)
         k = triton.compile(src, target=GPUTarget(*TARGET), options=options)
         assert k.asm.get("cubin")
-    assert seen == [True, True]
-    # a second start-up finds everything cached and starts no workers
-    again = pc.compile_all(specs, TARGET)
-    assert again["compiled"] == 0 and again["workers"] == 0
+    assert seen == [True] * len(specs)
+
+
+def test_a_pool_started_early_compiles_into_the_cache(tmp_path, monkeypatch):
+    """The runner starts the workers before it loads the weights; compile_all then feeds those workers."""
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))                 # before the pool: workers inherit it
+    specs = [_rms_norm_spec(2048, True, 4), _rms_norm_spec(1024, False, 4), _rms_norm_spec(512, True, 2)]
+    with pc.WorkerPool(2) as pool:
+        assert len(pool) == 2 and all(p.poll() is None for p in pool.procs)   # booting or waiting for jobs
+        summary = pc.compile_all(specs, TARGET, pool=pool)
+        assert summary["errors"] == [] and summary["compiled"] == 3 and summary["workers"] == 2
+        assert all(p.poll() is None for p in pool.procs)                  # the owner closes them, not compile_all
+        assert pc.compile_all(specs, TARGET, pool=pool)["compiled"] == 0  # all cached: nothing to do
+    assert all(p.poll() is not None for p in pool.procs)                  # exited and reaped
+    _assert_jit_cache_hits(specs, monkeypatch)
+
+
+def test_a_pool_closed_without_jobs_exits_cleanly():
+    pool = pc.WorkerPool(2)
+    pool.close()
+    assert [p.poll() for p in pool.procs] == [0, 0]
+    pool.close()                                                          # idempotent
+
+
+def test_a_dead_pool_worker_is_reported_not_raised(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    specs = [_rms_norm_spec(2048, True, 4), _rms_norm_spec(1024, False, 4)]
+    with pc.WorkerPool(2) as pool:
+        pool.procs[0].kill()
+        pool.procs[0].wait()
+        summary = pc.compile_all(specs, TARGET, pool=pool)
+    assert all("the compile worker exited" in e for e in summary["errors"]) and len(summary["errors"]) <= 1
+    assert sum(pc.is_cached(s, TARGET) for s in specs) == len(specs) - len(summary["errors"])
 
 
 def _compile_in_daemon(cache_dir: str, data: str, out) -> None:
@@ -128,6 +165,7 @@ def test_dry_batches_are_valid_forwards(tiny_moe_gptq_dir):
                      max_num_batched_tokens=300).create_config()
     runner = ModelRunner(cfg)
     runner.initialize_kv_cache(2, log=False)
+    assert runner.compile_pool is None                                   # CPU: no compile workers started
     assert runner.precompile() is None                                   # CPU: nothing to compile
     for q, c, long in dry_shapes(4, 300, 512):
         ids, pos, md = batch(q, c, runner.block_size, runner.device, max_seq_len=512 if long else None)

@@ -4,7 +4,8 @@ Contract: ``forward(input_ids[T], positions[T], kv_caches, md) -> hidden[T, H]``
 variable-length batch (see runner/attn_metadata.py); ``compute_logits(hidden[B, H]) -> [B, V]`` fp32.
 Weights are placed by models/loader.py; this file only defines structure and arithmetic.
 Per layer: RMSNorm(+residual) → qkv → per-head q/k RMSNorm + RoPE, K/V into the cache → paged attention → o_proj →
-RMSNorm(+residual) → MLP (dense SiLU-gated, or sparse MoE: router → softmax → top-k → renormalise → experts).
+RMSNorm(+residual) → MLP (dense SiLU-gated, or sparse MoE: router → softmax → top-k → renormalise → experts; the
+MoE layer calls the norm and the experts as one op, ``norm_moe``, which its batch-1 kernels fuse).
 """
 from __future__ import annotations
 

@@ -51,3 +51,41 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         scores = scores.masked_fill(k_pos[None, None, :] > q_pos[None, :, None], float("-inf"))
         out[q0:q1] = torch.einsum("hnl,lhd->nhd", torch.softmax(scores, dim=-1), v)
     return out.to(q.dtype)
+
+
+def compose_norm_qkv(ops, x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+                     w, bias: torch.Tensor | None, q_weight: torch.Tensor, k_weight: torch.Tensor,
+                     positions: torch.Tensor, cos_sin_cache: torch.Tensor, k_cache: torch.Tensor,
+                     v_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                     num_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """norm_qkv_rope_store from the ops of ``ops`` (this module's ref ops, or kernels.dispatch's)."""
+    h, residual_out = ops.rms_norm(x, norm_weight, eps, residual)
+    if isinstance(w, torch.Tensor):
+        qkv = torch.nn.functional.linear(h, w, bias)                       # float weight [N, K]
+    else:
+        qkv = ops.w4a16_gemm(h, w, bias)                                   # GPTQWeight
+    t, hkv, d = h.shape[0], k_cache.shape[2], k_cache.shape[3]
+    q, k, v = qkv.split([num_heads * d, hkv * d, hkv * d], dim=-1)
+    q_out = ops.qk_norm_rope_store(q.reshape(t, num_heads, d), k.reshape(t, hkv, d), v.reshape(t, hkv, d),
+                                   q_weight, k_weight, positions, cos_sin_cache, eps, k_cache, v_cache,
+                                   slot_mapping)
+    return q_out, residual_out
+
+
+def norm_qkv_rope_store(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+                        w, bias: torch.Tensor | None, q_weight: torch.Tensor, k_weight: torch.Tensor,
+                        positions: torch.Tensor, cos_sin_cache: torch.Tensor, k_cache: torch.Tensor,
+                        v_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                        num_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The attention inputs from the layer's input: rms_norm(x, norm_weight, eps, residual) -> qkv = h @ w
+    (+ bias; w a GPTQWeight or float [N, K]) -> split into q [T, Hq, D], k, v [T, Hkv, D] -> qk_norm_rope_store
+    (eps for the q/k norms too). -> (q_out [T, Hq, D], residual_out [T, H]); the caches are written in place."""
+    import types
+
+    from onecard.kernels.gptq_gemm.ref import w4a16_gemm
+    from onecard.kernels.norm.ref import rms_norm
+    from onecard.kernels.rope.ref import qk_norm_rope_store
+
+    ops = types.SimpleNamespace(rms_norm=rms_norm, w4a16_gemm=w4a16_gemm, qk_norm_rope_store=qk_norm_rope_store)
+    return compose_norm_qkv(ops, x, residual, norm_weight, eps, w, bias, q_weight, k_weight, positions,
+                            cos_sin_cache, k_cache, v_cache, slot_mapping, num_heads)

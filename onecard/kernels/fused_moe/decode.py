@@ -116,16 +116,20 @@ def topk_of(x, offs, E, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.
     """softmax_topk on logits already loaded: x [BLOCK_E] fp32 (-inf past E), offs = arange(BLOCK_E)."""
     p = tl.exp(x - tl.max(x, axis=0))
     p = p / tl.sum(p, axis=0)                                             # [BE] fp32 softmax
-    p = tl.where(offs < E, p, -1.0)
+    # one int64 key per expert: the probability's bits (p >= 0: ordered as integers) above the reversed index,
+    # so a single max per round yields the value and the lowest index among ties (one reduction, not two)
+    bits = p.to(tl.int32, bitcast=True).to(tl.int64)
+    key = tl.where(offs < E, (bits << 32) | (BLOCK_E - 1 - offs).to(tl.int64), -1)   # [BE]
     offs_k = tl.arange(0, BLOCK_K)
     vals = tl.zeros((BLOCK_K,), dtype=tl.float32)
     ids = tl.zeros((BLOCK_K,), dtype=tl.int32)
     for i in tl.static_range(TOP_K):
-        best = tl.max(p, axis=0)
-        idx = tl.min(tl.where(p == best, offs, BLOCK_E), axis=0)          # lowest index among ties
-        vals = tl.where(offs_k == i, best, vals)
+        best = tl.max(key, axis=0)
+        idx = (BLOCK_E - 1 - (best & 0xFFFFFFFF)).to(tl.int32)
+        val = (best >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+        vals = tl.where(offs_k == i, val, vals)
         ids = tl.where(offs_k == i, idx, ids)
-        p = tl.where(offs == idx, -1.0, p)
+        key = tl.where(key == best, -1, key)
     if RENORM:
         vals = vals / tl.sum(vals, axis=0)
     return vals, ids, offs_k

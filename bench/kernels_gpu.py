@@ -118,36 +118,6 @@ def cases(quick: bool):
             yield ("norm+router+fused_moe T=1 (unfused)", chain,
                    lambda x=x, r=r: torch.cat(moe_r.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True)),
                    TOPK * per_expert + E * H * 2)
-    # the attention inputs at batch 1: input RMSNorm + qkv GEMV + q/k norm + RoPE + KV store in one launch
-    # (attention/qkv_batch1.py), against the ref and, for timing, the three-launch chain it replaced
-    from onecard.kernels.attention import qkv_batch1
-    wqkv = rand_gptq(H, (HQ + 2 * HKV) * D)
-    qn, kn = (1 + 0.1 * torch.randn(D, device=DEV)).half(), (1 + 0.1 * torch.randn(D, device=DEV)).half()
-    ang = torch.outer(torch.arange(4096, device=DEV).float(),
-                      1.0 / (1e7 ** (torch.arange(0, D, 2, device=DEV).float() / D)))
-    rope = torch.cat([ang.cos(), ang.sin()], -1)
-    x32, r1 = torch.randn(1, H, device=DEV), torch.randn(1, H, device=DEV).half()
-    pos1, slot1 = torch.tensor([700], device=DEV), torch.tensor([1234], device=DEV)
-    caches = [(torch.zeros(128, 16, HKV, D, device=DEV).half(), torch.zeros(128, 16, HKV, D, device=DEV).half())
-              for _ in range(3)]
-
-    def qkv_out(q, res, kc, vc):
-        return torch.cat([q.flatten(), res.flatten(), kc.view(-1, HKV * D)[1234], vc.view(-1, HKV * D)[1234]])
-
-    def qkv_args(c):
-        return (x32, r1, nw, 1e-6, wqkv, None, qn, kn, pos1, rope, c[0], c[1], slot1, HQ)
-
-    def qkv_chain(c=caches[2]):
-        h, res = n_t.rms_norm(x32, nw, 1e-6, r1)
-        q, k, v = g_t.w4a16_gemm(h, wqkv).split([HQ * D, HKV * D, HKV * D], dim=-1)
-        q = r_t.qk_norm_rope_store(q.view(1, HQ, D), k.view(1, HKV, D), v.view(1, HKV, D), qn, kn, pos1, rope,
-                                   1e-6, c[0], c[1], slot1)
-        return qkv_out(q, res, *c)
-    qkv_bytes = wqkv.nbytes() + H * 8
-    yield ("norm_qkv T=1", lambda: qkv_out(*qkv_batch1.norm_qkv_rope_store(*qkv_args(caches[0])), *caches[0]),
-           lambda: qkv_out(*at_r.norm_qkv_rope_store(*qkv_args(caches[1])), *caches[1]), qkv_bytes)
-    yield ("norm+qkv+qk_norm_rope_store T=1 (unfused)", qkv_chain,
-           lambda: qkv_out(*at_r.norm_qkv_rope_store(*qkv_args(caches[1])), *caches[1]), qkv_bytes)
     for b, ctx in ((1, 512), (1, 8192), (16, 512), (16, 8192)):
         kc, vc, md, _, _ = make_paged_batch([ctx] * b, [1] * b, HKV, D, 16, dtype=torch.float16)
         kc, vc = kc.to(DEV), vc.to(DEV)

@@ -22,17 +22,12 @@ Ops (all tensors on one device; "T" = flattened tokens):
       -> (q_out, k_out): per-head RMSNorm then neox RoPE; cos_sin_cache fp32 = cat(cos[P,D/2], sin[P,D/2])
   qk_norm_rope_store(q, k, v[T,Hkv,D], q_weight, k_weight, positions, cos_sin_cache, eps, k_cache, v_cache,
       slot_mapping) -> q_out: qk_norm_rope, then store_kv(k_out, v, ...) (one launch on the Triton backend)
-  norm_qkv_rope_store(x[T,H], residual[T,H]|None, norm_weight[H], eps, w: GPTQWeight | float [N,K], bias[N]|None,
-      q_weight, k_weight, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, num_heads)
-      -> (q_out[T,Hq,D], residual_out[T,H]): rms_norm, qkv = h @ w (+ bias), qk_norm_rope_store (one launch on
-      the Triton backend at T = 1, attention/qkv_batch1.py; composed from the ops above otherwise)
   silu_and_mul(x[T,2I]) -> [T,I]   (silu(x[:, :I]) * x[:, I:])
 """
 from __future__ import annotations
 
 import contextlib
 import importlib
-import sys
 from typing import Iterator
 
 import torch
@@ -142,23 +137,6 @@ def qk_norm_rope(q, k, q_weight, k_weight, positions, cos_sin_cache, eps):
 def qk_norm_rope_store(q, k, v, q_weight, k_weight, positions, cos_sin_cache, eps, k_cache, v_cache, slot_mapping):
     return _impl("qk_norm_rope_store", q.device)(q, k, v, q_weight, k_weight, positions, cos_sin_cache, eps,
                                                   k_cache, v_cache, slot_mapping)
-
-
-def norm_qkv_rope_store(x, residual, norm_weight, eps, w, bias, q_weight, k_weight, positions, cos_sin_cache,
-                        k_cache, v_cache, slot_mapping, num_heads):
-    from onecard.kernels.attention import ref
-
-    backend = backend_for(x.device)
-    if backend == "ref":
-        return ref.norm_qkv_rope_store(x, residual, norm_weight, eps, w, bias, q_weight, k_weight, positions,
-                                       cos_sin_cache, k_cache, v_cache, slot_mapping, num_heads)
-    from onecard.kernels.attention import qkv_batch1
-
-    if qkv_batch1.supported(x, w, num_heads, k_cache.shape[2], k_cache.shape[3], k_cache, cos_sin_cache):
-        return qkv_batch1.norm_qkv_rope_store(x, residual, norm_weight, eps, w, bias, q_weight, k_weight,
-                                              positions, cos_sin_cache, k_cache, v_cache, slot_mapping, num_heads)
-    return ref.compose_norm_qkv(sys.modules[__name__], x, residual, norm_weight, eps, w, bias, q_weight, k_weight,
-                                positions, cos_sin_cache, k_cache, v_cache, slot_mapping, num_heads)
 
 
 def silu_and_mul(x):

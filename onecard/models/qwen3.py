@@ -43,28 +43,21 @@ class Attention(nn.Module):
         self.k_norm: torch.Tensor | None = None   # [D]
         self.scale = self.head_dim ** -0.5
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
-                positions: torch.Tensor, cos_sin: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor],
-                md: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
-        """The layer's input RMSNorm (norm_weight, with the residual add) and attention -> (o [T, H], residual)."""
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
+                kv_cache: tuple[torch.Tensor, torch.Tensor], md: AttentionMetadata) -> torch.Tensor:
         t = x.shape[0]
-        k_cache, v_cache = kv_cache
-        if self.fuse_qkv:                                                 # norm + qkv + q/k norm + RoPE + store
-            p = self.qkv_proj
-            q, residual = ops.norm_qkv_rope_store(x, residual, norm_weight, self.eps,
-                                                  p.gptq if p.gptq is not None else p.weight, p.bias,
-                                                  self.q_norm, self.k_norm, positions, cos_sin, k_cache, v_cache,
-                                                  md.slot_mapping, self.num_heads)
+        if self.fuse_qkv:
+            q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         else:
-            h, residual = ops.rms_norm(x, norm_weight, self.eps, residual)
-            q, k, v = self.q_proj(h), self.k_proj(h), self.v_proj(h)
-            q = q.reshape(t, self.num_heads, self.head_dim)              # [T, Hq, D]
-            k = k.reshape(t, self.num_kv_heads, self.head_dim)           # [T, Hkv, D]
-            v = v.reshape(t, self.num_kv_heads, self.head_dim)           # [T, Hkv, D]
-            q = ops.qk_norm_rope_store(q, k, v, self.q_norm, self.k_norm, positions, cos_sin, self.eps, k_cache,
-                                       v_cache, md.slot_mapping)          # k, v -> the cache
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.reshape(t, self.num_heads, self.head_dim)                  # [T, Hq, D] (rows strided in qkv)
+        k = k.reshape(t, self.num_kv_heads, self.head_dim)               # [T, Hkv, D]
+        v = v.reshape(t, self.num_kv_heads, self.head_dim)               # [T, Hkv, D]
+        k_cache, v_cache = kv_cache
+        q = ops.qk_norm_rope_store(q, k, v, self.q_norm, self.k_norm, positions, cos_sin, self.eps, k_cache,
+                                   v_cache, md.slot_mapping)              # k, v -> the cache
         o = ops.paged_attention(q, k_cache, v_cache, md, self.scale)     # [T, Hq, D]
-        return self.o_proj(o.reshape(t, self.q_size)), residual
+        return self.o_proj(o.reshape(t, self.q_size))
 
 
 class DenseMLP(nn.Module):
@@ -113,7 +106,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm: torch.Tensor | None = None
 
     def forward(self, x, residual, positions, cos_sin, kv_cache, md):
-        h, residual = self.self_attn(x, residual, self.input_layernorm, positions, cos_sin, kv_cache, md)
+        h, residual = ops.rms_norm(x, self.input_layernorm, self.eps, residual)
+        h = self.self_attn(h, positions, cos_sin, kv_cache, md)
         if self.is_moe:                                                   # norm + router + experts: one op
             m = self.mlp
             return ops.norm_moe(h, residual, self.post_attention_layernorm, self.eps, m.gate, m.w_gate, m.w_up,

@@ -35,12 +35,6 @@ NORM_MOE = [(1, 64, 32, 8, 2, True, True), (1, 200, 48, 6, 3, False, True), (1, 
 # (seq_lens, query_lens, Hq, Hkv, block_size, num_decode_tokens): prefill, chunk over prefix, split-KV decode
 ATTN = [([5, 9, 1], [5, 9, 1], 8, 2, 4, 0), ([7, 70, 33], [1, 4, 1], 6, 2, 16, 1),
         ([130, 2100], [1, 1], 4, 1, 16, 2), ([17], [17], 4, 4, 8, 0)]
-# (K, Hq, Hkv, D, group, residual: none | res | x32 (fp32 x), bias, slot): the batch-1 norm + qkv + RoPE + KV
-# store; one split; two prefetched tiles; a K loop (3 tiles per split); K not a multiple of the tile with one
-# group; a padding token (slot -1: the caches stay as they were)
-NORM_QKV = [(128, 2, 1, 64, 128, "res", False, 5), (512, 4, 2, 128, 128, "x32", True, 9),
-            (768, 4, 2, 128, 128, "res", False, 30), (200, 2, 1, 64, 200, "none", True, 0),
-            (256, 2, 2, 64, 128, "x32", False, -1)]
 
 CASES = ([f"gemm{i}-{dt}" for i in range(len(GEMM)) for dt in (F32, F16)] + ["dequant"]
          + [f"moe{i}-{w}-{dt}" for i in range(len(MOE)) for w in ("float", "gptq") for dt in (F32, F16)]
@@ -50,8 +44,7 @@ CASES = ([f"gemm{i}-{dt}" for i in range(len(GEMM)) for dt in (F32, F16)] + ["de
          + [f"store_kv-{dt}" for dt in (F32, F16)]
          + [f"rms_norm-{r}-{dt}" for r in ("res", "nores", "x32res") for dt in (F32, F16)]
          + [f"qk_norm_rope-{dt}" for dt in (F32, F16)] + [f"qk_norm_rope_store-{dt}" for dt in (F32, F16)]
-         + [f"silu_and_mul-{dt}" for dt in (F32, F16)]
-         + [f"norm_qkv{i}-{dt}" for i in range(len(NORM_QKV)) for dt in (F32, F16)])
+         + [f"silu_and_mul-{dt}" for dt in (F32, F16)])
 
 
 def _rel(out, ref) -> float:
@@ -156,28 +149,6 @@ def run_case(name: str, seed: int) -> float:
         qa = tk.qk_norm_rope_store(q, k, v, qw, kw, pos, cache, 1e-6, *caches[0], slots)
         qb = ref.qk_norm_rope_store(q, k, v, qw, kw, pos, cache, 1e-6, *caches[1], slots)
         return max(_rel(qa, qb), _rel(torch.cat(caches[0]), torch.cat(caches[1])))
-    if kind.startswith("norm_qkv"):
-        from onecard.kernels.attention import qkv_batch1, ref
-        k, hq, hkv, d, gs, res_kind, has_bias, slot = NORM_QKV[int(kind[8:])]
-        n = (hq + 2 * hkv) * d
-        w, _ = random_gptq(k, n, gs, seed=seed)
-        x = torch.randn(1, k) if res_kind == "x32" else torch.randn(1, k).to(dt)
-        res = None if res_kind == "none" else torch.randn(1, k).to(dt)
-        nw = (1 + 0.1 * torch.randn(k)).to(dt)
-        bias = torch.randn(n).to(dt) if has_bias else None
-        qw, kw = (1 + 0.1 * torch.randn(d)).to(dt), (1 + 0.1 * torch.randn(d)).to(dt)
-        ang = torch.outer(torch.arange(64).float(), 1.0 / (1e4 ** (torch.arange(0, d, 2).float() / d)))
-        cache = torch.cat([ang.cos(), ang.sin()], dim=-1)
-        pos, slots = torch.tensor([37]), torch.tensor([slot])
-        caches = [(torch.randn(4, 8, hkv, d).to(dt), torch.randn(4, 8, hkv, d).to(dt))]
-        caches.append((caches[0][0].clone(), caches[0][1].clone()))
-        args = (w, bias, qw, kw, pos, cache)
-        qa, ra = qkv_batch1.norm_qkv_rope_store(x, res, nw, 1e-6, *args, *caches[0], slots, hq)
-        qb, rb = ref.norm_qkv_rope_store(x, res, nw, 1e-6, *args, *caches[1], slots, hq)
-        errs = [_rel(qa, qb), _rel(ra, rb), _rel(torch.cat(caches[0]), torch.cat(caches[1]))]
-        if slot >= 0:                                                     # the written rows on their own
-            errs += [_rel(a.view(-1, hkv, d)[slot], b.view(-1, hkv, d)[slot]) for a, b in zip(*caches)]
-        return max(errs)
     if kind == "silu_and_mul":
         from onecard.kernels.activation import ref, triton as tk
         x = torch.randn(3, 2 * 1100).to(dt)

@@ -14,7 +14,6 @@ import torch
 import triton
 import triton.language as tl
 
-from onecard.kernels.attention import qkv_batch1
 from onecard.kernels.triton_dot import dot
 from onecard.kernels.triton_common import AotConfig, next_pow2, num_sms, pdl, pdl_enter, signature
 from onecard.runner.attn_metadata import AttentionMetadata
@@ -213,7 +212,6 @@ def aot_configs() -> list[AotConfig]:
                         num_segments="i32")
             out.append(AotConfig(_segment_reduce_kernel, signature(args, cx), cx, 4, 1, min_cc,
                                  f"segment_reduce[s={segs},{act}]"))
-        out += qkv_batch1.aot_configs(act, min_cc)                        # its inputs: norm + qkv + RoPE + store
     return out
 
 

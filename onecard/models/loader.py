@@ -30,6 +30,7 @@ from onecard.models.registry import get_model_class
 logger = logging.getLogger(__name__)
 
 GPTQ_PARTS = ("qweight", "qzeros", "scales", "g_idx")
+_DIRECT_COPY_MIN_BYTES = 256 << 10    # experts' parts at least this big go to the device one by one
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _EXPERT = re.compile(r"^mlp\.experts\.(\d+)\.(gate|up|down)_proj\.(\w+)$")
 
@@ -92,7 +93,7 @@ def _gptq_weight(parts: dict[str, torch.Tensor], name: str, k: int, n: int, fmt:
     g_idx = parts.get("g_idx")
     if g_idx is not None:
         _check(f"{name}.g_idx", g_idx, (*qw.shape[:-2], k))
-        trivial = torch.arange(k, dtype=torch.int64) // group_size
+        trivial = torch.arange(k, dtype=torch.int64, device=g_idx.device) // group_size
         if torch.equal(g_idx.to(torch.int64), trivial.expand_as(g_idx)):
             g_idx = None
     qz = qz.to(device)
@@ -132,6 +133,8 @@ class _Loader:
         self.E = int(c.get("num_experts") or c.get("num_local_experts") or 0)
         self.filled: set[str] = set()
         self.bytes = 0
+        self.complete_experts: dict[int, int] = defaultdict(int)     # layer -> complete (expert, proj) entries
+        self._expert_need: dict[int, tuple[str, ...]] = {}
 
     # which linear modules exist in which format
     def module_format(self, name: str) -> str | None:
@@ -231,8 +234,13 @@ class _Loader:
             e, proj, part = int(em.group(1)), em.group(2), em.group(3)
             if e >= self.E:
                 raise LoadError(f"tensor {key} names expert {e} but the config has {self.E} experts.")
-            pending_experts[i].setdefault((e, proj), {})[part] = t
-            self.maybe_finish_experts(model, i, pending_experts)
+            got = pending_experts[i].setdefault((e, proj), {})
+            was = self._expert_complete(i, e, proj, got)
+            got[part] = t
+            if not was and self._expert_complete(i, e, proj, got):
+                self.complete_experts[i] += 1
+            if self.complete_experts[i] == 3 * self.E:
+                self.maybe_finish_experts(model, i, pending_experts)
         elif rest in ("mlp.experts.gate_up_proj", "mlp.experts.down_proj") and layer.is_moe:
             # transformers 5 fused layout: gate_up [E, 2I, H], down [E, H, I] (nn.Linear style [N, K])
             pending_experts[i][rest] = t
@@ -312,6 +320,33 @@ class _Loader:
                 "down_proj": self.hidden, "lm_head": int(c["vocab_size"])}[short]
 
     # --------------------------------------------------------------------- experts
+    def _expert_complete(self, i: int, e: int, proj: str, got: dict) -> bool:
+        """Has (expert e, proj) of layer i every part the checkpoint holds for it? (O(1): no scan of the
+        other experts, so a layer's 3E x 3-4 tensors cost linear time.)"""
+        if i not in self._expert_need:
+            p0 = f"model.layers.{i}.mlp.experts.0.gate_proj"
+            self._expert_need[i] = ("qweight", "qzeros", "scales") if self.module_format(p0) == "gptq" else ("weight",)
+        if not all(n in got for n in self._expert_need[i]):
+            return False
+        return "g_idx" in got or f"model.layers.{i}.mlp.experts.{e}.{proj}_proj.g_idx" not in self.names
+
+    def _stack(self, parts: list[torch.Tensor], name: str) -> torch.Tensor:
+        """torch.stack(parts) built on the load device: each expert's tensor is copied from the checkpoint's
+        memory map straight into its slice (no host-side stacked copy, which was a second pass over the
+        layer's bytes); parts under _DIRECT_COPY_MIN_BYTES are stacked on the host and copied once (a copy
+        costs ~10 us of fixed overhead). Dtypes are kept (_gptq_weight casts the scales as before)."""
+        first = parts[0]
+        for e, x in enumerate(parts):
+            if x.shape != first.shape or x.dtype != first.dtype:
+                raise LoadError(f"{name.replace('*', str(e))}: shape {list(x.shape)} {x.dtype} differs from "
+                                f"expert 0's {list(first.shape)} {first.dtype}.")
+        if first.numel() * first.element_size() < _DIRECT_COPY_MIN_BYTES:
+            return torch.stack(parts).to(self.device)      # small parts (scales, zeros): one copy, not E
+        out = torch.empty((len(parts), *first.shape), dtype=first.dtype, device=self.device)
+        for e, x in enumerate(parts):
+            out[e].copy_(x)
+        return out
+
     def maybe_finish_experts(self, model, i: int, pending) -> None:
         parts = pending[i]
         moe = model.layers[i].mlp
@@ -326,21 +361,14 @@ class _Loader:
             moe.w_down = self.place(dn.transpose(1, 2).contiguous())
             self.filled.add(f"model.layers.{i}.experts")
             return
-        p0 = f"model.layers.{i}.mlp.experts.0.gate_proj"
-        gptq = self.module_format(p0) == "gptq"
-        need = ("qweight", "qzeros", "scales") if gptq else ("weight",)
-        for e in range(self.E):
-            for proj in ("gate", "up", "down"):
-                got = parts.get((e, proj), {})
-                if not all(n in got for n in need):
-                    return
-                if f"model.layers.{i}.mlp.experts.{e}.{proj}_proj.g_idx" in self.names and "g_idx" not in got:
-                    return
+        if self.complete_experts[i] != 3 * self.E:       # route() counts complete (expert, proj) entries
+            return
+        gptq = self.module_format(f"model.layers.{i}.mlp.experts.0.gate_proj") == "gptq"
         for proj, (k, n) in (("gate", (h, inter)), ("up", (h, inter)), ("down", (inter, h))):
             per = [parts.pop((e, proj)) for e in range(self.E)]
             base = f"model.layers.{i}.mlp.experts.*.{proj}_proj"
             if gptq:
-                stacked = {p: torch.stack([x[p] for x in per]) for p in GPTQ_PARTS if p in per[0]}
+                stacked = {p: self._stack([x[p] for x in per], f"{base}.{p}") for p in GPTQ_PARTS if p in per[0]}
                 w = _gptq_weight(stacked, base, k, n, self.fmt, self.device)
                 self.bytes += w.nbytes()
             else:

@@ -41,8 +41,14 @@ def loaded_dequant(model) -> dict[str, torch.Tensor]:
     return out
 
 
+@pytest.mark.parametrize("slice_copies", [False, True], ids=["stacked", "slice_copies"])
 @pytest.mark.parametrize("sym,fmt,group_size,desc_act", VARIANTS)
-def test_loaded_weights_equal_packer(tiny_moe_dir, tmp_path, sym, fmt, group_size, desc_act):
+def test_loaded_weights_equal_packer(tiny_moe_dir, tmp_path, monkeypatch, sym, fmt, group_size, desc_act,
+                                     slice_copies):
+    # slice_copies: every expert part is copied into its slice of the stacked tensor one by one (the path the
+    # full-size model's big parts take; the tiny ones are under the size threshold otherwise)
+    if slice_copies:
+        monkeypatch.setattr("onecard.models.loader._DIRECT_COPY_MIN_BYTES", 0)
     record: dict = {}
     dst = gptq_copy(tiny_moe_dir, tmp_path / "q", group_size=group_size, sym=sym, fmt=fmt, desc_act=desc_act,
                     seed=7, record=record)

@@ -96,15 +96,17 @@ def representative_layers(layers: nn.ModuleList) -> list[int]:
     return sorted(first.values())
 
 
-def applies(device: torch.device, env) -> bool:
+def applies(device: torch.device, env, log: bool = True) -> bool:
     """Will the precompile run? A CUDA device on the Triton backend, ONECARD_PRECOMPILE not 0 (``env``:
-    config.Env), and no onecard kernel compiled yet in this process (record() would refuse)."""
+    config.Env), and no onecard kernel compiled yet in this process (record() would refuse). ``log``: say so
+    when a compiled kernel is the reason (precompile() does; start_workers() asks the same question first)."""
     if device.type != "cuda" or dispatch.backend_for(device) != "triton" or not env.precompile:
         return False
     from onecard.kernels import precompile as pc
 
     if pc.any_compiled():
-        logger.info("precompile skipped: a kernel was compiled before start-up")
+        if log:
+            logger.info("precompile skipped: a kernel was compiled before start-up")
         return False
     return True
 
@@ -112,7 +114,7 @@ def applies(device: torch.device, env) -> bool:
 def start_workers(device: torch.device, env):
     """-> a started kernels.precompile.WorkerPool (min(MAX_WORKERS, CPUs) workers) where the precompile
     applies, else None. The caller closes it: precompile() does."""
-    if not applies(device, env):
+    if not applies(device, env, log=False):
         return None
     from onecard.kernels import precompile as pc
 

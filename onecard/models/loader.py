@@ -239,8 +239,7 @@ class _Loader:
             got[part] = t
             if not was and self._expert_complete(i, e, proj, got):
                 self.complete_experts[i] += 1
-            if self.complete_experts[i] == 3 * self.E:
-                self.maybe_finish_experts(model, i, pending_experts)
+            self.maybe_finish_experts(model, i, pending_experts)
         elif rest in ("mlp.experts.gate_up_proj", "mlp.experts.down_proj") and layer.is_moe:
             # transformers 5 fused layout: gate_up [E, 2I, H], down [E, H, I] (nn.Linear style [N, K])
             pending_experts[i][rest] = t
@@ -320,13 +319,17 @@ class _Loader:
                 "down_proj": self.hidden, "lm_head": int(c["vocab_size"])}[short]
 
     # --------------------------------------------------------------------- experts
-    def _expert_complete(self, i: int, e: int, proj: str, got: dict) -> bool:
-        """Has (expert e, proj) of layer i every part the checkpoint holds for it? (O(1): no scan of the
-        other experts, so a layer's 3E x 3-4 tensors cost linear time.)"""
+    def _expert_parts(self, i: int) -> tuple[str, ...]:
+        """The parts every expert projection of layer i needs (its format is expert 0's gate_proj's)."""
         if i not in self._expert_need:
             p0 = f"model.layers.{i}.mlp.experts.0.gate_proj"
             self._expert_need[i] = ("qweight", "qzeros", "scales") if self.module_format(p0) == "gptq" else ("weight",)
-        if not all(n in got for n in self._expert_need[i]):
+        return self._expert_need[i]
+
+    def _expert_complete(self, i: int, e: int, proj: str, got: dict) -> bool:
+        """Has (expert e, proj) of layer i every part the checkpoint holds for it? (O(1): no scan of the
+        other experts, so a layer's 3E x 3-4 tensors cost linear time.)"""
+        if not all(n in got for n in self._expert_parts(i)):
             return False
         return "g_idx" in got or f"model.layers.{i}.mlp.experts.{e}.{proj}_proj.g_idx" not in self.names
 
@@ -363,7 +366,7 @@ class _Loader:
             return
         if self.complete_experts[i] != 3 * self.E:       # route() counts complete (expert, proj) entries
             return
-        gptq = self.module_format(f"model.layers.{i}.mlp.experts.0.gate_proj") == "gptq"
+        gptq = "qweight" in self._expert_parts(i)
         for proj, (k, n) in (("gate", (h, inter)), ("up", (h, inter)), ("down", (inter, h))):
             per = [parts.pop((e, proj)) for e in range(self.E)]
             base = f"model.layers.{i}.mlp.experts.*.{proj}_proj"

@@ -100,7 +100,8 @@ def _engine(model_dir: str, **kw):
     return core, time.perf_counter() - t0
 
 
-def _run(core, prompts: list[list[int]], max_tokens: int) -> dict[str, list[float]]:
+def _run(core, prompts: list[list[int]], max_tokens: int, tokens: dict | None = None) -> dict[str, list[float]]:
+    """Each request's token arrival times (s after adding); ``tokens`` (if given) collects their ids."""
     from onecard.protocol import EngineRequest
     from onecard.sampling_params import SamplingParams
 
@@ -111,10 +112,13 @@ def _run(core, prompts: list[list[int]], max_tokens: int) -> dict[str, list[floa
     times: dict[str, list[float]] = {}
     while core.has_unfinished():
         outs = core.step()
-        torch.cuda.synchronize()
+        if not core.async_scheduling:      # (async: the outputs' ids were read; the next step is in flight)
+            torch.cuda.synchronize()
         now = time.perf_counter()
         for o in outs:
             times.setdefault(o.request_id, []).extend([now - t_add] * len(o.new_token_ids))
+            if tokens is not None:
+                tokens.setdefault(o.request_id, []).extend(o.new_token_ids)
     return times
 
 

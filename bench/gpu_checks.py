@@ -1,7 +1,8 @@
 """GPU correctness checks on the tiny checkpoints (run on the H200; tests/gpu wraps the same functions).
 
 For the dense, MoE and GPTQ-MoE fixtures: greedy tokens with the Triton backend vs the reference backend
-(same device, same dtype), and CUDA-graph replay vs eager. Prints one line per check and a JSON summary.
+(same device, same dtype), CUDA-graph replay vs eager, and async scheduling vs the synchronous loop (CUDA
+graphs; the next step's input ids come from the step in flight). Prints one line per check and a JSON summary.
 Usage: python bench/gpu_checks.py [OUT.json]
 """
 from __future__ import annotations
@@ -39,10 +40,11 @@ def build_fixtures(root: Path) -> dict[str, Path]:
 CODER = Path(__file__).resolve().parent.parent / "onecard" / "data" / "onecard-tiny-coder"
 
 
-def greedy(path: Path, backend: str, dtype: str, eager: bool, new: int = 16,
+def greedy(path: Path, backend: str, dtype: str, eager: bool, async_scheduling: bool = False, new: int = 16,
            serial: bool = False) -> list[list[int]]:
     cfg = EngineArgs(model=str(path), device="cuda", dtype=dtype, max_model_len=256, enforce_eager=eager,
-                     kv_cache_memory_bytes=64 << 20, max_num_seqs=16).create_config()
+                     kv_cache_memory_bytes=64 << 20, max_num_seqs=16,
+                     async_scheduling=async_scheduling).create_config()
     cfg.env.kernel_backend = backend
     core = EngineCore(cfg)
     vocab = int(cfg.model.hf_config["vocab_size"])
@@ -86,6 +88,7 @@ def main(out: str | None = None) -> dict:
             for check, (a_args, b_args) in {
                 "triton_vs_ref": (("ref", dtype, True), ("triton", dtype, True)),
                 "graphs_vs_eager": (("triton", dtype, True), ("triton", dtype, False)),
+                "async_vs_sync": (("triton", dtype, False), ("triton", dtype, False, True)),
             }.items():
                 try:
                     a, b = greedy(path, *a_args, serial=serial), greedy(path, *b_args, serial=serial)

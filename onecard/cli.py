@@ -90,6 +90,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                    help="split long prompts across steps (default on)")
     g.add_argument("--max-num-queued-reqs", type=int, default=None,
                    help="waiting requests beyond which new ones get 503 (default unbounded)")
+    g.add_argument("--async-scheduling", action=bool_opt, default=False,
+                   help="schedule the next step while the GPU runs this one (hides host time; default off)")
 
     g = parser.add_argument_group("parallelism (one GPU)")
     g.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, help="must be 1")
@@ -147,7 +149,7 @@ def engine_args_from_namespace(ns: argparse.Namespace) -> EngineArgs:
         enable_chunked_prefill=ns.enable_chunked_prefill, enable_prefix_caching=ns.enable_prefix_caching,
         block_size=ns.block_size, seed=ns.seed, enforce_eager=ns.enforce_eager, chat_template=ns.chat_template,
         max_num_queued_reqs=ns.max_num_queued_reqs, device=ns.device,
-        num_gpu_blocks_override=ns.num_gpu_blocks_override)
+        num_gpu_blocks_override=ns.num_gpu_blocks_override, async_scheduling=ns.async_scheduling)
 
 
 def check_parser_flags(ns: argparse.Namespace) -> None:

@@ -115,6 +115,7 @@ class SchedulerConfig:
     long_prefill_token_threshold: int = 0
     enable_chunked_prefill: bool = True
     max_num_queued_reqs: int | None = None     # None = unbounded
+    async_scheduling: bool = False             # schedule step n+1 while step n runs (engine_core.py)
 
 
 @dataclass(slots=True)
@@ -153,6 +154,7 @@ class EngineArgs:
     max_num_queued_reqs: int | None = None
     device: str = "auto"                       # "auto" | "cuda" | "cpu"
     num_gpu_blocks_override: int | None = None  # tests: a tiny KV pool to force preemption
+    async_scheduling: bool = False
 
     def create_config(self) -> EngineConfig:
         from onecard.models.resolve import DEFAULT_MODEL_NAME, default_model_path, resolve_model
@@ -235,7 +237,8 @@ class EngineArgs:
         sched = SchedulerConfig(
             max_num_seqs=self.max_num_seqs, max_num_batched_tokens=batched, max_model_len=max_model_len,
             long_prefill_token_threshold=self.long_prefill_token_threshold,
-            enable_chunked_prefill=self.enable_chunked_prefill, max_num_queued_reqs=self.max_num_queued_reqs)
+            enable_chunked_prefill=self.enable_chunked_prefill, max_num_queued_reqs=self.max_num_queued_reqs,
+            async_scheduling=self.async_scheduling)
         return EngineConfig(model=model, cache=cache, scheduler=sched, device=device,
                             enforce_eager=self.enforce_eager, env=env)
 

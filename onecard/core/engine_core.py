@@ -5,6 +5,11 @@ scheduler and fills ``info``. ``add_request`` returns an error ``EngineOutput`` 
 (too long, queue full) and None when admitted to the queue; ``abort`` returns the aborted requests' final
 outputs; ``step()`` runs schedule → execute → update and returns the outputs of that step. A failure inside
 the runner fails only the requests of that step (FinishReason.ERROR, status 500) and frees their blocks.
+With ``async_scheduling`` (and a runner that has ``submit``), ``step()`` schedules and submits step n+1 first,
+then waits for step n's sampled ids and updates with them: the GPU has the next step queued while the host
+updates, sends outputs, takes new requests and schedules (the scheduler's placeholders make this exact; a
+request that stopped at step n has had one more token computed, which is dropped). ``has_unfinished()`` stays
+true while a step is in flight.
 This module imports no torch itself: the runner is created through ``runner_factory``.
 """
 from __future__ import annotations
@@ -40,6 +45,8 @@ class EngineCore:
         if config.device == "cuda" and not config.enforce_eager and hasattr(self.runner, "capture_graphs"):
             self.runner.capture_graphs()
         self.scheduler = Scheduler(config.scheduler, config.cache, num_blocks)
+        self.async_scheduling = config.scheduler.async_scheduling and hasattr(self.runner, "submit")
+        self._in_flight = None                   # (SchedulerOutput, PendingOutput) submitted, not yet updated
         bs = config.cache.block_size
         capacity = self.scheduler.kv_cache_manager.num_usable_blocks * bs   # block 0 is the null block
         self.info = EngineInfo(
@@ -63,12 +70,14 @@ class EngineCore:
         return self.scheduler.abort(request_ids)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self._in_flight is not None
 
     def stats(self) -> EngineStats:
         return self.scheduler.stats()
 
     def step(self) -> list[EngineOutput]:
+        if self.async_scheduling:
+            return self._step_async()
         sched = self.scheduler.schedule()
         if sched.is_empty:
             # still let the runner drop state of requests that ended (aborts between steps)
@@ -78,14 +87,39 @@ class EngineCore:
         try:
             result = self.runner.execute(sched)
         except Exception as e:  # fail this step's requests, keep serving
-            logger.exception("engine step failed; failing %d requests", len(sched.scheduled))
-            ids = [s.request.request_id for s in sched.scheduled]
-            aborted = self.scheduler.abort(ids)
-            outs = []
-            for o in aborted:
-                o.finish_reason = FinishReason.ERROR
-                o.error = f"internal error in the engine step: {type(e).__name__}"
-                o.error_status = 500
-                outs.append(o)
-            return outs
+            return self._fail(sched, e)
         return self.scheduler.update(sched, result)
+
+    def _step_async(self) -> list[EngineOutput]:
+        sched = self.scheduler.schedule()
+        outs: list[EngineOutput] = []
+        pending = None
+        if sched.is_empty:
+            if sched.finished_request_ids or sched.preempted_request_ids:
+                self.runner.execute(sched)
+        else:
+            try:
+                pending = self.runner.submit(sched)
+            except Exception as e:
+                outs = self._fail(sched, e)
+        if self._in_flight is not None:
+            prev, prev_pending = self._in_flight
+            self._in_flight = None
+            try:
+                result = prev_pending.result()
+            except Exception as e:
+                outs = self._fail(prev, e) + outs
+            else:
+                outs = self.scheduler.update(prev, result) + outs
+        if pending is not None:
+            self._in_flight = (sched, pending)
+        return outs
+
+    def _fail(self, sched, error: Exception) -> list[EngineOutput]:
+        logger.error("engine step failed; failing %d requests", len(sched.scheduled), exc_info=error)
+        aborted = self.scheduler.abort([s.request.request_id for s in sched.scheduled])
+        for o in aborted:
+            o.finish_reason = FinishReason.ERROR
+            o.error = f"internal error in the engine step: {type(error).__name__}"
+            o.error_status = 500
+        return aborted

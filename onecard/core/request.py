@@ -4,6 +4,10 @@ Contract: ``all_token_ids = prompt_token_ids + output_token_ids``; ``num_compute
 whose KV is in the cache (including prefix-cache hits). Each step the scheduler gives a request
 ``num_tokens - num_computed_tokens`` (or a chunk of it) new tokens to compute. On preemption
 (recompute) the request keeps its outputs, drops its blocks and ``num_computed_tokens`` goes back to 0.
+``num_computed_tokens`` advances when a step is scheduled, not when it returns; a step that samples adds a
+placeholder (``num_output_placeholders``) for the token it will produce, resolved when its output arrives. With
+async scheduling the next step is scheduled while one is in flight, so a request can be scheduled to compute its
+placeholder token: the runner reads that token id from the previous step's samples on the device.
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     all_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
+    num_output_placeholders: int = 0     # tokens sampled by scheduled steps, not yet appended
     num_cached_tokens: int = -1          # prompt tokens hit in the prefix cache at first admission
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: FinishReason | None = None

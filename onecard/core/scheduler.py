@@ -11,9 +11,15 @@ Contract:
   preempted (recompute: blocks freed, ``num_computed_tokens = 0``, front of the waiting queue) until it can;
   no new request is admitted in a step that preempted. The oldest request is never preempted for a newer
   one, so every request finishes. Output: decodes (1 new token) first, then prefill chunks, stable order.
-- ``update(scheduler_output, runner_output)`` advances ``num_computed_tokens``, appends sampled tokens, checks
-  stops (EOS unless ignore_eos, stop_token_ids, min_tokens, max_tokens, max_model_len), frees finished
-  requests and returns one ``EngineOutput`` per request that got a token or finished.
+  Scheduling a chunk advances ``num_computed_tokens`` at once, and a chunk that samples adds an output
+  placeholder, so ``schedule()`` may run again before the step's ``update()`` (async scheduling: one step in
+  flight): a request whose placeholder is pending is scheduled for one token, its placeholder (the runner takes
+  that id from the previous step's samples), unless the pending token is already known to be its last
+  (max_tokens, max_model_len). A preempted request is re-admitted only once its pending token has arrived.
+- ``update(scheduler_output, runner_output)`` resolves placeholders: appends sampled tokens (also of requests
+  preempted since that step was scheduled), checks stops (EOS unless ignore_eos, stop_token_ids, min_tokens,
+  max_tokens, max_model_len), frees finished requests and returns one ``EngineOutput`` per request that got
+  a token or finished. Requests that ended since the step was scheduled are skipped.
 - ``abort(ids)`` ends requests with ``FinishReason.ABORT`` and frees their blocks. Finished and aborted ids
   come in the next ``SchedulerOutput.finished_request_ids``; ``preempted_request_ids`` are this step's
   preemptions (never scheduled in the same step). Both mean: drop the runner's per-request state (a
@@ -35,6 +41,8 @@ from onecard.protocol import EngineOutput, EngineStats, FinishReason
 logger = logging.getLogger(__name__)
 
 _RUNNING = RequestStatus.RUNNING
+_PREEMPTED = RequestStatus.PREEMPTED
+_FINISHED = RequestStatus.FINISHED
 
 
 class Scheduler:
@@ -168,7 +176,13 @@ class Scheduler:
         while i < len(running) and budget > 0:
             req = running[i]
             start = req.num_computed_tokens
-            n = len(req.all_token_ids) - start
+            pending = req.num_output_placeholders
+            known = len(req.all_token_ids) + pending
+            if pending and (len(req.output_token_ids) + pending >= self._stop_info[req.request_id][3]
+                            or known >= self.max_model_len):
+                i += 1                      # the token in flight is its last: nothing more to compute
+                continue
+            n = known - start
             if 0 < threshold < n:
                 n = threshold
             if n > budget:
@@ -187,8 +201,11 @@ class Scheduler:
                     break
             if ids is None:
                 break
-            sr = ScheduledRequest(req, start, n, ids, start + n == len(req.all_token_ids))
-            (decodes if n == 1 else prefills).append(sr)
+            samples = start + n == known
+            req.num_computed_tokens = start + n
+            if samples:
+                req.num_output_placeholders = pending + 1
+            (decodes if n == 1 else prefills).append(ScheduledRequest(req, start, n, ids, samples))
             budget -= n
             i += 1
 
@@ -210,6 +227,8 @@ class Scheduler:
             if kv.num_free_blocks == 0:
                 break                       # its last token always needs a fresh block: skip the lookup
             req = waiting[0]
+            if req.num_output_placeholders:
+                break                       # preempted with a token in flight: re-admit once it has arrived
             hit_blocks, num_hit = kv.get_computed_blocks(req)
             n = req.num_tokens - num_hit
             if 0 < threshold < n:
@@ -222,7 +241,10 @@ class Scheduler:
             if ids is None:
                 break
             waiting.popleft()
-            req.num_computed_tokens = num_hit
+            samples = num_hit + n == req.num_tokens
+            req.num_computed_tokens = num_hit + n
+            if samples:
+                req.num_output_placeholders = 1
             if req.num_cached_tokens < 0:
                 req.num_cached_tokens = num_hit
             req.status = _RUNNING
@@ -231,7 +253,7 @@ class Scheduler:
                 running.append(req)
             else:                           # a re-admitted preempted request goes back to its place
                 bisect.insort(running, req, key=lambda r: arrival[r.request_id])
-            sr = ScheduledRequest(req, num_hit, n, ids, num_hit + n == req.num_tokens)
+            sr = ScheduledRequest(req, num_hit, n, ids, samples)
             (decodes if n == 1 else prefills).append(sr)
             budget -= n
 
@@ -242,13 +264,15 @@ class Scheduler:
         stop_info = self._stop_info
         outputs: list[EngineOutput] = []
         any_finished = False
+        preempted_finished = False
         for sr in scheduler_output.scheduled:
-            req = sr.request
-            if req.status is not _RUNNING:      # aborted between schedule() and update()
-                continue
-            req.num_computed_tokens = sr.num_computed_tokens + sr.num_new_tokens
             if not sr.samples:
                 continue
+            req = sr.request
+            status = req.status
+            if status is _FINISHED:             # ended (aborted, stopped) since this step was scheduled
+                continue
+            req.num_output_placeholders -= 1
             rid = req.request_id
             token = sampled.get(rid)
             if token is None:
@@ -274,9 +298,14 @@ class Scheduler:
                                         len(req.prompt_token_ids), cached if cached > 0 else 0))
             if reason is not None:
                 self._finish(req, reason, stop_reason)
-                any_finished = True
+                if status is _PREEMPTED:
+                    preempted_finished = True
+                else:
+                    any_finished = True
         if any_finished:
             self.running = [r for r in self.running if r.status is _RUNNING]
+        if preempted_finished:              # preempted while its last token was in flight
+            self.waiting = deque(r for r in self.waiting if r.status is not _FINISHED)
         return outputs
 
     # ------------------------------------------------------------------ state

@@ -1,9 +1,11 @@
 """CUDA graphs for decode steps: captured once at start-up per batch size, replayed each step.
 
-Contract: ``CUDAGraphRunner(model, kv_caches, batch_sizes, max_blocks_per_seq, max_model_len)``;
+Contract: ``CUDAGraphRunner(model, kv_caches, batch_sizes, max_blocks_per_seq, max_model_len, device,
+steps_in_flight)`` (``steps_in_flight``: a step may be submitted before the last one's output was read);
 ``capture()`` records one graph per batch size (largest first, one shared memory pool);
-``try_run(inputs) -> hidden[B, H] | None`` replays the smallest graph >= B when every request in the step is
-a decode (query length 1), else returns None (the runner runs eagerly). Padded rows write no KV
+``try_run(inputs, fill=None) -> hidden[B, H] | None`` replays the smallest graph >= B when every request in the
+step is a decode (query length 1), else returns None (the runner runs eagerly); ``fill(input_ids[B], inputs)``,
+when given, writes placeholder ids on the device before the replay. Padded rows write no KV
 (slot -1) and attend to one key of block 0; their outputs are ignored. The attention metadata inside the graph
 uses ``max_seq_len = max_model_len``: kernels must read the real lengths from ``seq_lens`` on the device and use
 the host ints only as upper bounds.
@@ -24,7 +26,7 @@ logger = logging.getLogger(__name__)
 
 class CUDAGraphRunner:
     def __init__(self, model, kv_caches, batch_sizes: list[int], max_blocks_per_seq: int, max_model_len: int,
-                 device: torch.device):
+                 device: torch.device, steps_in_flight: bool = False):
         self.model = model
         self.kv_caches = kv_caches
         self.batch_sizes = sorted(set(batch_sizes))
@@ -50,6 +52,8 @@ class CUDAGraphRunner:
         self.seq_lens = self._i32_d[:b]
         self.block_table = self._i32_d[self._bt0:].view(b, mb)
         self.query_start_loc = torch.arange(b + 1, dtype=torch.int32, device=device)
+        self._steps_in_flight = steps_in_flight
+        self._copied: torch.cuda.Event | None = None       # behind the last step's copies from the pinned twins
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.pool = None
@@ -79,13 +83,16 @@ class CUDAGraphRunner:
         logger.info("captured CUDA graphs for decode batch sizes %s in %.1f s", self.batch_sizes,
                     time.perf_counter() - t0)
 
-    def try_run(self, inputs: ModelInputs) -> torch.Tensor | None:
+    def try_run(self, inputs: ModelInputs, fill=None) -> torch.Tensor | None:
         n = inputs.seq_lens.shape[0]
         if inputs.num_decode_tokens != n or n > self.max_bs or inputs.block_table.shape[1] > self.block_table.shape[1]:
             return None
         bs = next(b for b in self.batch_sizes if b >= n)
-        # The pinned buffers are free to overwrite: the previous step's copies completed before its sampled
-        # ids were read (the runner's one sync per step).
+        # The pinned buffers may be overwritten once the last step's copies out of them have run. Without a step
+        # in flight they have (its sampled ids were read); with async scheduling they ran when the step before
+        # it ended, which the host has waited for, so this wait is normally already over.
+        if self._copied is not None:
+            self._copied.synchronize()
         h64, h32, bt = self._i64_np, self._i32_np, self._bt_np
         h64[0, :n], h64[1, :n], h64[2, :n] = inputs.input_ids, inputs.positions, inputs.slot_mapping
         h64[2, n:bs] = -1                                                # padded rows write no KV
@@ -100,5 +107,11 @@ class CUDAGraphRunner:
             a, z = self._bt0 + r0 * bt.shape[1], self._bt0 + r1 * bt.shape[1]
             self._i32_d[a:z].copy_(self._i32_h[a:z], non_blocking=True)
         self._i32_d[:bs].copy_(self._i32_h[:bs], non_blocking=True)
+        if self._steps_in_flight:
+            if self._copied is None:
+                self._copied = torch.cuda.Event()
+            self._copied.record()
+        if fill is not None:
+            fill(self.input_ids[:n], inputs)
         self.graphs[bs].replay()
         return self.outputs[bs][:n]

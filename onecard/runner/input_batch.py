@@ -1,8 +1,11 @@
 """Turn a SchedulerOutput into flat device tensors for one forward (numpy on the host, one copy each).
 
-Contract: ``build_inputs(sched, block_size, cached_tables) -> ModelInputs``. Rows of the flattened batch
-follow ``sched.scheduled`` order. ``cached_tables`` maps request id -> numpy array of its block ids, grown
-incrementally so a decode step costs O(new blocks), not O(context), per request.
+Contract: ``build_inputs(sched, block_size, cached_tables, last_rows) -> ModelInputs``. Rows of the flattened
+batch follow ``sched.scheduled`` order. ``cached_tables`` maps request id -> numpy array of its block ids, grown
+incrementally so a decode step costs O(new blocks), not O(context), per request. A token past a request's
+known ids (async scheduling: sampled by the step still in flight; only ever a 1-token decode) is written as 0
+and listed in ``placeholder_rows``, with its row in the previous step's sampled ids (``last_rows[request id]``)
+in ``placeholder_src``: the runner copies those ids on the device.
 """
 from __future__ import annotations
 
@@ -26,6 +29,8 @@ class ModelInputs:
     max_query_len: int
     max_seq_len: int
     num_decode_tokens: int       # leading requests with query length 1
+    placeholder_rows: list[int] | None = None   # [P] rows whose id is the previous step's sample (else None)
+    placeholder_src: list[int] | None = None    # [P] their rows in the previous step's sampled ids
 
 
 def block_ids_array(cached: dict[str, np.ndarray], req_id: str, block_ids: list[int]) -> np.ndarray:
@@ -49,15 +54,23 @@ def leading_decodes(q_lens) -> int:
     return n
 
 
-def build_inputs(sched: SchedulerOutput, block_size: int, cached: dict[str, np.ndarray]) -> ModelInputs:
+def build_inputs(sched: SchedulerOutput, block_size: int, cached: dict[str, np.ndarray],
+                 last_rows: dict[str, int] | None = None) -> ModelInputs:
     reqs = sched.scheduled
     n = len(reqs)
     if n and all(s.num_new_tokens == 1 for s in reqs):
-        return _decode_inputs(sched, block_size, cached)
-    return _general_inputs(sched, block_size, cached)
+        return _decode_inputs(sched, block_size, cached, last_rows)
+    return _general_inputs(sched, block_size, cached, last_rows)
 
 
-def _general_inputs(sched: SchedulerOutput, block_size: int, cached: dict[str, np.ndarray]) -> ModelInputs:
+def _placeholder_src(last_rows: dict[str, int] | None, req_id: str) -> int:
+    if last_rows is None or req_id not in last_rows:
+        raise RuntimeError(f"request {req_id!r} is scheduled for a token that no step in flight samples")
+    return last_rows[req_id]
+
+
+def _general_inputs(sched: SchedulerOutput, block_size: int, cached: dict[str, np.ndarray],
+                    last_rows: dict[str, int] | None = None) -> ModelInputs:
     reqs = sched.scheduled
     n = len(reqs)
     q_lens = np.fromiter((s.num_new_tokens for s in reqs), dtype=np.int64, count=n)
@@ -67,9 +80,19 @@ def _general_inputs(sched: SchedulerOutput, block_size: int, cached: dict[str, n
     total = int(cu[-1])
 
     ids: list[int] = []
+    ph_rows: list[int] = []
+    ph_src: list[int] = []
     for s in reqs:
-        ids.extend(s.request.all_token_ids[s.num_computed_tokens:s.num_computed_tokens + s.num_new_tokens])
+        toks = s.request.all_token_ids
+        p = s.num_computed_tokens
+        if p < len(toks):
+            ids.extend(toks[p:p + s.num_new_tokens])
+        else:                                                  # a placeholder (one token, see the contract)
+            ph_rows.append(len(ids))
+            ph_src.append(_placeholder_src(last_rows, s.request.request_id))
+            ids.append(0)
     input_ids = np.asarray(ids, dtype=np.int64)
+    assert input_ids.shape[0] == total, "a chunk reaches past its request's known tokens"
 
     # position of token t = start of its request + (t - first row of its request)
     req_of_row = np.repeat(np.arange(n), q_lens)                           # [T]
@@ -92,20 +115,29 @@ def _general_inputs(sched: SchedulerOutput, block_size: int, cached: dict[str, n
         query_start_loc=cu.astype(np.int32), seq_lens=seq_lens, block_table=block_table,
         logits_indices=np.asarray(logits_indices, dtype=np.int64), sample_rows=sample_rows,
         max_query_len=int(q_lens.max()) if n else 0, max_seq_len=int(seq_lens.max()) if n else 0,
-        num_decode_tokens=num_decode)
+        num_decode_tokens=num_decode, placeholder_rows=ph_rows or None, placeholder_src=ph_src or None)
 
 
-def _decode_inputs(sched: SchedulerOutput, block_size: int, cached: dict[str, np.ndarray]) -> ModelInputs:
+def _decode_inputs(sched: SchedulerOutput, block_size: int, cached: dict[str, np.ndarray],
+                   last_rows: dict[str, int] | None = None) -> ModelInputs:
     """The same ModelInputs for a step of decodes only (one new token each), in plain Python per request and
     one array each: the general path's ~20 numpy calls cost ~100 µs per step whatever the batch size, and
     this is on the critical path of every decode step (the GPU waits for it)."""
     reqs = sched.scheduled
     n = len(reqs)
     ids, pos, slots, tables = [], [], [], []
-    for s in reqs:
+    ph_rows: list[int] = []
+    ph_src: list[int] = []
+    for i, s in enumerate(reqs):
         p = s.num_computed_tokens
         t = block_ids_array(cached, s.request.request_id, s.block_ids)
-        ids.append(s.request.all_token_ids[p])
+        toks = s.request.all_token_ids
+        if p < len(toks):
+            ids.append(toks[p])
+        else:
+            ph_rows.append(i)
+            ph_src.append(_placeholder_src(last_rows, s.request.request_id))
+            ids.append(0)
         pos.append(p)
         slots.append(int(t[p // block_size]) * block_size + p % block_size)
         tables.append(t)
@@ -119,4 +151,5 @@ def _decode_inputs(sched: SchedulerOutput, block_size: int, cached: dict[str, np
         input_ids=np.array(ids, dtype=np.int64), positions=positions, slot_mapping=np.array(slots, dtype=np.int64),
         query_start_loc=np.arange(n + 1, dtype=np.int32), seq_lens=(positions + 1).astype(np.int32),
         block_table=block_table, logits_indices=np.array(sample_rows, dtype=np.int64), sample_rows=sample_rows,
-        max_query_len=1, max_seq_len=max(pos) + 1, num_decode_tokens=n)
+        max_query_len=1, max_seq_len=max(pos) + 1, num_decode_tokens=n, placeholder_rows=ph_rows or None,
+        placeholder_src=ph_src or None)

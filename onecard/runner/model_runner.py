@@ -5,9 +5,12 @@ it applies (``compile_pool``; ``precompile()`` uses and closes them, runner/prec
 ``determine_num_blocks()`` sizes the KV pool (GPU: profile a forward at max_num_batched_tokens, then blocks =
 (total × util − peak torch memory − non-torch memory) / bytes per block; ``kv_cache_memory_bytes`` or
 ``num_gpu_blocks`` override; CPU: ``Env.cpu_kv_cache_bytes``); ``initialize_kv_cache(num_blocks)``
-allocates ``[num_blocks, block_size, kv_heads, head_dim]`` K and V per layer; ``execute(SchedulerOutput) ->
-RunnerOutput`` runs one forward over the flattened batch and samples each request's last position when it
-``samples``. The only host sync per step is reading the sampled ids.
+allocates ``[num_blocks, block_size, kv_heads, head_dim]`` K and V per layer; ``submit(SchedulerOutput) ->
+PendingOutput`` queues one forward over the flattened batch and the sampling of each request's last position
+when it ``samples``, and returns without waiting for the GPU; ``PendingOutput.result()`` is the step's only host
+sync (its sampled ids). ``execute(sched)`` is ``submit(sched).result()``. A step may be submitted while the
+previous one is in flight (async scheduling): a request's token that the previous step samples is read from
+that step's sampled ids on the device (input ids, and the output counts of penalties).
 """
 from __future__ import annotations
 
@@ -21,10 +24,10 @@ import torch
 from onecard.config import ConfigError, EngineConfig
 from onecard.core.outputs import RunnerOutput, SchedulerOutput
 from onecard.kernels import dispatch
-from onecard.protocol import TokenLogprobs
 from onecard.runner.attn_metadata import AttentionMetadata
 from onecard.runner.input_batch import ModelInputs, build_inputs
 from onecard.runner.sampler import Sampler, SamplingBatch, compute_logprobs
+from onecard.runner.step_output import PendingOutput
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +73,9 @@ class ModelRunner:
         self.sampler = Sampler(config.model.seed, self.device)
         self.states: dict[str, _RequestState] = {}
         self.block_tables: dict[str, np.ndarray] = {}
+        # the last submitted step's sampled ids [S] (on the device) and each sampled request's row in them
+        self._last_tokens: torch.Tensor | None = None
+        self._last_rows: dict[str, int] | None = None
         self.vocab_size = int(config.model.hf_config["vocab_size"])
         self.graphs = None  # CUDAGraphRunner, set by capture_graphs()
         self.precompile_summary: dict | None = None
@@ -165,19 +171,23 @@ class ModelRunner:
         return self.num_blocks * self.block_bytes
 
     # ------------------------------------------------------------------ one step
-    @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:
+        return self.submit(sched, async_copy=False).result()
+
+    @torch.inference_mode()
+    def submit(self, sched: SchedulerOutput, async_copy: bool = True) -> PendingOutput:
         for rid in sched.finished_request_ids:
             self.states.pop(rid, None)
             self.block_tables.pop(rid, None)
         for rid in sched.preempted_request_ids:
             self.block_tables.pop(rid, None)
         if sched.is_empty:
-            return RunnerOutput(sampled_token_ids={})
-        inputs = build_inputs(sched, self.block_size, self.block_tables)
+            return PendingOutput.ready(RunnerOutput(sampled_token_ids={}))
+        inputs = build_inputs(sched, self.block_size, self.block_tables, self._last_rows)
         hidden = self._forward(inputs)
         if not inputs.sample_rows:
-            return RunnerOutput(sampled_token_ids={})
+            self._last_tokens = self._last_rows = None
+            return PendingOutput.ready(RunnerOutput(sampled_token_ids={}))
         if inputs.num_decode_tokens == len(inputs.sample_rows) == hidden.shape[0]:
             last = hidden                                                     # decodes: every row samples
         else:
@@ -189,23 +199,26 @@ class ModelRunner:
         want = [r.sampling_params.logprobs for r in reqs]
         max_n = max((n for n in want if n is not None), default=None)
         lp = compute_logprobs(logits, result.token_ids, max_n) if max_n is not None else None
-        tokens = result.token_ids.tolist()
-        out = RunnerOutput(sampled_token_ids={r.request_id: t for r, t in zip(reqs, tokens)})
-        if lp is not None:
-            chosen, ranks = lp.logprobs.tolist(), lp.ranks.tolist()
-            top_ids = lp.top_ids.tolist() if lp.top_ids is not None else None
-            top_lp = lp.top_logprobs.tolist() if lp.top_logprobs is not None else None
-            for i, r in enumerate(reqs):
-                n = want[i]
-                if n is None:
-                    continue
-                top = dict(zip(top_ids[i][:n], top_lp[i][:n])) if (n and top_ids is not None) else {}
-                out.logprobs[r.request_id] = TokenLogprobs(tokens[i], chosen[i], ranks[i], top)
-        return out
+        ids = [r.request_id for r in reqs]
+        self._last_tokens = result.token_ids
+        self._last_rows = {rid: i for i, rid in enumerate(ids)}
+        return PendingOutput(ids, result.token_ids, lp, want, async_copy)
+
+    def _fill_placeholders(self, input_ids: torch.Tensor, inputs: ModelInputs) -> None:
+        """Write the previous step's sampled ids into the rows that compute them (on the device, no sync)."""
+        rows, src = inputs.placeholder_rows, inputs.placeholder_src
+        last = self._last_tokens
+        k = len(rows)
+        if rows == src and rows[-1] == k - 1:                   # the steady decode batch: rows 0..k-1 in order
+            input_ids[:k].copy_(last[:k])
+        else:
+            idx = torch.tensor([rows, src], dtype=torch.long).to(self.device, non_blocking=True)   # [2, P]
+            input_ids.index_copy_(0, idx[0], last.index_select(0, idx[1]))
 
     def _forward(self, inputs: ModelInputs) -> torch.Tensor:
+        fill = self._fill_placeholders if inputs.placeholder_rows else None
         if self.graphs is not None:
-            hidden = self.graphs.try_run(inputs)
+            hidden = self.graphs.try_run(inputs, fill)
             if hidden is not None:
                 return hidden
         dev = self.device
@@ -218,7 +231,10 @@ class ModelRunner:
             seq_lens=t(inputs.seq_lens), block_table=t(inputs.block_table),
             max_query_len=inputs.max_query_len, max_seq_len=inputs.max_seq_len,
             num_decode_tokens=inputs.num_decode_tokens)
-        return self.model(t(inputs.input_ids), t(inputs.positions), self.kv_caches, md)
+        input_ids = t(inputs.input_ids)
+        if fill is not None:
+            fill(input_ids, inputs)
+        return self.model(input_ids, t(inputs.positions), self.kv_caches, md)
 
     def _sampling_batch(self, reqs, vocab: int) -> SamplingBatch:
         dev = self.device
@@ -252,7 +268,8 @@ class ModelRunner:
                 any_min_p=any(sp.min_p > 0 for sp in sps), generators=gens)
         banned = []
         for r, sp in zip(reqs, sps):
-            if r.num_output_tokens < sp.min_tokens:
+            # outputs so far: the known ones plus any the step in flight samples (placeholders beyond this one)
+            if r.num_output_tokens + max(r.num_output_placeholders - 1, 0) < sp.min_tokens:
                 ids = set(sp.stop_token_ids or [])
                 if not sp.ignore_eos:
                     ids |= set(r.eos_token_ids)
@@ -274,6 +291,12 @@ class ModelRunner:
             b.presence = torch.tensor([sp.presence_penalty for sp in sps], dtype=torch.float32, device=dev)
             b.frequency = torch.tensor([sp.frequency_penalty for sp in sps], dtype=torch.float32, device=dev)
             b.repetition = torch.tensor([sp.repetition_penalty for sp in sps], dtype=torch.float32, device=dev)
+            pend = [(i, self._last_rows[r.request_id]) for i, r in enumerate(reqs) if r.num_output_placeholders > 1]
+            if pend:                                      # the previous step's sample, not yet on the host
+                rows_src = torch.tensor(pend, dtype=torch.long).to(dev, non_blocking=True).T     # [2, P]
+                toks = self._last_tokens.index_select(0, rows_src[1])
+                counts.index_put_((rows_src[0], toks), torch.ones_like(toks, dtype=torch.float32), accumulate=True)
+                seen[rows_src[0], toks] = True
             b.output_counts, b.seen_mask = counts, seen
         return b
 
@@ -298,5 +321,6 @@ class ModelRunner:
         sizes = self.graph_batch_sizes()
         max_blocks = (self.config.scheduler.max_model_len + self.block_size - 1) // self.block_size
         self.graphs = CUDAGraphRunner(self.model, self.kv_caches, sizes, max_blocks,
-                                      self.config.scheduler.max_model_len, self.device)
+                                      self.config.scheduler.max_model_len, self.device,
+                                      steps_in_flight=self.config.scheduler.async_scheduling)
         self.graphs.capture()

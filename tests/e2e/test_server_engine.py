@@ -1,5 +1,6 @@
 """The server on the real engine (tiny 4-bit GPTQ Qwen3-MoE, CPU, engine core in a thread): greedy text over
-HTTP, for both served names, streamed and not, equals ``LLM.generate`` on the same prompt token ids."""
+HTTP, for both served names, streamed and not, equals ``LLM.generate`` on the same prompt token ids; with the
+synchronous engine loop and with ``--async-scheduling`` (the reference ``LLM`` runs synchronously)."""
 from __future__ import annotations
 
 import asyncio
@@ -18,9 +19,9 @@ ARGS = dict(served_model_name=["coder", "reasoning"], max_model_len=256, device=
 MSGS = [{"role": "user", "content": "def add(a, b):"}]
 
 
-@pytest.fixture(scope="module")
-def config(tiny_moe_gptq_dir):
-    return EngineArgs(model=str(tiny_moe_gptq_dir), **ARGS).create_config()
+@pytest.fixture(scope="module", params=[False, True], ids=["sync", "async"])
+def config(tiny_moe_gptq_dir, request):
+    return EngineArgs(model=str(tiny_moe_gptq_dir), async_scheduling=request.param, **ARGS).create_config()
 
 
 @pytest.fixture(scope="module")

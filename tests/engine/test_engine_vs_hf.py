@@ -63,6 +63,8 @@ MODES = {
     "one_at_a_time": {"max_num_seqs": 1},
     "tiny_chunks": {"max_num_batched_tokens": 16, "long_prefill_token_threshold": 8},
     "no_prefix_cache": {"enable_prefix_caching": False},
+    "async": {"async_scheduling": True},
+    "async_tiny_chunks": {"async_scheduling": True, "max_num_batched_tokens": 16, "long_prefill_token_threshold": 8},
 }
 
 
@@ -85,11 +87,12 @@ def test_prefix_cache_second_pass(model_and_refs):
     assert core.stats().prefix_cache_hits > 0
 
 
-def test_preemption_gives_identical_output(model_and_refs):
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_preemption_gives_identical_output(model_and_refs, async_scheduling):
     path, prompts, refs = model_and_refs
     # 16 blocks of 16 = 240 usable tokens: the 200-token prompt fits alone, the batch does not.
     core = _core(path, num_gpu_blocks_override=16, max_num_batched_tokens=64, long_prefill_token_threshold=32,
-                 max_model_len=224)
+                 max_model_len=224, async_scheduling=async_scheduling)
     got, _ = _run(core, prompts, "a")
     assert got == refs
     assert core.stats().num_preemptions > 0

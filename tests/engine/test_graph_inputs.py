@@ -5,12 +5,14 @@ CUDA graphs do not exist on the CPU, so each "graph" here re-runs the model eage
 input buffers — exactly the tensors a captured graph reads. What is under test is that those buffers hold the
 step's inputs: greedy tokens through ``try_run`` must equal the eager engine's, over enough steps that block
 tables grow, with batch sizes that shrink as requests finish (padding rows) and a smallest graph larger than
-the batch. The real replay is checked against eager on the H200 (bench/gpu_checks.py).
+the batch; with async scheduling too, where each step's ids are the previous step's samples, written into the
+static buffer on the device. The real replay is checked against eager on the H200 (bench/gpu_checks.py).
 """
 from __future__ import annotations
 
 import time
 
+import pytest
 import torch
 
 from onecard.config import EngineArgs
@@ -45,12 +47,14 @@ def _run(core: EngineCore, lens: list[int], max_tokens: list[int]) -> dict[str, 
     return got
 
 
-def test_staged_graph_inputs_match_eager(tiny_moe_dir):
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_staged_graph_inputs_match_eager(tiny_moe_dir, async_scheduling):
     args = dict(model=str(tiny_moe_dir), device="cpu", max_model_len=128, max_num_seqs=5)
     lens, max_tokens = [3, 20, 9, 14, 30], [40, 23, 35, 5, 18]           # finish at different steps
     eager = _run(EngineCore(EngineArgs(**args).create_config()), lens, max_tokens)
 
-    core = EngineCore(EngineArgs(**args).create_config())
+    core = EngineCore(EngineArgs(**args, async_scheduling=async_scheduling).create_config())
+    assert core.async_scheduling == async_scheduling
     runner = core.runner
     sizes = [2, 4, 8]                                                    # 1 -> padded to 2; 5 -> 8
     graphs = CUDAGraphRunner(runner.model, runner.kv_caches, sizes, 128 // runner.block_size, 128, runner.device)
@@ -58,13 +62,14 @@ def test_staged_graph_inputs_match_eager(tiny_moe_dir):
         graphs.outputs[bs] = torch.zeros(bs, runner.model.embed_tokens.shape[1], dtype=runner.dtype)
         graphs.graphs[bs] = _EagerReplay(graphs, bs)
     runner.graphs = graphs
-    replays = []
+    replays, filled = [], []
     orig = graphs.try_run
 
-    def try_run(inputs):
-        out = orig(inputs)
+    def try_run(inputs, fill=None):
+        out = orig(inputs, fill)
         if out is not None:
             replays.append(inputs.seq_lens.shape[0])
+            filled.append(fill is not None)
         return out
 
     graphs.try_run = try_run
@@ -72,3 +77,4 @@ def test_staged_graph_inputs_match_eager(tiny_moe_dir):
     assert staged == eager
     assert {1, 2, 3, 4, 5} <= set(replays) and len(replays) >= 38          # every batch size went through
     assert (graphs.slot_mapping[1:2] == -1).all()                        # the last step (1 request) padded row 1
+    assert any(filled) == async_scheduling and (not async_scheduling or sum(filled) >= 38)

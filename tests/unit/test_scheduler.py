@@ -41,10 +41,14 @@ def reference_tokens(prompt: list[int], max_tokens: int, stop_ids: set[int] = fr
 
 
 class SimRunner:
+    """Also runs one step ahead (async scheduling): a position past a request's known tokens is its
+    placeholder, the token this runner sampled for it in the previous step (as the GPU runner reads it)."""
+
     def __init__(self, num_blocks: int, block_size: int) -> None:
         self.bs = block_size
         self.kv: list[tuple[int, int] | None] = [None] * (num_blocks * block_size)
         self.steps = 0
+        self.last_sampled: dict[str, int] = {}
 
     def execute(self, so: SchedulerOutput) -> RunnerOutput:
         bs = self.bs
@@ -53,7 +57,12 @@ class SimRunner:
             assert len(sr.block_ids) * bs >= sr.num_computed_tokens + sr.num_new_tokens
             for pos in range(sr.num_computed_tokens, sr.num_computed_tokens + sr.num_new_tokens):
                 assert sr.block_ids[pos // bs] != 0, "wrote into the null block"
-                self.kv[sr.block_ids[pos // bs] * bs + pos % bs] = (toks[pos], pos)
+                if pos < len(toks):
+                    tok = toks[pos]
+                else:                                 # the placeholder: only ever the one next token
+                    assert pos == len(toks) and sr.num_new_tokens == 1
+                    tok = self.last_sampled[sr.request.request_id]
+                self.kv[sr.block_ids[pos // bs] * bs + pos % bs] = (tok, pos)
         sampled: dict[str, int] = {}
         for sr in so.scheduled:
             end = sr.num_computed_tokens + sr.num_new_tokens
@@ -62,6 +71,7 @@ class SimRunner:
             if sr.samples:
                 sampled[sr.request.request_id] = next_token([r[0] for r in read])
         self.steps += 1
+        self.last_sampled = sampled
         return RunnerOutput(sampled)
 
 
@@ -132,8 +142,11 @@ def test_max_num_seqs() -> None:
         s.add_request(req(f"r{i}", [i + 1] * 3, max_tokens=2))
     so = s.schedule()
     assert [x.request.request_id for x in so.scheduled] == ["r0", "r1"] and s.num_waiting == 3
+    first = s.update(so, runner.execute(so))          # a scheduled step is in flight until its update
     out = run_to_end(s, runner)
-    assert sorted(out) == [f"r{i}" for i in range(5)]
+    for o in first:
+        out[o.request_id] = o.new_token_ids + out.get(o.request_id, [])
+    assert out == {f"r{i}": reference_tokens([i + 1] * 3, 2) for i in range(5)}
 
 
 def test_long_prefill_token_threshold_chunks() -> None:
@@ -232,29 +245,46 @@ def test_tiny_pool_everyone_finishes_correctly() -> None:
     assert out == {rid: reference_tokens(p, max_toks[rid]) for rid, p in prompts.items()}
 
 
-def test_random_arrivals_and_aborts_no_leak() -> None:
-    rng = random.Random(5)
-    s, runner = make(num_blocks=1 + 14, max_num_batched_tokens=16, long_prefill_token_threshold=6,
-                     max_num_seqs=5, max_model_len=48)
+def random_traffic(s: Scheduler, rng: random.Random, step, stops: dict | None = None) -> tuple[dict, set]:
+    """400 steps of random arrivals (40 requests, half sharing an 8-token prefix, max_tokens 20) and aborts;
+    ``step()`` runs one engine step each time. With ``stops``, each request also gets 6 random stop ids (kept
+    there). Returns (prompts, aborted ids)."""
     shared = [rng.randrange(VOCAB) for _ in range(8)]
-    streamed: dict[str, list[int]] = {}
     prompts, aborted, n = {}, set(), 0
-    for step in range(400):
+    for _ in range(400):
         if n < 40 and rng.random() < 0.3:
             rid = f"r{n}"
             prompts[rid] = (shared if rng.random() < 0.5 else []) + [rng.randrange(VOCAB) for _ in range(5)]
-            s.add_request(req(rid, prompts[rid], max_tokens=20))
+            extra = {}
+            if stops is not None:
+                stops[rid] = set(rng.sample(range(VOCAB), 6))
+                extra["stop_token_ids"] = sorted(stops[rid])
+            s.add_request(req(rid, prompts[rid], max_tokens=20, **extra))
             n += 1
         if s.requests and rng.random() < 0.05:
             rid = rng.choice(sorted(s.requests))
             outs = s.abort([rid])
             assert [(o.request_id, o.finish_reason) for o in outs] == [(rid, FinishReason.ABORT)]
             aborted.add(rid)
+        step()
+    assert n == 40 and aborted
+    return prompts, aborted
+
+
+def test_random_arrivals_and_aborts_no_leak() -> None:
+    rng = random.Random(5)
+    s, runner = make(num_blocks=1 + 14, max_num_batched_tokens=16, long_prefill_token_threshold=6,
+                     max_num_seqs=5, max_model_len=48)
+    streamed: dict[str, list[int]] = {}
+
+    def step() -> None:
         so = s.schedule()
         for o in s.update(so, runner.execute(so)):
             streamed.setdefault(o.request_id, []).extend(o.new_token_ids)
-    run_to_end(s, runner)
-    assert n == 40 and aborted
+
+    prompts, aborted = random_traffic(s, rng, step)
+    for rid, out in run_to_end(s, runner).items():
+        streamed.setdefault(rid, []).extend(out)
     for rid, p in prompts.items():
         ref = reference_tokens(p, 20)
         got = streamed.get(rid, [])

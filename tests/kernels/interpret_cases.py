@@ -24,10 +24,11 @@ GEMM = [(1, 64, 40, 32, False, True), (1, 256, 16, 256, True, False), (3, 136, 4
 # (T, H, E): the decode router GEMV: one H chunk, several chunks (T > 1), H past one chunk at T = 1
 ROUTER = [(1, 64, 8), (3, 72, 6), (16, 256, 12), (5, 2048, 16), (1, 5000, 3)]
 # (T, H, I, E, top_k, renormalize, desc_act): decode1 (T = 1), decode16 (T <= 16; split-K, shared experts),
-# sorted16, sorted64
+# sorted16, sorted64; the last: decode1 with one group per K tile (groups 32 and 16 cover all of K), its GEMV
+# step (scale and zero once per tile, gptq_gemm/int4.gemv_tile_mac) in both stages
 MOE = [(1, 64, 32, 8, 2, True, False), (3, 72, 40, 6, 3, False, False), (17, 128, 48, 8, 2, True, True),
        (70, 64, 16, 4, 2, True, False), (1, 256, 160, 16, 4, False, True), (16, 256, 136, 8, 3, True, False),
-       (9, 128, 48, 32, 8, True, True)]
+       (9, 128, 48, 32, 8, True, True), (1, 32, 16, 8, 2, True, False)]
 # (T, H, I, E, top_k, renormalize, residual?): the batch-1 block (one chunk of H per program; H not a multiple
 # of E; no residual; E not a power of two) and T > 1 (RMSNorm + router + fused_moe)
 NORM_MOE = [(1, 64, 32, 8, 2, True, True), (1, 200, 48, 6, 3, False, True), (1, 128, 40, 16, 4, True, False),

@@ -1,4 +1,4 @@
-"""Triton batch-1 MoE block: post-attention RMSNorm + router + top-k in one launch, then decode.py's two
+"""Triton batch-1 MoE block: post-attention RMSNorm + router + top-k in one launch, then stages.py's two
 expert stages; same contract as ref.norm_moe, except that the MoE output comes back in float32.
 
 Why: at batch 1 a decode step is ~12 small kernels per layer and each launch boundary costs ~1-2 us on the
@@ -11,11 +11,11 @@ Here it is three:
      the two fp32 accumulators of the stages. The program that arrives last (``last_arrival``: plain stores,
      then a released counter) does softmax, top-k and renormalisation and writes the routing for the stages:
      ids, routed weights and the active list (expert + 1 per slot; a token's k experts are distinct).
-  2, 3. decode.moe_stages: gate/up into gu, down (times the routed weight, top-k summed) into out32.
+  2, 3. stages.moe_stages: gate/up into gu, down (times the routed weight, top-k summed) into out32.
 The finish kernel (cast to the model dtype) is gone: out32 is returned and the next RMSNorm reads fp32
 (norm/ref.py: its outputs follow the residual's dtype). Nothing persists between calls but the arrival
 counter, which its last arriver resets (kernels/workspace.py). Under PDL the stages' rule holds as in
-decode.py: stage 1 reads the routing after its wait, stage 2 (two launches later) before it.
+stages.py: stage 1 reads the routing after its wait, stage 2 (two launches later) before it.
 """
 from __future__ import annotations
 
@@ -24,7 +24,9 @@ import triton
 import triton.language as tl
 
 from onecard.kernels import workspace
-from onecard.kernels.fused_moe.decode import moe_inter_size, moe_stages, topk_of
+from onecard.kernels.fused_moe.decode import topk_of
+from onecard.kernels.fused_moe.stages import moe_inter_size, moe_stages
+from onecard.kernels.norm.triton import inv_rms, residual_add
 from onecard.kernels.triton_common import AotConfig, last_arrival, next_pow2, pdl, pdl_enter, signature
 from onecard.kernels.types import MoEWeight
 
@@ -60,12 +62,9 @@ def _norm_route_kernel(x_ptr, res_ptr, nw_ptr, gate_ptr, h_ptr, res_out_ptr, log
     g = tl.load(gate_ptr + e.to(tl.int64) * H + offs, mask=m, other=0.0).to(tl.float32)   # weights: before
     nw = tl.load(nw_ptr + offs, mask=m, other=0.0).to(tl.float32)                         # the wait
     pdl_enter(PDL)
-    r = tl.load(x_ptr + offs, mask=m, other=0.0)
-    if HAS_RES:
-        r = (r.to(tl.float32) + tl.load(res_ptr + offs, mask=m, other=0.0).to(tl.float32))
-        r = r.to(res_out_ptr.dtype.element_ty)                            # the model adds in its dtype
+    r = residual_add(x_ptr, res_ptr, 0, H, H, offs, m, res_out_ptr.dtype.element_ty, HAS_RES)  # [1, H]: row 0
     hf = r.to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(hf * hf, axis=0) / H + eps)
+    rstd = inv_rms(hf, H, eps)
     hn = (hf * rstd * nw).to(h_ptr.dtype.element_ty)                      # [BH] as rms_norm returns it
     chunk = tl.cdiv(H, E)
     mine = m & (offs >= e * chunk) & (offs < e * chunk + chunk)

@@ -5,12 +5,13 @@ Steps (no host syncs, static sizes: CUDA-graph capturable):
   2. GEMM1 (gate and up, two fp32 accumulators, SiLU·mul in the epilogue) -> inter [T*k, I] in x.dtype.
   3. GEMM2 (down, times the routed weight) -> [T*k, H]; then the top-k sum (torch, fp32 accumulation).
 Two ways to walk the (token, slot) pairs, chosen by T from a fixed table:
-  * decode (T <= DECODE_MAX_TOKENS): decode.py, split-K over the active experts with fp32 atomics (one weight
-    read per distinct expert, thousands of programs in flight); see that module.
+  * decode (T <= DECODE_MAX_TOKENS): decode.py (routing) and stages.py (expert GEMMs), split-K over the
+    active experts with fp32 atomics (one weight read per distinct expert, thousands of programs in flight);
+    see those modules.
   * "sorted" (larger T): ``moe_align_block_size`` sorts pairs by expert, padding each expert's run to BLOCK_M
     (sentinel = T*k; static size T*k + E*(BM-1)); each program takes one block, reads A rows pair // k and
     the expert's weights, dequantizes int4 in the K loop and uses tl.dot.
-The int4 walk is the one of gptq_gemm/triton.py: nibble j of packed row r is input row 8r + j.
+The int4 walk is the one of gptq_gemm (int4.py): nibble j of packed row r is input row 8r + j.
 """
 from __future__ import annotations
 
@@ -19,10 +20,10 @@ import triton
 import triton.language as tl
 
 from onecard.kernels.fused_moe import batch1
-from onecard.kernels.fused_moe.decode import (DECODE_CONFIGS, DECODE_MAX_TOKENS, choose_decode_config,
-                                              decode_aot_configs, fused_moe_decode, router_logits,
-                                              softmax_topk, weight_args)
-from onecard.kernels.gptq_gemm.triton import _dequant_tile_j, _group_sz
+from onecard.kernels.fused_moe.decode import (DECODE_MAX_TOKENS, decode_aot_configs, fused_moe_decode,
+                                              router_logits, softmax_topk)
+from onecard.kernels.fused_moe.stages import DECODE_CONFIGS, choose_decode_config, weight_args
+from onecard.kernels.gptq_gemm.int4 import _dequant_tile_j, _group_sz
 from onecard.kernels.triton_dot import dot
 from onecard.kernels.triton_common import AotConfig, next_pow2, signature
 from onecard.kernels.types import GPTQWeight, MoEWeight
@@ -149,7 +150,7 @@ def _moe_gemm_kernel(a_ptr, out_ptr, w1_ptr, z1_ptr, s1_ptr, g1_ptr, w2_ptr, z2_
 
 
 # name: (BLOCK_M, BLOCK_N for GEMM1, BLOCK_N for GEMM2, BLOCK_K8, num_warps, num_stages); the decode names
-# (T <= DECODE_MAX_TOKENS) live in decode.DECODE_CONFIGS.
+# (T <= DECODE_MAX_TOKENS) live in stages.DECODE_CONFIGS.
 _CONFIGS = {
     "sorted16": (16, 64, 64, 16, 4, 3),
     "sorted64": (64, 128, 128, 16, 8, 3),

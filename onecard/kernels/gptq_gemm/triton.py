@@ -1,11 +1,12 @@
 """Triton W4A16 GPTQ GEMM: y[M, N] = x[M, K] @ dequant(w) (+ bias), fp32 accumulation, same contract as ref.py.
 
 Paths (chosen by shape from the fixed table ``_CONFIGS``; no host syncs, so CUDA-graph capturable):
-  * M == 1 (gemv) and M <= 16 (skinny): ``_w4a16_small_kernel``, split-K to ~12 programs per SM (one or two
-    [16, 128] int32 tiles each: 16-byte loads along N, scales/zeros once per g128 group); nibble j of packed
-    row r is input row 8r + j, so the K sum is 8 strided sums — no reshapes, no repeated loads. The GEMV keeps
-    a [BK8, BN] fp32 accumulator and reduces it once after the loop; skinny uses ``tl.dot``. The group mode
-    (PER_ROW) is a constexpr there, so the common path carries no g_idx code (half the registers).
+  * M == 1 (gemv) and M <= 16 (skinny): ``_w4a16_small_kernel`` (small_m.py), split-K to ~12 programs per
+    SM (one or two [16, 128] int32 tiles each: 16-byte loads along N, scales/zeros once per g128 group);
+    nibble j of packed row r is input row 8r + j, so the K sum is 8 strided sums — no reshapes, no repeated
+    loads. The GEMV keeps a [BK8, BN] fp32 accumulator and reduces it once after the loop; skinny uses
+    ``tl.dot``. The group mode (PER_ROW) is a constexpr there, so the common path carries no g_idx code (half
+    the registers).
   * larger M: tiled ``tl.dot``; on compute capability < 8.0 (no tensor cores for tl.dot) it dequantizes to
     fp16 with a Triton kernel and uses cuBLAS instead.
 Split-K reductions:
@@ -18,6 +19,8 @@ Split-K reductions:
   * tiled: partials and the reduce kernel.
 Scales/zeros: when a K tile lies inside one group (no g_idx, group_size % BK == 0 or one group) they are
 loaded once per tile; otherwise per row through g_idx or k // group_size (act-order checkpoints).
+Here: the config table, the host launchers, the tiled, reduce and dequantize kernels and ``aot_configs``;
+the int4 unpacking helpers (shared with fused_moe) are in int4.py.
 """
 from __future__ import annotations
 
@@ -25,40 +28,14 @@ import torch
 import triton
 import triton.language as tl
 
-from onecard.kernels.triton_dot import dot
 from onecard.kernels import workspace
-from onecard.kernels.triton_common import (AotConfig, compute_capability, last_arrival, next_pow2, num_sms,
-                                           pdl, pdl_enter, signature)
+# magic_zero_scale, nibbles: re-exported (importable from here since before int4.py)
+from onecard.kernels.gptq_gemm.int4 import _dequant_tile_j, _group_sz, magic_zero_scale, nibbles  # noqa: F401
+from onecard.kernels.gptq_gemm.small_m import _w4a16_small_kernel
+from onecard.kernels.triton_common import (AotConfig, compute_capability, next_pow2, num_sms, pdl, pdl_enter,
+                                           signature)
+from onecard.kernels.triton_dot import dot
 from onecard.kernels.types import GPTQWeight
-
-
-
-@triton.jit
-def _dequant_tile_j(q, j: tl.constexpr, s_u, z_u, sc_ptr, qz_ptr, gidx_ptr, k, r_mask, offs_n, n_mask, z_shift,
-                    N, per_row):
-    """fp32 [BK8, BN] weights of input rows k = 8r + j from the int32 tile q [BK8, BN].
-
-    per_row == 0: the tile lies in one group (s_u, z_u [BN]); else groups come from g_idx per row.
-    A runtime (warp-uniform) branch, so one compiled kernel serves both group modes.
-    """
-    w = ((q >> (4 * j)) & 0xF).to(tl.float32)
-    if per_row != 0:
-        g_r = tl.load(gidx_ptr + k, mask=r_mask, other=0)
-        gm = r_mask[:, None] & n_mask[None, :]
-        s_r = tl.load(sc_ptr + g_r[:, None] * N + offs_n[None, :], mask=gm, other=0.0).to(tl.float32)
-        zp_r = tl.load(qz_ptr + g_r[:, None] * (N // 8) + (offs_n // 8)[None, :], mask=gm, other=0)
-        w = (w - ((zp_r >> z_shift[None, :]) & 0xF).to(tl.float32)) * s_r
-    else:
-        w = (w - z_u[None, :]) * s_u[None, :]
-    return w
-
-
-@triton.jit
-def _group_sz(sc_ptr, qz_ptr, g, offs_n, n_mask, z_shift, N):
-    """Scales and true zeros of group g: fp32 [BN] each."""
-    s_u = tl.load(sc_ptr + g * N + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-    zp = tl.load(qz_ptr + g * (N // 8) + offs_n // 8, mask=n_mask, other=0)
-    return s_u, ((zp >> z_shift) & 0xF).to(tl.float32)
 
 
 @triton.jit(do_not_specialize=["M", "tiles_per_split", "split"])  # runtime-varying: one compile serves all
@@ -107,157 +84,6 @@ def _w4a16_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_ptr, pa
             acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
         tl.store(out_ptr + offs_m[:, None] * N + offs_n[None, :], acc.to(out_ptr.dtype.element_ty),
                  mask=o_mask)
-
-
-@triton.jit
-def nibbles(q, j: tl.constexpr, DT: tl.constexpr):
-    """Nibble j of every int32 in q as an exact float of type DT, offset by 1024 (fp16) or 2**23 (else; see magic_zero_scale):
-    the nibble is OR-ed into the mantissa of 1024.0 (fp16) or 2**23 (fp32) — bit operations only, no
-    int->float conversion instruction (those run at a quarter of the FMA rate and bounded the decode GEMMs)."""
-    n = (q >> (4 * j)) & 0xF
-    if DT == tl.float16:
-        return (n | 0x6400).to(tl.int16).to(tl.float16, bitcast=True)            # 1024 + n, exact
-    else:
-        return (n | 0x4B000000).to(tl.float32, bitcast=True)                     # 2**23 + n, exact
-
-
-@triton.jit
-def magic_zero_scale(z_u, s_u, DT: tl.constexpr):
-    """-> (zb, sc) [BN]: zeros plus the nibbles() offset and the scales, so that (nibbles(q) - zb) * sc is the
-    weight: exact q - z, then ONE rounding of (q - z) * s (fp16: the exact product rounded once, the same
-    value as the fp32 product cast to fp16; other dtypes: fp32, cast by the caller)."""
-    if DT == tl.float16:
-        return (z_u + 1024.0).to(tl.float16), s_u.to(tl.float16)
-    else:
-        return z_u + 8388608.0, s_u
-
-
-@triton.jit
-def _small_tile_load(qw_ptr, sc_ptr, qz_ptr, t, t_end, offs_r, offs_n, n_mask, z_shift, k8, N, group_size,
-                     num_groups, BLOCK_K8: tl.constexpr):
-    """K tile t's weights: (q [BK8, BN] int32 (16-byte loads along N), scales, true zeros [BN] fp32); q is 0
-    for t >= t_end (another split's tile)."""
-    r = t * BLOCK_K8 + offs_r                                             # [BK8] packed rows
-    q = tl.load(qw_ptr + r[:, None] * N + offs_n[None, :], mask=((r < k8) & (t < t_end))[:, None] & n_mask[None, :],
-                other=0)
-    g = tl.minimum((t * BLOCK_K8 * 8) // group_size, num_groups - 1)
-    s_u, z_u = _group_sz(sc_ptr, qz_ptr, g, offs_n, n_mask, z_shift, N)
-    return q, s_u, z_u
-
-
-@triton.jit
-def _small_tile_mac(acc, q, s_u, z_u, t, t_end, x_ptr, sc_ptr, qz_ptr, gidx_ptr, offs_r, offs_m, m_mask, offs_n, n_mask,
-                    z_shift, k8, N, stride_xm, DT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K8: tl.constexpr, PER_ROW: tl.constexpr):
-    """acc += x[:, rows of tile t] @ dequant(q) (nothing for t >= t_end); see _w4a16_small_kernel for the two
-    accumulator forms."""
-    r = t * BLOCK_K8 + offs_r                                             # [BK8] packed rows
-    r_mask = (r < k8) & (t < t_end)                                       # x rows masked: exact zero
-    if BLOCK_M == 1 and not PER_ROW:
-        nx = tl.zeros((BLOCK_K8, BLOCK_N), dtype=tl.float32)            # sum_j (2**23 + n_j) - 2**23) x_j
-        xs = tl.zeros((BLOCK_K8,), dtype=tl.float32)                      # sum_j x_j
-        for j in tl.static_range(8):
-            xv = tl.load(x_ptr + r * 8 + j, mask=r_mask, other=0.0).to(tl.float32)
-            nx += (nibbles(q, j, tl.float32) - 8388608.0) * xv[:, None]
-            xs += xv
-        acc += nx * s_u[None, :] - xs[:, None] * (z_u * s_u)[None, :]
-    else:
-        zb, sc = magic_zero_scale(z_u, s_u, DT)
-        for j in tl.static_range(8):
-            k = r * 8 + j                                                 # [BK8] input rows
-            if PER_ROW:
-                w = _dequant_tile_j(q, j, s_u, z_u, sc_ptr, qz_ptr, gidx_ptr, k, r_mask, offs_n, n_mask,
-                                    z_shift, N, PER_ROW)
-            else:
-                w = (nibbles(q, j, DT) - zb[None, :]) * sc[None, :]
-            if BLOCK_M == 1:
-                xv = tl.load(x_ptr + k, mask=r_mask, other=0.0).to(tl.float32)
-                acc += w.to(tl.float32) * xv[:, None]
-            else:
-                xj = tl.load(x_ptr + offs_m[:, None] * stride_xm + k[None, :],
-                             mask=m_mask[:, None] & r_mask[None, :], other=0.0)   # [BM, BK8]
-                acc += dot(xj, w.to(DT))
-    return acc
-
-
-@triton.jit(do_not_specialize=["M"])  # runtime-varying: one compile serves all
-def _w4a16_small_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_ptr, part_ptr, cnt_ptr,
-                        M, N, K, group_size, num_groups, tiles_per_split, stride_xm, has_bias,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K8: tl.constexpr,
-                        PER_ROW: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr):
-    """Decode GEMM, M <= 16, one launch. BLOCK_M == 1: GEMV with a [BK8, BN] fp32 accumulator whose row sum is
-    deferred past the K loop; the scale and zero are applied once per tile (sum_j n_j x_j then s * (. - z *
-    sum_j x_j)), so the inner loop is shift, or, subtract, FMA per weight. Else tl.dot on a 16-row block with
-    weights dequantized in x's dtype (exact (q - z), one rounding of (q - z) * s, as in fp32-then-cast).
-    Split-K (grid dim 1 > 1), BLOCK_M == 1: each split stores fp32 partials [S, 1, N]; the last split of a
-    column tile to arrive at cnt_ptr[pid_n] sums them in split order (deterministic), adds the bias and casts.
-    BLOCK_M > 1: fp32 atomic_add into part_ptr [M, N] (zeroed by the caller); the reduce kernel finishes.
-    M == 1: the first two K tiles' weights load before the PDL wait (they overlap the previous kernel's tail)."""
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)                      # [BN]
-    offs_m = tl.arange(0, BLOCK_M)                                        # [BM]
-    n_mask = offs_n < N
-    m_mask = offs_m < M
-    offs_r = tl.arange(0, BLOCK_K8)
-    k8 = K // 8
-    z_shift = (offs_n % 8) * 4
-    DT: tl.constexpr = x_ptr.dtype.element_ty
-    if BLOCK_M == 1:
-        acc = tl.zeros((BLOCK_K8, BLOCK_N), dtype=tl.float32)
-    else:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    t_begin = pid_k * tiles_per_split                                     # every split has >= 1 tile
-    t_end = tl.minimum(t_begin + tiles_per_split, tl.cdiv(k8, BLOCK_K8))
-    if BLOCK_M == 1:
-        # the first two tiles' weights (all of them at the tuned splits) stream before the PDL wait
-        q0, s0, z0 = _small_tile_load(qw_ptr, sc_ptr, qz_ptr, t_begin, t_end, offs_r, offs_n, n_mask, z_shift, k8,
-                                      N, group_size, num_groups, BLOCK_K8)
-        q1, s1, z1 = _small_tile_load(qw_ptr, sc_ptr, qz_ptr, t_begin + 1, t_end, offs_r, offs_n, n_mask, z_shift,
-                                      k8, N, group_size, num_groups, BLOCK_K8)
-        pdl_enter(PDL)
-        acc = _small_tile_mac(acc, q0, s0, z0, t_begin, t_end, x_ptr, sc_ptr, qz_ptr, gidx_ptr, offs_r, offs_m,
-                              m_mask, offs_n, n_mask, z_shift, k8, N, stride_xm, DT, BLOCK_M, BLOCK_N, BLOCK_K8,
-                              PER_ROW)
-        acc = _small_tile_mac(acc, q1, s1, z1, t_begin + 1, t_end, x_ptr, sc_ptr, qz_ptr, gidx_ptr, offs_r,
-                              offs_m, m_mask, offs_n, n_mask, z_shift, k8, N, stride_xm, DT, BLOCK_M, BLOCK_N,
-                              BLOCK_K8, PER_ROW)
-        t_loop = t_begin + 2
-    else:
-        # M > 1: a plain pipelined loop (peeling the first tiles measured slower for tl.dot)
-        pdl_enter(PDL)
-        t_loop = t_begin
-    for t in range(t_loop, t_end):
-        q, s_u, z_u = _small_tile_load(qw_ptr, sc_ptr, qz_ptr, t, t_end, offs_r, offs_n, n_mask, z_shift, k8, N,
-                                       group_size, num_groups, BLOCK_K8)
-        acc = _small_tile_mac(acc, q, s_u, z_u, t, t_end, x_ptr, sc_ptr, qz_ptr, gidx_ptr, offs_r, offs_m,
-                              m_mask, offs_n, n_mask, z_shift, k8, N, stride_xm, DT, BLOCK_M, BLOCK_N, BLOCK_K8,
-                              PER_ROW)
-    if BLOCK_M == 1:
-        res = tl.sum(acc, axis=0)[None, :]                                # [1, BN]
-    else:
-        res = acc
-    o_off = offs_m[:, None] * N + offs_n[None, :]
-    o_mask = m_mask[:, None] & n_mask[None, :]
-    splits = tl.num_programs(1)
-    if splits > 1 and BLOCK_M == 1:
-        tl.store(part_ptr + pid_k * N + o_off, res, mask=o_mask)
-        if last_arrival(cnt_ptr + pid_n, splits):
-            offs_s = tl.arange(0, BLOCK_S)                                # every split's row at once
-            p = tl.load(part_ptr + offs_s[:, None] * N + offs_n[None, :],
-                        mask=(offs_s < splits)[:, None] & n_mask[None, :], other=0.0, cache_modifier=".cg")
-            _store_out(out_ptr, o_off, o_mask, tl.sum(p, axis=0)[None, :], bias_ptr, offs_n, n_mask, has_bias)
-    elif splits > 1:
-        tl.atomic_add(part_ptr + o_off, res, mask=o_mask, sem="relaxed")
-    else:
-        _store_out(out_ptr, o_off, o_mask, res, bias_ptr, offs_n, n_mask, has_bias)
-
-
-@triton.jit
-def _store_out(out_ptr, o_off, o_mask, res, bias_ptr, offs_n, n_mask, has_bias):
-    if has_bias != 0:
-        res += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptr + o_off, res.to(out_ptr.dtype.element_ty), mask=o_mask)
 
 
 @triton.jit(do_not_specialize=["MN", "num_splits"])  # runtime-varying: one compile serves all

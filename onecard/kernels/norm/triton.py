@@ -1,4 +1,7 @@
-"""Triton RMSNorm with the fused residual add (one program per row, fp32 statistics); contract as ref.py."""
+"""Triton RMSNorm with the fused residual add (one program per row, fp32 statistics); contract as ref.py.
+
+``residual_add`` and ``inv_rms`` (a row's add and statistics) also serve fused_moe/batch1.py's RMSNorm.
+"""
 from __future__ import annotations
 
 import torch
@@ -9,6 +12,24 @@ from onecard.kernels.triton_common import AotConfig, next_pow2, pdl, pdl_enter, 
 
 
 @triton.jit
+def residual_add(x_ptr, res_ptr, row, stride_x, stride_r, offs, mask, RES_DT: tl.constexpr,
+                 HAS_RES: tl.constexpr):
+    """residual_out [BLOCK] of row ``row``: HAS_RES: x + residual added in fp32 and rounded to RES_DT, the
+    residual's dtype (x may be fp32); else x as loaded."""
+    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
+    if HAS_RES:
+        x = (x.to(tl.float32) + tl.load(res_ptr + row * stride_r + offs, mask=mask, other=0.0).to(tl.float32))
+        x = x.to(RES_DT)                                                  # the model adds in its dtype
+    return x
+
+
+@triton.jit
+def inv_rms(h, H, eps):
+    """1 / sqrt(mean(h^2) + eps) over the H values of fp32 h [BLOCK] (zeros past H)."""
+    return 1.0 / tl.sqrt(tl.sum(h * h, axis=0) / H + eps)
+
+
+@triton.jit
 def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, H, eps, stride_x, stride_r,
                      BLOCK: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
@@ -16,13 +37,12 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, H, eps, stride
     mask = offs < H
     w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)       # a weight: may load before the wait
     pdl_enter(PDL)
-    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
+    x = residual_add(x_ptr, res_ptr, row, stride_x, stride_r, offs, mask, res_out_ptr.dtype.element_ty,
+                     HAS_RES)
     if HAS_RES:
-        x = (x.to(tl.float32) + tl.load(res_ptr + row * stride_r + offs, mask=mask, other=0.0).to(tl.float32))
-        x = x.to(res_out_ptr.dtype.element_ty)                            # the model adds in its dtype
         tl.store(res_out_ptr + row * H + offs, x, mask=mask)
     h = x.to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(h * h, axis=0) / H + eps)
+    rstd = inv_rms(h, H, eps)
     tl.store(out_ptr + row * H + offs, (h * rstd * w).to(out_ptr.dtype.element_ty), mask=mask)
 
 

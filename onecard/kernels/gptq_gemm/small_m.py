@@ -1,0 +1,140 @@
+"""Device code (@triton.jit) of the decode GEMM, M <= 16: ``_w4a16_small_kernel`` and its per-tile helpers.
+
+One launch per GEMM (plus a reduce kernel when 1 < M with split-K); the host side, the config table and the
+split-K choice are in triton.py (``small_m_gemm``), which also says why the two split-K reductions differ.
+A program streams one or two [BK8, BN] int32 tiles of its K split (16-byte loads along N, scales/zeros once
+per tile: a tile lies in one group unless PER_ROW). M == 1 keeps a [BK8, BN] fp32 accumulator and reduces
+it once after the K loop; M > 1 uses tl.dot on a 16-row block.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from onecard.kernels.gptq_gemm.int4 import (_dequant_tile_j, _group_sz, gemv_tile_mac, magic_zero_scale,
+                                            nibbles, row_input)
+from onecard.kernels.triton_common import last_arrival, pdl_enter
+from onecard.kernels.triton_dot import dot
+
+
+@triton.jit
+def _small_tile_load(qw_ptr, sc_ptr, qz_ptr, t, t_end, offs_r, offs_n, n_mask, z_shift, k8, N, group_size,
+                     num_groups, BLOCK_K8: tl.constexpr):
+    """K tile t's weights: (q [BK8, BN] int32 (16-byte loads along N), scales, true zeros [BN] fp32); q is 0
+    for t >= t_end (another split's tile)."""
+    r = t * BLOCK_K8 + offs_r                                             # [BK8] packed rows
+    q = tl.load(qw_ptr + r[:, None] * N + offs_n[None, :], mask=((r < k8) & (t < t_end))[:, None] & n_mask[None, :],
+                other=0)
+    g = tl.minimum((t * BLOCK_K8 * 8) // group_size, num_groups - 1)
+    s_u, z_u = _group_sz(sc_ptr, qz_ptr, g, offs_n, n_mask, z_shift, N)
+    return q, s_u, z_u
+
+
+@triton.jit
+def _small_tile_mac(acc, q, s_u, z_u, t, t_end, x_ptr, sc_ptr, qz_ptr, gidx_ptr, offs_r, offs_m, m_mask, offs_n, n_mask,
+                    z_shift, k8, N, stride_xm, DT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K8: tl.constexpr, PER_ROW: tl.constexpr):
+    """acc += x[:, rows of tile t] @ dequant(q) (nothing for t >= t_end); see _w4a16_small_kernel for the two
+    accumulator forms."""
+    r = t * BLOCK_K8 + offs_r                                             # [BK8] packed rows
+    r_mask = (r < k8) & (t < t_end)                                       # x rows masked: exact zero
+    if BLOCK_M == 1 and not PER_ROW:
+        acc = gemv_tile_mac(acc, q, s_u, z_u, x_ptr, r, r_mask, row_input, BLOCK_K8, BLOCK_N)
+    else:
+        zb, sc = magic_zero_scale(z_u, s_u, DT)
+        for j in tl.static_range(8):
+            k = r * 8 + j                                                 # [BK8] input rows
+            if PER_ROW:
+                w = _dequant_tile_j(q, j, s_u, z_u, sc_ptr, qz_ptr, gidx_ptr, k, r_mask, offs_n, n_mask,
+                                    z_shift, N, PER_ROW)
+            else:
+                w = (nibbles(q, j, DT) - zb[None, :]) * sc[None, :]
+            if BLOCK_M == 1:
+                xv = tl.load(x_ptr + k, mask=r_mask, other=0.0).to(tl.float32)
+                acc += w.to(tl.float32) * xv[:, None]
+            else:
+                xj = tl.load(x_ptr + offs_m[:, None] * stride_xm + k[None, :],
+                             mask=m_mask[:, None] & r_mask[None, :], other=0.0)   # [BM, BK8]
+                acc += dot(xj, w.to(DT))
+    return acc
+
+
+@triton.jit(do_not_specialize=["M"])  # runtime-varying: one compile serves all
+def _w4a16_small_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_ptr, part_ptr, cnt_ptr,
+                        M, N, K, group_size, num_groups, tiles_per_split, stride_xm, has_bias,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K8: tl.constexpr,
+                        PER_ROW: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr):
+    """Decode GEMM, M <= 16, one launch. BLOCK_M == 1: GEMV with a [BK8, BN] fp32 accumulator whose row sum is
+    deferred past the K loop; the scale and zero are applied once per tile (sum_j n_j x_j then s * (. - z *
+    sum_j x_j)), so the inner loop is shift, or, subtract, FMA per weight. Else tl.dot on a 16-row block with
+    weights dequantized in x's dtype (exact (q - z), one rounding of (q - z) * s, as in fp32-then-cast).
+    Split-K (grid dim 1 > 1), BLOCK_M == 1: each split stores fp32 partials [S, 1, N]; the last split of a
+    column tile to arrive at cnt_ptr[pid_n] sums them in split order (deterministic), adds the bias and casts.
+    BLOCK_M > 1: fp32 atomic_add into part_ptr [M, N] (zeroed by the caller); the reduce kernel finishes.
+    M == 1: the first two K tiles' weights load before the PDL wait (they overlap the previous kernel's tail)."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)                      # [BN]
+    offs_m = tl.arange(0, BLOCK_M)                                        # [BM]
+    n_mask = offs_n < N
+    m_mask = offs_m < M
+    offs_r = tl.arange(0, BLOCK_K8)
+    k8 = K // 8
+    z_shift = (offs_n % 8) * 4
+    DT: tl.constexpr = x_ptr.dtype.element_ty
+    if BLOCK_M == 1:
+        acc = tl.zeros((BLOCK_K8, BLOCK_N), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    t_begin = pid_k * tiles_per_split                                     # every split has >= 1 tile
+    t_end = tl.minimum(t_begin + tiles_per_split, tl.cdiv(k8, BLOCK_K8))
+    if BLOCK_M == 1:
+        # the first two tiles' weights (all of them at the tuned splits) stream before the PDL wait
+        q0, s0, z0 = _small_tile_load(qw_ptr, sc_ptr, qz_ptr, t_begin, t_end, offs_r, offs_n, n_mask, z_shift, k8,
+                                      N, group_size, num_groups, BLOCK_K8)
+        q1, s1, z1 = _small_tile_load(qw_ptr, sc_ptr, qz_ptr, t_begin + 1, t_end, offs_r, offs_n, n_mask, z_shift,
+                                      k8, N, group_size, num_groups, BLOCK_K8)
+        pdl_enter(PDL)
+        acc = _small_tile_mac(acc, q0, s0, z0, t_begin, t_end, x_ptr, sc_ptr, qz_ptr, gidx_ptr, offs_r, offs_m,
+                              m_mask, offs_n, n_mask, z_shift, k8, N, stride_xm, DT, BLOCK_M, BLOCK_N, BLOCK_K8,
+                              PER_ROW)
+        acc = _small_tile_mac(acc, q1, s1, z1, t_begin + 1, t_end, x_ptr, sc_ptr, qz_ptr, gidx_ptr, offs_r,
+                              offs_m, m_mask, offs_n, n_mask, z_shift, k8, N, stride_xm, DT, BLOCK_M, BLOCK_N,
+                              BLOCK_K8, PER_ROW)
+        t_loop = t_begin + 2
+    else:
+        # M > 1: a plain pipelined loop (peeling the first tiles measured slower for tl.dot)
+        pdl_enter(PDL)
+        t_loop = t_begin
+    for t in range(t_loop, t_end):
+        q, s_u, z_u = _small_tile_load(qw_ptr, sc_ptr, qz_ptr, t, t_end, offs_r, offs_n, n_mask, z_shift, k8, N,
+                                       group_size, num_groups, BLOCK_K8)
+        acc = _small_tile_mac(acc, q, s_u, z_u, t, t_end, x_ptr, sc_ptr, qz_ptr, gidx_ptr, offs_r, offs_m,
+                              m_mask, offs_n, n_mask, z_shift, k8, N, stride_xm, DT, BLOCK_M, BLOCK_N, BLOCK_K8,
+                              PER_ROW)
+    if BLOCK_M == 1:
+        res = tl.sum(acc, axis=0)[None, :]                                # [1, BN]
+    else:
+        res = acc
+    o_off = offs_m[:, None] * N + offs_n[None, :]
+    o_mask = m_mask[:, None] & n_mask[None, :]
+    splits = tl.num_programs(1)
+    if splits > 1 and BLOCK_M == 1:
+        tl.store(part_ptr + pid_k * N + o_off, res, mask=o_mask)
+        if last_arrival(cnt_ptr + pid_n, splits):
+            offs_s = tl.arange(0, BLOCK_S)                                # every split's row at once
+            p = tl.load(part_ptr + offs_s[:, None] * N + offs_n[None, :],
+                        mask=(offs_s < splits)[:, None] & n_mask[None, :], other=0.0, cache_modifier=".cg")
+            _store_out(out_ptr, o_off, o_mask, tl.sum(p, axis=0)[None, :], bias_ptr, offs_n, n_mask, has_bias)
+    elif splits > 1:
+        tl.atomic_add(part_ptr + o_off, res, mask=o_mask, sem="relaxed")
+    else:
+        _store_out(out_ptr, o_off, o_mask, res, bias_ptr, offs_n, n_mask, has_bias)
+
+
+@triton.jit
+def _store_out(out_ptr, o_off, o_mask, res, bias_ptr, offs_n, n_mask, has_bias):
+    if has_bias != 0:
+        res += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    tl.store(out_ptr + o_off, res.to(out_ptr.dtype.element_ty), mask=o_mask)
+

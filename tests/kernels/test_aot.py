@@ -3,12 +3,17 @@ sm75, sm80 and sm90, with no GPU (Triton's bundled ptxas). Catches pre-Ampere la
 
 Configs come from each backend's ``aot_configs()``. fp16 variants compile for every target; bf16 variants
 (sm80+ only) compile for sm90 alone: they take the same code path as sm80 and differ only in dtype.
-Jobs run in 2 worker processes; Triton's on-disk cache makes repeated runs cheap.
+For sm70 (the deployment's V100) every fp16 config also compiles as the JIT specializes it at serving time:
+16-byte-aligned pointers and 16-divisible integers (``tt.divisibility``, except ``do_not_specialize``
+arguments), which turns on 16-byte vector loads and so other layouts than the plain compile; the real
+shapes are multiples of 16 almost everywhere. Jobs run in 2 worker processes; Triton's on-disk cache makes
+repeated runs cheap.
 """
 from __future__ import annotations
 
 import importlib
 import multiprocessing as mp
+import re
 from concurrent.futures import ProcessPoolExecutor
 
 import pytest
@@ -19,7 +24,11 @@ MODULES = ["gptq_gemm", "fused_moe", "attention", "norm", "rope", "activation"]
 TARGETS = [70, 75, 80, 90]
 
 
-def _jobs() -> list[tuple[str, int, int]]:
+JIT_ALIGNED_TARGETS = (70,)
+
+
+def _jobs() -> list[tuple[str, int, int, bool]]:
+    """(module, config index, cc, compile as the JIT specializes aligned arguments)."""
     jobs = []
     for mod in MODULES:
         configs = importlib.import_module(f"onecard.kernels.{mod}.triton").aot_configs()
@@ -27,30 +36,50 @@ def _jobs() -> list[tuple[str, int, int]]:
             is_bf16 = any(v == "*bf16" for v in c.signature.values())
             for cc in TARGETS:
                 if cc >= c.min_cc and (not is_bf16 or cc == 90):
-                    jobs.append((mod, i, cc))
+                    jobs.append((mod, i, cc, False))
+                    if cc in JIT_ALIGNED_TARGETS:
+                        jobs.append((mod, i, cc, True))
     return jobs
 
 
-def _compile(job: tuple[str, int, int]) -> tuple[str, int, str, str | None, bool | None]:
-    """-> (module, cc, config name, error or None, PTX has griddepcontrol (None: no PDL constexpr))."""
+def jit_aligned_attrs(c) -> dict:
+    """The attributes the JIT gives a launch whose pointers are 16-byte aligned and whose integers are
+    multiples of 16 (``tt.divisibility``), for every argument it may specialize."""
+    params = {p.name: p for p in c.kernel.params}
+    attrs = {}
+    for i, (name, ty) in enumerate(c.signature.items()):
+        if name in c.constexprs or ty == "constexpr" or params[name].do_not_specialize:
+            continue
+        if ty.startswith("*") or ty in ("i32", "i64"):
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    return attrs
+
+
+def _compile(job: tuple[str, int, int, bool]) -> tuple[str, int, str, str | None, bool | None, bool]:
+    """-> (module, cc, config name, error or None, PTX has griddepcontrol (None: no PDL constexpr),
+    PTX has 16-byte vector loads)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    mod, i, cc = job
+    mod, i, cc, aligned = job
     c = importlib.import_module(f"onecard.kernels.{mod}.triton").aot_configs()[i]
+    name = c.name + (" (JIT-aligned)" if aligned else "")
     constexprs = dict(c.constexprs)
     if "PDL" in constexprs:
         constexprs["PDL"] = cc >= 90          # as triton_common.pdl() picks: griddepcontrol exists on sm90+
+    attrs = jit_aligned_attrs(c) if aligned else None
     try:
-        compiled = triton.compile(ASTSource(fn=c.kernel, signature=c.signature, constexprs=constexprs),
+        compiled = triton.compile(ASTSource(fn=c.kernel, signature=c.signature, constexprs=constexprs, attrs=attrs),
                                   target=GPUTarget("cuda", cc, 32),
                                   options=dict(num_warps=c.num_warps, num_stages=c.num_stages))
-        gdc = ("griddepcontrol.wait" in compiled.asm["ptx"]) if "PDL" in constexprs else None
+        ptx = compiled.asm["ptx"]
+        gdc = ("griddepcontrol.wait" in ptx) if "PDL" in constexprs else None
+        v4 = re.search(r"ld\.global(\.\w+)*\.v4\.(b32|u32|f32|s32)", ptx) is not None
         if not compiled.asm.get("cubin"):
-            return mod, cc, c.name, "no cubin produced", gdc
-        return mod, cc, c.name, None, gdc
+            return mod, cc, name, "no cubin produced", gdc, v4
+        return mod, cc, name, None, gdc, v4
     except Exception as e:                                                 # reported by the test below
-        return mod, cc, c.name, f"{type(e).__name__}: {str(e)[:2000]}", None
+        return mod, cc, name, f"{type(e).__name__}: {str(e)[:2000]}", None, False
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +114,7 @@ def test_every_dispatcher_config_is_listed():
 def test_aot_compiles(compiled, module, cc):
     mine = [r for r in compiled if r[0] == module and r[1] == cc]
     assert mine, f"no configs for {module} at sm{cc}"
-    failures = [f"{name}: {err}" for _, _, name, err, _ in mine if err]
+    failures = [f"{name}: {err}" for _, _, name, err, _, _ in mine if err]
     assert not failures, "\n".join(failures)
 
 
@@ -93,5 +122,16 @@ def test_pdl_wait_is_compiled_in_on_sm90_only(compiled):
     """Kernels with a PDL constexpr carry griddepcontrol.wait on sm90 and none of it below (no such PTX)."""
     pdl = [r for r in compiled if r[4] is not None and r[3] is None]
     assert {r[1] for r in pdl} == set(TARGETS), "no PDL-capable kernels compiled"
-    wrong = [f"sm{cc} {name}" for _, cc, name, _, gdc in pdl if gdc != (cc >= 90)]
+    wrong = [f"sm{cc} {name}" for _, cc, name, _, gdc, _ in pdl if gdc != (cc >= 90)]
     assert not wrong, wrong
+
+
+def test_jit_aligned_variants_are_the_vectorized_code(compiled):
+    """The JIT-aligned compiles are really other code: the int4 weight tiles load 16 bytes at a time there
+    (as on the GPU), not in the plain compile."""
+    by_name = {(r[1], r[2]): r for r in compiled}
+    aligned = [r for r in compiled if r[2].endswith("(JIT-aligned)")]
+    assert aligned and {r[1] for r in aligned} == set(JIT_ALIGNED_TARGETS)
+    gained = [r[2] for r in aligned if r[5] and not by_name[(r[1], r[2].removesuffix(" (JIT-aligned)"))][5]]
+    assert any(n.startswith("w4a16[gemv") for n in gained), gained
+    assert any(n.startswith("moe_decode[decode1,stage=1") for n in gained), gained

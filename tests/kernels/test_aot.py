@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import importlib
 import multiprocessing as mp
+import os
 import re
+import subprocess
+import tempfile
 from concurrent.futures import ProcessPoolExecutor
 
 import pytest
@@ -55,9 +58,20 @@ def jit_aligned_attrs(c) -> dict:
     return attrs
 
 
-def _compile(job: tuple[str, int, int, bool]) -> tuple[str, int, str, str | None, bool | None, bool]:
+def _stack_bytes(cubin: bytes) -> int | None:
+    """Per-thread stack frame (register spills) of the kernel, from the cuobjdump that Triton ships."""
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
+    m = re.search(r"STACK:(\d+)", out)
+    return int(m.group(1)) if m else None
+
+
+def _compile(job: tuple[str, int, int, bool]) -> tuple[str, int, str, str | None, bool | None, bool, int | None]:
     """-> (module, cc, config name, error or None, PTX has griddepcontrol (None: no PDL constexpr),
-    PTX has 16-byte vector loads)."""
+    PTX has 16-byte vector loads, stack bytes per thread (JIT-aligned compiles only, else None))."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -76,10 +90,10 @@ def _compile(job: tuple[str, int, int, bool]) -> tuple[str, int, str, str | None
         gdc = ("griddepcontrol.wait" in ptx) if "PDL" in constexprs else None
         v4 = re.search(r"ld\.global(\.\w+)*\.v4\.(b32|u32|f32|s32)", ptx) is not None
         if not compiled.asm.get("cubin"):
-            return mod, cc, name, "no cubin produced", gdc, v4
-        return mod, cc, name, None, gdc, v4
+            return mod, cc, name, "no cubin produced", gdc, v4, None
+        return mod, cc, name, None, gdc, v4, _stack_bytes(compiled.asm["cubin"]) if aligned else None
     except Exception as e:                                                 # reported by the test below
-        return mod, cc, name, f"{type(e).__name__}: {str(e)[:2000]}", None, False
+        return mod, cc, name, f"{type(e).__name__}: {str(e)[:2000]}", None, False, None
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +120,8 @@ def test_every_dispatcher_config_is_listed():
                for s in (1, 2) for f, r in ((False, False), (False, True), (True, False)))
     assert all(f"w4a16[{n},per_row,fp16]" in names for n in ("gemv", "skinny"))
     bqs = {attn.block_q(8, q) for q in (1, 2, 3, 100, 10000)}
-    assert {f"paged_attn[bq={b},fp16]" for b in bqs} <= {c.name for c in attn.aot_configs()}
+    assert {f"paged_attn[bq={b}{t},fp16]" for b in bqs for t in ("", ",pre-sm80")} <= {
+        c.name for c in attn.aot_configs()}
 
 
 @pytest.mark.parametrize("module", MODULES)
@@ -114,7 +129,7 @@ def test_every_dispatcher_config_is_listed():
 def test_aot_compiles(compiled, module, cc):
     mine = [r for r in compiled if r[0] == module and r[1] == cc]
     assert mine, f"no configs for {module} at sm{cc}"
-    failures = [f"{name}: {err}" for _, _, name, err, _, _ in mine if err]
+    failures = [f"{name}: {err}" for _, _, name, err, *_ in mine if err]
     assert not failures, "\n".join(failures)
 
 
@@ -122,7 +137,7 @@ def test_pdl_wait_is_compiled_in_on_sm90_only(compiled):
     """Kernels with a PDL constexpr carry griddepcontrol.wait on sm90 and none of it below (no such PTX)."""
     pdl = [r for r in compiled if r[4] is not None and r[3] is None]
     assert {r[1] for r in pdl} == set(TARGETS), "no PDL-capable kernels compiled"
-    wrong = [f"sm{cc} {name}" for _, cc, name, _, gdc, _ in pdl if gdc != (cc >= 90)]
+    wrong = [f"sm{cc} {name}" for _, cc, name, _, gdc, *_ in pdl if gdc != (cc >= 90)]
     assert not wrong, wrong
 
 
@@ -135,3 +150,12 @@ def test_jit_aligned_variants_are_the_vectorized_code(compiled):
     gained = [r[2] for r in aligned if r[5] and not by_name[(r[1], r[2].removesuffix(" (JIT-aligned)"))][5]]
     assert any(n.startswith("w4a16[gemv") for n in gained), gained
     assert any(n.startswith("moe_decode[decode1,stage=1") for n in gained), gained
+
+
+def test_pre_sm80_attention_tiles_do_not_spill(compiled):
+    """Below sm80 tl.dot is FMA code holding its tiles in registers; the attention tiles chosen there
+    (attention.triton.attn_tiles) compile for sm70, as the JIT specializes them, with no stack frame."""
+    rows = [r for r in compiled if r[1] == 70 and r[2].startswith("paged_attn") and "pre-sm80" in r[2]
+            and r[2].endswith("(JIT-aligned)")]
+    assert len(rows) == 2, [r[2] for r in rows]                           # decode and prefill BLOCK_Q
+    assert all(r[6] == 0 for r in rows), [(r[2], r[6]) for r in rows]

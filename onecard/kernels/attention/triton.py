@@ -15,7 +15,15 @@ import triton
 import triton.language as tl
 
 from onecard.kernels.triton_dot import dot
-from onecard.kernels.triton_common import AotConfig, next_pow2, num_sms, pdl, pdl_enter, signature
+from onecard.kernels.triton_common import (
+    AotConfig,
+    compute_capability,
+    next_pow2,
+    num_sms,
+    pdl,
+    pdl_enter,
+    signature,
+)
 from onecard.runner.attn_metadata import AttentionMetadata
 
 
@@ -120,6 +128,7 @@ def _segment_reduce_kernel(part_ptr, ml_ptr, out_ptr, stride_ot, stride_oh, num_
 
 
 BLOCK_N = 64
+ATTN_WARPS = 4
 MAX_SEGMENTS = 16
 SPLIT_MIN_SEQ_LEN = 1024          # split-KV only pays off for long decode contexts
 
@@ -128,6 +137,19 @@ def block_q(group_pad: int, max_query_len: int) -> int:
     """Query tokens per program: enough rows for tl.dot (M >= 16); more for prefill."""
     base = max(1, 16 // group_pad)
     return base if max_query_len <= base else max(base, 64 // group_pad)
+
+
+def attn_tiles(cc: int, block_m: int) -> tuple[int, int]:
+    """(BLOCK_N, num_warps) for a program of block_m = BLOCK_Q * GROUP_PAD query rows.
+
+    sm80+: tensor-core tl.dot, 64-key tiles on 4 warps. Below sm80 tl.dot is FMA code that keeps its operand
+    tiles in registers, and those tiles spill: at the served shape (D 128, JIT-aligned sm70 compile) 432 B of
+    stack per thread for decode (16 rows) and 13,032 B for prefill (64 rows). The tiles used there are the
+    largest found that compile with no spill on 8 warps (decode 32 keys: 210 registers; prefill 16 keys: 239);
+    tests/kernels/test_aot.py checks the no-spill part. Not timed on a V100 (none available)."""
+    if cc >= 80:
+        return BLOCK_N, ATTN_WARPS
+    return (32, 8) if block_m <= 16 else (16, 8)
 
 
 def num_segments(md: AttentionMetadata, num_tokens: int, hkv: int, device: torch.device) -> int:
@@ -172,13 +194,14 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     else:
         part = ml = out.new_empty(0, dtype=torch.float32)
     grid = (b, triton.cdiv(md.max_query_len, bq), hkv * segs)
+    block_n, warps = attn_tiles(compute_capability(q.device), bq * gp)
     use_pdl = pdl(q.device, t)
     _paged_attn_kernel[grid](
         q, k_cache, v_cache, out, part, ml, md.query_start_loc, md.seq_lens, md.block_table,
         scale * 1.4426950408889634, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         md.block_table.stride(0), k_cache.shape[1], segs,
-        HQ=hq, HKV=hkv, GROUP=group, GROUP_PAD=gp, D=d, BLOCK_Q=bq, BLOCK_N=BLOCK_N, PDL=use_pdl, num_warps=4,
-        num_stages=2, launch_pdl=use_pdl)
+        HQ=hq, HKV=hkv, GROUP=group, GROUP_PAD=gp, D=d, BLOCK_Q=bq, BLOCK_N=block_n, PDL=use_pdl,
+        num_warps=warps, num_stages=2, launch_pdl=use_pdl)
     if segs > 1:
         # decode-only: every sequence's single query row is row i (query_start_loc = arange)
         _segment_reduce_kernel[(md.num_decode_tokens, hq)](
@@ -188,7 +211,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 
 
 def aot_configs() -> list[AotConfig]:
-    """Qwen3-30B-A3B shapes (32 q / 4 kv heads, D 128) at decode and prefill BLOCK_Q, fp16 (bf16 on sm80+)."""
+    """Qwen3-30B-A3B shapes (32 q / 4 kv heads, D 128) at decode and prefill BLOCK_Q, fp16 (bf16 on sm80+);
+    paged attention also with the tiles used below sm80 (``pre-sm80``; compiled for every target)."""
     out: list[AotConfig] = []
     hq, hkv, d = 32, 4, 128
     group = hq // hkv
@@ -199,13 +223,17 @@ def aot_configs() -> list[AotConfig]:
                     stride_kt="i32", stride_vt="i32", HD="i32")
         out.append(AotConfig(_store_kv_kernel, signature(args, cx), cx, 4, 1, min_cc, f"store_kv[{act}]"))
         for bq in sorted({block_q(gp, 1), block_q(gp, 1 << 20)}):
-            cx = dict(HQ=hq, HKV=hkv, GROUP=group, GROUP_PAD=gp, D=d, BLOCK_Q=bq, BLOCK_N=BLOCK_N, PDL=False)
-            args = dict(q_ptr=f"*{act}", kc_ptr=f"*{act}", vc_ptr=f"*{act}", out_ptr=f"*{act}", part_ptr="*fp32",
-                        ml_ptr="*fp32", qsl_ptr="*i32", seqlen_ptr="*i32", bt_ptr="*i32", scale_log2="fp32",
-                        stride_qt="i32", stride_qh="i32", stride_ot="i32", stride_oh="i32", stride_bt="i32",
-                        block_size="i32", num_segments="i32")
-            out.append(AotConfig(_paged_attn_kernel, signature(args, cx), cx, 4, 2, min_cc,
-                                 f"paged_attn[bq={bq},{act}]"))
+            for cc, tag in ((min_cc, ""), (70, ",pre-sm80")):
+                if tag and act != "fp16":
+                    continue
+                block_n, warps = attn_tiles(max(cc, 80) if not tag else cc, bq * gp)
+                cx = dict(HQ=hq, HKV=hkv, GROUP=group, GROUP_PAD=gp, D=d, BLOCK_Q=bq, BLOCK_N=block_n, PDL=False)
+                args = dict(q_ptr=f"*{act}", kc_ptr=f"*{act}", vc_ptr=f"*{act}", out_ptr=f"*{act}",
+                            part_ptr="*fp32", ml_ptr="*fp32", qsl_ptr="*i32", seqlen_ptr="*i32", bt_ptr="*i32",
+                            scale_log2="fp32", stride_qt="i32", stride_qh="i32", stride_ot="i32", stride_oh="i32",
+                            stride_bt="i32", block_size="i32", num_segments="i32")
+                out.append(AotConfig(_paged_attn_kernel, signature(args, cx), cx, warps, 2, min_cc,
+                                     f"paged_attn[bq={bq}{tag},{act}]"))
         for segs in sorted({next_pow2(s) for s in range(2, MAX_SEGMENTS + 1)}):
             cx = dict(HQ=hq, D=d, BLOCK_S=segs, PDL=False)
             args = dict(part_ptr="*fp32", ml_ptr="*fp32", out_ptr=f"*{act}", stride_ot="i32", stride_oh="i32",
@@ -215,4 +243,4 @@ def aot_configs() -> list[AotConfig]:
     return out
 
 
-__all__ = ["store_kv", "paged_attention", "aot_configs", "num_segments", "block_q"]
+__all__ = ["store_kv", "paged_attention", "aot_configs", "num_segments", "block_q", "attn_tiles"]

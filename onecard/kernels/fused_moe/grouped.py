@@ -1,6 +1,8 @@
-"""Fused MoE for prefill-sized batches on sm80+: dequantize each projection of all experts once per layer to
-fp16 (bf16 on sm90+, see _gemm_dtype; one Triton launch each) and run PyTorch's grouped GEMM (cuBLAS/CUTLASS
-tensor cores) over tokens sorted by expert.
+"""Fused MoE for prefill-sized batches: dequantize each projection of all experts once per layer to fp16
+(bf16 on sm90+, see _gemm_dtype; one Triton launch each) and run PyTorch's grouped GEMM (cuBLAS/CUTLASS
+tensor cores) over tokens sorted by expert. Below sm80 (V100, T4), where PyTorch's grouped GEMM is not built
+and Triton's tl.dot has no tensor cores, the grouped GEMM is one cuBLAS GEMM per expert with tokens
+(``per_expert``: the run ends are read on the host once per layer, a sync that prefill can afford).
 
 Why: at thousands of tokens the MoE is compute-bound, and the tensor-core grouped GEMM beats a Triton int4
 GEMM by far; the dequantization costs one pass over the layer's weights (~0.3 GB read, 1.2 GB written at
@@ -22,10 +24,15 @@ def _grouped_mm_fn():
     return fn
 
 
+def per_expert(device: torch.device) -> bool:
+    """One cuBLAS GEMM per expert instead of PyTorch's grouped GEMM: CUDA devices below sm80."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] < 8
+
+
 def available(device: torch.device) -> bool:
-    if device.type != "cuda" or _grouped_mm_fn() is None or _STATE.get("broken"):
+    if device.type != "cuda" or _STATE.get("broken"):
         return False
-    return torch.cuda.get_device_capability(device)[0] >= 8
+    return per_expert(device) or _grouped_mm_fn() is not None
 
 
 def _gemm_dtype(x: torch.Tensor) -> torch.dtype:
@@ -33,7 +40,7 @@ def _gemm_dtype(x: torch.Tensor) -> torch.dtype:
     reads the offsets on the host (a sync) and launches cuBLAS per group: measured on the H200 as ~36% of a
     4,096-token prefill forward with the GPU idle. So fp16 activations run the expert GEMMs in bf16 there
     (fp32 accumulation; the dequantized weights and GEMM inputs round to bf16, outputs come back in x.dtype)."""
-    if x.dtype == torch.float16 and torch.cuda.get_device_capability(x.device)[0] >= 9:
+    if x.dtype == torch.float16 and x.is_cuda and torch.cuda.get_device_capability(x.device)[0] >= 9:
         return torch.bfloat16
     return x.dtype
 
@@ -57,12 +64,23 @@ def dequantize_stacked(w: MoEWeight, dtype: torch.dtype) -> torch.Tensor:
     return out
 
 
-def _gmm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
-    return _grouped_mm_fn()(a, b, offs=offs)
+def _gmm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | list[int]) -> torch.Tensor:
+    """[P, N] = a [P, K] rows of expert i (rows offs[i-1]..offs[i], sorted by expert) @ b[i] [K, N]. offs on
+    the device: PyTorch's grouped GEMM; a host list: one GEMM per expert that has rows."""
+    if not isinstance(offs, list):
+        return _grouped_mm_fn()(a, b, offs=offs)
+    out = a.new_empty(a.shape[0], b.shape[-1])
+    start = 0
+    for i, end in enumerate(offs):
+        if end > start:
+            torch.matmul(a[start:end], b[i], out=out[start:end])
+        start = end
+    return out
 
 
 def fused_moe(x: torch.Tensor, router_logits: torch.Tensor, w_gate: MoEWeight, w_up: MoEWeight,
-              w_down: MoEWeight, top_k: int, renormalize: bool) -> torch.Tensor:
+              w_down: MoEWeight, top_k: int, renormalize: bool, per_expert_gemm: bool | None = None) -> torch.Tensor:
+    """Same as ref.fused_moe; ``per_expert_gemm`` (default: ``per_expert(x.device)``) picks the GEMM loop."""
     t, h = x.shape
     e = router_logits.shape[-1]
     probs = torch.softmax(router_logits.float(), dim=-1)                   # [T, E]
@@ -75,6 +93,9 @@ def fused_moe(x: torch.Tensor, router_logits: torch.Tensor, w_gate: MoEWeight, w
         0, flat.long(), torch.ones_like(flat, dtype=torch.int32))           # bincount would sync the host
     offs = torch.cumsum(counts, 0, dtype=torch.int32)                       # [E] run ends
     tok = order // top_k                                                    # [P] token of each pair
+    loop = per_expert(x.device) if per_expert_gemm is None else per_expert_gemm
+    if loop:
+        offs = offs.tolist()                                                # the layer's one host sync
     dtype = _STATE.get(f"dtype-{x.dtype}", _gemm_dtype(x))    # remembered per input dtype
     while True:
         try:
@@ -87,7 +108,7 @@ def fused_moe(x: torch.Tensor, router_logits: torch.Tensor, w_gate: MoEWeight, w
             y = _gmm(act, dequantize_stacked(w_down, dtype), offs)          # [P, H], sorted pair order
             break
         except (RuntimeError, NotImplementedError):
-            if dtype == torch.bfloat16:
+            if dtype == torch.bfloat16 or loop:
                 _STATE["broken"] = True
                 raise
             dtype = _STATE[f"dtype-{x.dtype}"] = torch.bfloat16   # this dtype's grouped GEMM is unsupported

@@ -57,10 +57,12 @@ def _backends(cc: tuple[int, int] | None, quantized: bool) -> dict[str, str]:
                  "decode: triton w4a16 GEMV (memory-bound)") if quantized else \
             "cuBLAS torch.matmul (tensor cores via cuBLAS; tl.dot has none before sm80)"
         return {"attention": "triton paged attention (tl.dot runs as FMA on sm70/75)", "dense_gemm": dense,
-                "moe": "triton fused MoE (FMA on sm70/75)", "sampling": sampling}
+                "moe": "prefill (>= 256 tokens): dequantize + one cuBLAS GEMM per expert; "
+                       "smaller batches: triton fused MoE (FMA on sm70/75)", "sampling": sampling}
     dense = "triton w4a16 GEMM (tl.dot tensor cores)" if quantized else "cuBLAS torch.matmul"
     return {"attention": "triton paged attention (tl.dot tensor cores)", "dense_gemm": dense,
-            "moe": "triton fused MoE (tl.dot tensor cores)", "sampling": sampling}
+            "moe": "prefill (>= 256 tokens): dequantize + PyTorch grouped GEMM; "
+                   "smaller batches: triton fused MoE (tl.dot tensor cores)", "sampling": sampling}
 
 
 def decide(cc: tuple[int, int] | None, dtype: str, quantization: str | None, kv_cache_dtype: str = "auto") -> Decision:

@@ -111,7 +111,8 @@ def test_every_dispatcher_config_is_listed():
     from onecard.kernels.gptq_gemm import triton as gemm
     from onecard.kernels.attention import triton as attn
     assert {gemm.choose_config(m) for m in range(1, 5000)} == set(gemm._CONFIGS)
-    assert {moe.choose_config(t) for t in range(1, 5000)} == set(moe._CONFIGS) | set(moe.DECODE_CONFIGS)
+    assert {moe.choose_config(t, cc) for t in range(1, 5000) for cc in (70, 90)} == \
+        set(moe._CONFIGS) | set(moe.DECODE_CONFIGS)
     names = {c.name for c in gemm.aot_configs()} | {c.name for c in moe.aot_configs()}
     assert all(f"w4a16[{n},fp16]" in names for n in gemm._CONFIGS)
     assert all(f"moe[{n},gated={g},float={f},fp16]" in names for n in moe._CONFIGS
@@ -152,10 +153,15 @@ def test_jit_aligned_variants_are_the_vectorized_code(compiled):
     assert any(n.startswith("moe_decode[decode1,stage=1") for n in gained), gained
 
 
-def test_pre_sm80_attention_tiles_do_not_spill(compiled):
-    """Below sm80 tl.dot is FMA code holding its tiles in registers; the attention tiles chosen there
-    (attention.triton.attn_tiles) compile for sm70, as the JIT specializes them, with no stack frame."""
-    rows = [r for r in compiled if r[1] == 70 and r[2].startswith("paged_attn") and "pre-sm80" in r[2]
-            and r[2].endswith("(JIT-aligned)")]
-    assert len(rows) == 2, [r[2] for r in rows]                           # decode and prefill BLOCK_Q
+def test_pre_sm80_tiles_do_not_spill(compiled):
+    """Below sm80 tl.dot is FMA code holding its tiles in registers; the attention tiles and the decode MoE
+    configs chosen there (attention.triton.attn_tiles, fused_moe.stages.choose_decode_config) compile for
+    sm70, as the JIT specializes them, with no stack frame (GPTQ without g_idx: the served checkpoint)."""
+    from onecard.kernels.fused_moe.stages import choose_decode_config
+
+    chosen = {f"moe_decode[{choose_decode_config(t, 70)},stage={s},float=False,per_row=False,fp16]"
+              for t in (1, 16) for s in (1, 2)}
+    rows = [r for r in compiled if r[1] == 70 and r[2].endswith("(JIT-aligned)") and (
+        (r[2].startswith("paged_attn") and "pre-sm80" in r[2]) or r[2].removesuffix(" (JIT-aligned)") in chosen)]
+    assert len(rows) == 2 + 4, [r[2] for r in rows]                       # attention: decode and prefill
     assert all(r[6] == 0 for r in rows), [(r[2], r[6]) for r in rows]

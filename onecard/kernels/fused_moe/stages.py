@@ -24,7 +24,7 @@ import triton.language as tl
 from onecard.kernels.gptq_gemm.int4 import (_dequant_tile_j, _group_sz, gemv_tile_mac, magic_zero_scale,
                                             nibbles, row_input)
 from onecard.kernels.gptq_gemm.triton import row_groups
-from onecard.kernels.triton_common import AotConfig, next_pow2, num_sms, pdl_enter, signature
+from onecard.kernels.triton_common import AotConfig, compute_capability, next_pow2, num_sms, pdl_enter, signature
 from onecard.kernels.triton_dot import dot
 from onecard.kernels.types import GPTQWeight, MoEWeight
 
@@ -32,14 +32,20 @@ from onecard.kernels.types import GPTQWeight, MoEWeight
 # BK8 = 16 packed rows = 128 inputs = one g128 group. decode1 has the GEMV's structure and its tuned shape
 # (gptq_gemm/triton.py). From bench/tune_decode.py on the H200 (whole MoE, graph replay, weights rotated):
 # decode1 2 warps 16/SM: 29.3 -> 27.4 us; decode16 2 warps: 186 -> 169 us (BK8 32 runs out of registers).
+# Below sm80 tl.dot is FMA code holding its tiles in registers: decode16 on 2 warps spills there (sm70,
+# JIT-aligned compile at the served shape: 160 B of stack per thread in stage 1, 336 B in stage 2); on 4 warps
+# it has none (tests/kernels/test_aot.py checks). Not timed on a V100 (none available).
 DECODE_CONFIGS = {
     "decode1": (1, 64, 16, 2, 2, 16),
     "decode16": (16, 128, 16, 2, 2, 12),
+    "decode16-pre-sm80": (16, 128, 16, 4, 2, 12),
 }
 
 
-def choose_decode_config(num_tokens: int) -> str:
-    return "decode1" if num_tokens == 1 else "decode16"
+def choose_decode_config(num_tokens: int, cc: int = 80) -> str:
+    if num_tokens == 1:
+        return "decode1"
+    return "decode16" if cc >= 80 else "decode16-pre-sm80"
 
 
 @triton.jit(do_not_specialize=["T", "tiles_per_split"])  # runtime-varying: one compile serves all
@@ -261,7 +267,7 @@ def moe_stages(x: torch.Tensor, gu: torch.Tensor, out32: torch.Tensor, w_gate: M
     t = x.shape[0]
     dev = x.device
     slots = active.numel()
-    bt, bn, bk8, warps, stages, per_sm = DECODE_CONFIGS[choose_decode_config(t)]
+    bt, bn, bk8, warps, stages, per_sm = DECODE_CONFIGS[choose_decode_config(t, compute_capability(dev))]
     if tuning is not None:
         bn, bk8, warps, stages, per_sm = tuning
     gate, k1, n1, gs1, ng1, pr1, gst1, float_w = weight_args(w_gate, bk8)

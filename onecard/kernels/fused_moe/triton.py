@@ -157,9 +157,9 @@ _CONFIGS = {
 }
 
 
-def choose_config(num_tokens: int) -> str:
+def choose_config(num_tokens: int, cc: int = 80) -> str:
     if num_tokens <= DECODE_MAX_TOKENS:
-        return choose_decode_config(max(num_tokens, 1))
+        return choose_decode_config(max(num_tokens, 1), cc)
     return "sorted16" if num_tokens <= 64 else "sorted64"
 
 

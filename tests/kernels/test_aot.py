@@ -154,14 +154,20 @@ def test_jit_aligned_variants_are_the_vectorized_code(compiled):
 
 
 def test_pre_sm80_tiles_do_not_spill(compiled):
-    """Below sm80 tl.dot is FMA code holding its tiles in registers; the attention tiles and the decode MoE
-    configs chosen there (attention.triton.attn_tiles, fused_moe.stages.choose_decode_config) compile for
-    sm70, as the JIT specializes them, with no stack frame (GPTQ without g_idx: the served checkpoint)."""
+    """Below sm80 tl.dot is FMA code holding its tiles in registers; the attention tiles and the MoE configs
+    chosen there up to the per-expert cuBLAS prefill (attention.triton.attn_tiles, fused_moe.triton.choose_config)
+    compile for sm70, as the JIT specializes them, with no stack frame (GPTQ without g_idx: the served
+    checkpoint)."""
     from onecard.kernels.fused_moe.stages import choose_decode_config
+
+    from onecard.kernels.fused_moe.grouped import GROUPED_MIN_TOKENS
+    from onecard.kernels.fused_moe.triton import choose_config
 
     chosen = {f"moe_decode[{choose_decode_config(t, 70)},stage={s},float=False,per_row=False,fp16]"
               for t in (1, 16) for s in (1, 2)}
+    chosen |= {f"moe[{choose_config(t, 70)},gated={g},float=False,fp16]"
+               for t in range(17, GROUPED_MIN_TOKENS) for g in (True, False)}
     rows = [r for r in compiled if r[1] == 70 and r[2].endswith("(JIT-aligned)") and (
         (r[2].startswith("paged_attn") and "pre-sm80" in r[2]) or r[2].removesuffix(" (JIT-aligned)") in chosen)]
-    assert len(rows) == 2 + 4, [r[2] for r in rows]                       # attention: decode and prefill
+    assert len(rows) == 2 + 4 + 2, [r[2] for r in rows]   # attention: decode, prefill; MoE: decode 1, 16; sorted
     assert all(r[6] == 0 for r in rows), [(r[2], r[6]) for r in rows]

@@ -25,7 +25,7 @@ from onecard.kernels.fused_moe.decode import (DECODE_MAX_TOKENS, decode_aot_conf
 from onecard.kernels.fused_moe.stages import DECODE_CONFIGS, choose_decode_config, weight_args
 from onecard.kernels.gptq_gemm.int4 import _dequant_tile_j, _group_sz
 from onecard.kernels.triton_dot import dot
-from onecard.kernels.triton_common import AotConfig, next_pow2, signature
+from onecard.kernels.triton_common import AotConfig, compute_capability, next_pow2, signature
 from onecard.kernels.types import GPTQWeight, MoEWeight
 
 
@@ -158,9 +158,11 @@ _CONFIGS = {
 
 
 def choose_config(num_tokens: int, cc: int = 80) -> str:
+    """Below sm80 sorted64's gated GEMM spills (sm70, JIT-aligned: 704 B of stack per thread) and sorted16's
+    does not; there it serves up to the per-expert cuBLAS path (grouped.py, dispatch)."""
     if num_tokens <= DECODE_MAX_TOKENS:
         return choose_decode_config(max(num_tokens, 1), cc)
-    return "sorted16" if num_tokens <= 64 else "sorted64"
+    return "sorted16" if (num_tokens <= 64 or cc < 80) else "sorted64"
 
 
 def moe_router(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -216,7 +218,7 @@ def fused_moe(x: torch.Tensor, router_logits: torch.Tensor, w_gate: MoEWeight, w
         return fused_moe_decode(x, router_logits, w_gate, w_up, w_down, top_k, renormalize)
     topk_w, topk_ids = route(router_logits, top_k, renormalize)         # [T, k]
     p = t * top_k
-    name = choose_config(t)
+    name = choose_config(t, compute_capability(x.device))
     bm, bn1, bn2, bk8, warps, stages = _CONFIGS[name]
     sorted_mode = True
     gate, k1, n1, gs1, ng1, pr1, gst1, float_w = weight_args(w_gate, bk8)

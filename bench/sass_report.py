@@ -1,0 +1,75 @@
+"""Registers and stack (spills) per thread of every fp16 Triton kernel config, compiled as the JIT specializes
+them at serving time (16-byte-aligned pointers, 16-divisible ints), for sm70 and sm90. No GPU needed: Triton's
+bundled ptxas and cuobjdump. The configs are the AOT list (tests/kernels/test_aot.py), which holds every
+variant the dispatchers choose at the served shape.
+
+Usage: python bench/sass_report.py [OUT.json]
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import multiprocessing as mp
+import re
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "kernels"))
+
+TARGETS = (70, 90)
+
+
+def _resources(job: tuple[str, int, int]) -> tuple[str, int, int | None, int | None]:
+    import os
+
+    import triton
+    from test_aot import MODULES, jit_aligned_attrs  # noqa: F401  (tests/kernels on sys.path)
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    mod, i, cc = job
+    c = importlib.import_module(f"onecard.kernels.{mod}.triton").aot_configs()[i]
+    cx = dict(c.constexprs)
+    if "PDL" in cx:
+        cx["PDL"] = cc >= 90
+    k = triton.compile(ASTSource(fn=c.kernel, signature=c.signature, constexprs=cx, attrs=jit_aligned_attrs(c)),
+                       target=GPUTarget("cuda", cc, 32), options=dict(num_warps=c.num_warps, num_stages=c.num_stages))
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(k.asm["cubin"])
+        f.flush()
+        out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
+    m = re.search(r"REG:(\d+) STACK:(\d+)", out)
+    return c.name, cc, int(m.group(1)) if m else None, int(m.group(2)) if m else None
+
+
+def main(out: str | None = None) -> dict:
+    from test_aot import MODULES
+
+    jobs = []
+    for mod in MODULES:
+        for i, c in enumerate(importlib.import_module(f"onecard.kernels.{mod}.triton").aot_configs()):
+            if "bf16" not in c.name:
+                jobs += [(mod, i, cc) for cc in TARGETS if cc >= c.min_cc]
+    with ProcessPoolExecutor(max_workers=2, mp_context=mp.get_context("spawn")) as pool:
+        rows = list(pool.map(_resources, jobs))
+    res: dict = {}
+    for name, cc, reg, stack in rows:
+        res.setdefault(name, {})[f"sm{cc}"] = {"registers": reg, "stack_bytes": stack}
+    print(f"{'config':62s} " + "  ".join(f"sm{cc} reg/stack" for cc in TARGETS))
+    for name, d in res.items():
+        cells = [f"{d[f'sm{cc}']['registers']:>3}/{d[f'sm{cc}']['stack_bytes']:<6}" if f"sm{cc}" in d else "-"
+                 for cc in TARGETS]
+        print(f"{name:62s} " + "      ".join(cells))
+    if out:
+        Path(out).write_text(json.dumps(res, indent=1))
+    return res
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else None)

@@ -37,8 +37,9 @@ def _resources(job: tuple[str, int, int]) -> tuple[str, int, int | None, int | N
     cx = dict(c.constexprs)
     if "PDL" in cx:
         cx["PDL"] = cc >= 90
-    k = triton.compile(ASTSource(fn=c.kernel, signature=c.signature, constexprs=cx, attrs=jit_aligned_attrs(c)),
-                       target=GPUTarget("cuda", cc, 32), options=dict(num_warps=c.num_warps, num_stages=c.num_stages))
+    src = ASTSource(fn=c.kernel, signature=c.signature, constexprs=cx, attrs=jit_aligned_attrs(c))
+    k = triton.compile(src, target=GPUTarget("cuda", cc, 32),
+                       options={"num_warps": c.num_warps, "num_stages": c.num_stages})
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(k.asm["cubin"])

@@ -1,10 +1,10 @@
 """A step's sampled ids (and logprobs) on their way from the device to the host.
 
-Contract: ``PendingOutput(request_ids, token_ids[S], logprobs, want, async_copy)``: with ``async_copy`` it starts
-non-blocking device-to-host copies of the step's sampled ids (and logprobs) into pinned memory and records an
-event behind them, and ``result()`` waits for that event alone, not for steps queued on the stream after it
-(async scheduling queues the next step before reading this one); without, it reads them at once (the
-synchronous loop's one sync per step, as cheap as it was). ``result()`` returns the step's ``RunnerOutput``.
+Contract: ``PendingOutput(request_ids, token_ids[S], logprobs, want, async_copy)``. With ``async_copy`` it
+starts non-blocking device-to-host copies of the step's sampled ids (and logprobs) into pinned memory and
+records an event behind them; ``result()`` then waits for that event alone, not for steps queued on the stream
+after it (async scheduling queues the next step before reading this one). Without, it reads them at once (the
+synchronous loop's one sync per step, as cheap as it was). ``result()`` returns the step's ``RunnerOutput``;
 ``PendingOutput.ready(out)`` wraps an output that is already on the host. On the CPU there is no event.
 """
 from __future__ import annotations
@@ -29,8 +29,8 @@ class PendingOutput:
 
         self._ids = request_ids
         self._tokens = host(token_ids)                                     # [S] int64
-        self._lp = None if logprobs is None else (
-            host(logprobs.logprobs), host(logprobs.ranks), host(logprobs.top_ids), host(logprobs.top_logprobs))
+        self._lp = None if logprobs is None else tuple(
+            host(t) for t in (logprobs.logprobs, logprobs.ranks, logprobs.top_ids, logprobs.top_logprobs))
         self._want = want
         self._event = None
         if cuda:

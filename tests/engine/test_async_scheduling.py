@@ -31,7 +31,8 @@ def _run(core: EngineCore, requests: dict[str, tuple[list[int], SamplingParams]]
         for o in core.step():
             g = got[o.request_id]
             g["tokens"] += o.new_token_ids
-            g["logprobs"] += [(lp.token_id, lp.rank, lp.logprob, sorted(lp.top)) for lp in (o.new_logprobs or [])]
+            g["logprobs"] += [(lp.token_id, lp.rank, lp.logprob, sorted(lp.top))
+                              for lp in (o.new_logprobs or [])]
             if o.finish_reason is not None:
                 g["finish"] = (o.finish_reason, o.stop_reason)
     kv = core.scheduler.kv_cache_manager
@@ -65,12 +66,13 @@ def test_async_matches_sync_for_every_sampling_feature(tiny_moe_gptq_dir, greedy
         "greedy_lp": (p[0], SamplingParams(temperature=0.0, max_tokens=14, ignore_eos=True, logprobs=2)),
         "seeded": (p[1], SamplingParams(temperature=1.0, top_p=0.9, top_k=40, seed=11, max_tokens=14,
                                         ignore_eos=True)),
-        "penalties": (p[2], SamplingParams(temperature=0.0, max_tokens=14, ignore_eos=True, presence_penalty=1.5,
-                                           frequency_penalty=1.0, repetition_penalty=1.8)),
+        "penalties": (p[2], SamplingParams(temperature=0.0, max_tokens=14, ignore_eos=True,
+                                           presence_penalty=1.5, frequency_penalty=1.0, repetition_penalty=1.8)),
         # every id but 0-2 stops it, and is banned until min_tokens outputs exist: it stops right after them
         "min_tokens": (p[3], SamplingParams(temperature=0.0, max_tokens=14, min_tokens=6,
                                             stop_token_ids=list(range(3, vocab)))),
-        "stop_id": (p[4], SamplingParams(temperature=0.0, max_tokens=14, stop_token_ids=[greedy_tokens[4][4]])),
+        "stop_id": (p[4], SamplingParams(temperature=0.0, max_tokens=14,
+                                         stop_token_ids=[greedy_tokens[4][4]])),
         "seeded_pen": (p[5], SamplingParams(temperature=0.8, seed=5, max_tokens=14, ignore_eos=True,
                                             frequency_penalty=2.0)),
     }

@@ -64,7 +64,7 @@ def test_placeholders_with_a_step_in_flight():
         if so.scheduled:
             slow = input_batch._general_inputs(so, bs, slow_cache, last_rows)
             fast = input_batch.build_inputs(so, bs, fast_cache, last_rows)
-            assert fast.placeholder_rows == slow.placeholder_rows and fast.placeholder_src == slow.placeholder_src
+            assert (fast.placeholder_rows, fast.placeholder_src) == (slow.placeholder_rows, slow.placeholder_src)
             assert np.array_equal(fast.input_ids, slow.input_ids)
             expect_rows, expect_src = [], []
             for row, s in zip(slow.query_start_loc[:-1], so.scheduled):
@@ -82,5 +82,7 @@ def test_placeholders_with_a_step_in_flight():
         if in_flight is not None:
             sched.update(in_flight[0], RunnerOutput(dict(zip(in_flight[2], in_flight[1]))))
         ids = [s.request.request_id for s in so.scheduled if s.samples]
-        in_flight = (so, [rng.randrange(1000) for _ in ids], {rid: i for i, rid in enumerate(ids)}) if ids else None
-    assert placeholders > 50 and mixed > 0             # the general (mixed prefill + decode) path had some too
+        in_flight = None
+        if ids:
+            in_flight = (so, [rng.randrange(1000) for _ in ids], {rid: i for i, rid in enumerate(ids)})
+    assert placeholders > 50 and mixed > 0             # the general (mixed prefill + decode) path had some

@@ -79,7 +79,8 @@ def test_async_matches_reference_with_chunking_and_prefix_hits() -> None:
     rng = random.Random(3)
     s, runner = make(max_num_batched_tokens=24, long_prefill_token_threshold=8, block_size=4)
     shared = [rng.randrange(VOCAB) for _ in range(13)]
-    prompts = {f"r{i}": shared[:rng.randrange(5, 14)] + [rng.randrange(VOCAB) for _ in range(rng.randrange(1, 9))]
+    prompts = {f"r{i}": shared[:rng.randrange(5, 14)]
+               + [rng.randrange(VOCAB) for _ in range(rng.randrange(1, 9))]
                for i in range(8)}
     for rid, p in prompts.items():
         assert s.add_request(req(rid, p, max_tokens=12)) is None
@@ -98,7 +99,8 @@ def test_async_tiny_pool_preemption_everyone_finishes_correctly() -> None:
         max_toks = {rid: rng.randrange(1, 40 - len(p)) for rid, p in prompts.items()}
         stops = {rid: set(rng.sample(range(VOCAB), 3)) for rid in prompts}
         for rid, p in prompts.items():
-            assert s.add_request(req(rid, p, max_tokens=max_toks[rid], stop_token_ids=sorted(stops[rid]))) is None
+            r = req(rid, p, max_tokens=max_toks[rid], stop_token_ids=sorted(stops[rid]))
+            assert s.add_request(r) is None
         d = AsyncDriver(s, runner)
         out = d.run_to_end()
         assert out == {rid: reference_tokens(p, max_toks[rid], stops[rid]) for rid, p in prompts.items()}

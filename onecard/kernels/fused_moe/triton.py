@@ -26,7 +26,7 @@ from onecard.kernels.fused_moe.stages import DECODE_CONFIGS, choose_decode_confi
 from onecard.kernels.gptq_gemm.int4 import _dequant_tile_j, _group_sz
 from onecard.kernels.triton_dot import dot
 from onecard.kernels.triton_common import AotConfig, compute_capability, next_pow2, signature
-from onecard.kernels.types import GPTQWeight, MoEWeight
+from onecard.kernels.types import MoEWeight
 
 
 

@@ -14,6 +14,8 @@ Arithmetic (bytes; "A" = serving-dtype bytes, T = --max-num-batched-tokens, S = 
               or dense MLP: T x 3 I x A
             + logits: S x vocab x 4 x 2 (fp32 logits and probabilities in the sampler)
             + on sm < 80 (or unknown) with GPTQ: the largest dequantized dense weight K x N x A (cuBLAS prefill)
+            + MoE with GPTQ and T >= 256: one projection of all experts dequantized, E x K x N x A (the prefill
+              path dequantizes them for cuBLAS / the grouped GEMM, one projection at a time)
             + 0.75 GiB fixed: CUDA context, cuBLAS/Triton workspaces, CUDA graph pool, allocator slack.
   budget    total x --gpu-memory-utilization (as vLLM); KV = budget - weights - activations, or
             --kv-cache-memory-bytes when given; blocks = KV // (block_size x kv/token).
@@ -41,6 +43,7 @@ from onecard.hardware import decide, normalize_dtype, sm
 
 GIB = 2**30
 FIXED_OVERHEAD = int(0.75 * GIB)
+GROUPED_MOE_MIN_TOKENS = 256      # kernels/fused_moe/grouped.GROUPED_MIN_TOKENS (not imported: no torch here)
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 
 
@@ -229,6 +232,10 @@ def activation_bytes(meta: CheckpointMeta, tokens: int, seqs: int, act_bytes: in
             if t.name.endswith(".qweight") and ".experts." not in t.name:
                 biggest = max(biggest, t.shape[-2] * 8 * t.shape[-1] * act_bytes)
         out["dequant_scratch"] = biggest
+    if experts and meta.quant is not None and tokens >= GROUPED_MOE_MIN_TOKENS:
+        per_expert = max((t.shape[-2] * 8 * t.shape[-1] for t in meta.tensors.values()
+                          if t.name.endswith(".qweight") and ".experts." in t.name), default=0)
+        out["expert_dequant_scratch"] = experts * per_expert * act_bytes
     out["fixed_overhead"] = FIXED_OVERHEAD
     return sum(out.values()), out
 

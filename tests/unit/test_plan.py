@@ -145,6 +145,21 @@ def test_largest_max_num_seqs(coder_gptq_meta):
     assert v100_plan(coder_gptq_meta, max_model_len=best, max_num_seqs=r.largest_max_num_seqs + 1).fits is False
 
 
+def test_expert_dequant_scratch_is_one_stacked_projection(coder_gptq_meta):
+    """Prefill of >= 256 tokens dequantizes one projection of all 128 experts at a time (fused_moe/grouped.py,
+    on every GPU): the plan counts [E, K, N] at the serving dtype, the largest of gate/up [2048, 768] and down
+    [768, 2048]."""
+    from onecard import plan as plan_mod
+    from onecard.kernels.fused_moe.grouped import GROUPED_MIN_TOKENS
+
+    assert plan_mod.GROUPED_MOE_MIN_TOKENS == GROUPED_MIN_TOKENS
+    for cc in ((7, 0), (9, 0)):
+        _, parts = plan_mod.activation_bytes(coder_gptq_meta, 8192, 16, 2, cc)
+        assert parts["expert_dequant_scratch"] == 128 * 2048 * 768 * 2
+        _, parts = plan_mod.activation_bytes(coder_gptq_meta, GROUPED_MIN_TOKENS - 1, 16, 2, cc)
+        assert "expert_dequant_scratch" not in parts
+
+
 def test_coder_bf16_does_not_fit_v100(capsys, coder_bf16):
     assert abs(read_checkpoint_meta(coder_bf16).stored_bytes / 1e9 - 61.1) < 0.05
     for extra in ([], ["--dtype", "float16"]):

@@ -10,10 +10,7 @@ from __future__ import annotations
 import importlib
 import json
 import multiprocessing as mp
-import re
-import subprocess
 import sys
-import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -25,10 +22,8 @@ TARGETS = (70, 90)
 
 
 def _resources(job: tuple[str, int, int]) -> tuple[str, int, int | None, int | None]:
-    import os
-
     import triton
-    from test_aot import MODULES, jit_aligned_attrs  # noqa: F401  (tests/kernels on sys.path)
+    from test_aot import jit_aligned_attrs, resource_usage  # tests/kernels is on sys.path
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -40,13 +35,8 @@ def _resources(job: tuple[str, int, int]) -> tuple[str, int, int | None, int | N
     src = ASTSource(fn=c.kernel, signature=c.signature, constexprs=cx, attrs=jit_aligned_attrs(c))
     k = triton.compile(src, target=GPUTarget("cuda", cc, 32),
                        options={"num_warps": c.num_warps, "num_stages": c.num_stages})
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(k.asm["cubin"])
-        f.flush()
-        out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
-    m = re.search(r"REG:(\d+) STACK:(\d+)", out)
-    return c.name, cc, int(m.group(1)) if m else None, int(m.group(2)) if m else None
+    reg, stack = resource_usage(k.asm["cubin"]) or (None, None)
+    return c.name, cc, reg, stack
 
 
 def main(out: str | None = None) -> dict:

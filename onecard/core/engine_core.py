@@ -80,9 +80,7 @@ class EngineCore:
             return self._step_async()
         sched = self.scheduler.schedule()
         if sched.is_empty:
-            # still let the runner drop state of requests that ended (aborts between steps)
-            if sched.finished_request_ids or sched.preempted_request_ids:
-                self.runner.execute(sched)
+            self._drop_ended(sched)
             return []
         try:
             result = self.runner.execute(sched)
@@ -95,8 +93,7 @@ class EngineCore:
         outs: list[EngineOutput] = []
         pending = None
         if sched.is_empty:
-            if sched.finished_request_ids or sched.preempted_request_ids:
-                self.runner.execute(sched)
+            self._drop_ended(sched)
         else:
             try:
                 pending = self.runner.submit(sched)
@@ -114,6 +111,11 @@ class EngineCore:
         if pending is not None:
             self._in_flight = (sched, pending)
         return outs
+
+    def _drop_ended(self, sched) -> None:
+        """An empty step still lets the runner drop the state of requests that ended (aborts between steps)."""
+        if sched.finished_request_ids or sched.preempted_request_ids:
+            self.runner.execute(sched)
 
     def _fail(self, sched, error: Exception) -> list[EngineOutput]:
         logger.error("engine step failed; failing %d requests", len(sched.scheduled), exc_info=error)

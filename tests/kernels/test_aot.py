@@ -58,15 +58,15 @@ def jit_aligned_attrs(c) -> dict:
     return attrs
 
 
-def _stack_bytes(cubin: bytes) -> int | None:
-    """Per-thread stack frame (register spills) of the kernel, from the cuobjdump that Triton ships."""
+def resource_usage(cubin: bytes) -> tuple[int, int] | None:
+    """(registers, stack frame bytes = spills) per thread of the kernel, from the cuobjdump Triton ships."""
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
         out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
-    m = re.search(r"STACK:(\d+)", out)
-    return int(m.group(1)) if m else None
+    m = re.search(r"REG:(\d+) STACK:(\d+)", out)
+    return (int(m.group(1)), int(m.group(2))) if m else None
 
 
 def _compile(job: tuple[str, int, int, bool]) -> tuple[str, int, str, str | None, bool | None, bool, int | None]:
@@ -91,7 +91,8 @@ def _compile(job: tuple[str, int, int, bool]) -> tuple[str, int, str, str | None
         v4 = re.search(r"ld\.global(\.\w+)*\.v4\.(b32|u32|f32|s32)", ptx) is not None
         if not compiled.asm.get("cubin"):
             return mod, cc, name, "no cubin produced", gdc, v4, None
-        return mod, cc, name, None, gdc, v4, _stack_bytes(compiled.asm["cubin"]) if aligned else None
+        usage = resource_usage(compiled.asm["cubin"]) if aligned else None
+        return mod, cc, name, None, gdc, v4, usage[1] if usage else None
     except Exception as e:                                                 # reported by the test below
         return mod, cc, name, f"{type(e).__name__}: {str(e)[:2000]}", None, False, None
 

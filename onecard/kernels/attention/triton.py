@@ -223,10 +223,10 @@ def aot_configs() -> list[AotConfig]:
                     stride_kt="i32", stride_vt="i32", HD="i32")
         out.append(AotConfig(_store_kv_kernel, signature(args, cx), cx, 4, 1, min_cc, f"store_kv[{act}]"))
         for bq in sorted({block_q(gp, 1), block_q(gp, 1 << 20)}):
-            for cc, tag in ((min_cc, ""), (70, ",pre-sm80")):
+            for tiles_cc, tag in ((80, ""), (70, ",pre-sm80")):      # the tiles of sm80+ and of below
                 if tag and act != "fp16":
                     continue
-                block_n, warps = attn_tiles(max(cc, 80) if not tag else cc, bq * gp)
+                block_n, warps = attn_tiles(tiles_cc, bq * gp)
                 cx = dict(HQ=hq, HKV=hkv, GROUP=group, GROUP_PAD=gp, D=d, BLOCK_Q=bq, BLOCK_N=block_n, PDL=False)
                 args = dict(q_ptr=f"*{act}", kc_ptr=f"*{act}", vc_ptr=f"*{act}", out_ptr=f"*{act}",
                             part_ptr="*fp32", ml_ptr="*fp32", qsl_ptr="*i32", seqlen_ptr="*i32", bt_ptr="*i32",

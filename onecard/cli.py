@@ -54,12 +54,17 @@ def _fraction(text: str) -> float:
 def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     bool_opt = argparse.BooleanOptionalAction
     parser.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
-                        help="model directory or hub id in the local HF cache (default: the bundled tiny coder)")
+                        help="model directory or hub id ORG/NAME[@REVISION]: the HF cache first, else downloaded "
+                             "(default: the bundled tiny coder)")
 
     g = parser.add_argument_group("model")
     g.add_argument("--model", default=None, help="same as the positional MODEL (as the deployment writes it)")
     g.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
                    help="names clients may use in `model` (default: the model argument); all are accepted")
+    g.add_argument("--revision", default=None,
+                   help="hub branch, tag or commit of the model (default: main; also ORG/NAME@REVISION)")
+    g.add_argument("--download-dir", default=None,
+                   help="hub cache folder to look in and download into (default: HF_HUB_CACHE or HF_HOME/hub)")
     g.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the model's)")
     g.add_argument("--dtype", default="auto", help="auto, float16, bfloat16 or float32 (GPTQ runs float16)")
     g.add_argument("--quantization", "-q", default=None, help="gptq (read from the checkpoint when omitted)")
@@ -139,7 +144,8 @@ def resolve_model_arg(ns: argparse.Namespace) -> str | None:
 
 def engine_args_from_namespace(ns: argparse.Namespace) -> EngineArgs:
     return EngineArgs(
-        model=resolve_model_arg(ns), served_model_name=ns.served_model_name, tokenizer=ns.tokenizer,
+        model=resolve_model_arg(ns), revision=ns.revision, download_dir=ns.download_dir,
+        served_model_name=ns.served_model_name, tokenizer=ns.tokenizer,
         dtype=ns.dtype, quantization=ns.quantization, kv_cache_dtype=ns.kv_cache_dtype,
         max_model_len=ns.max_model_len, tensor_parallel_size=ns.tensor_parallel_size,
         pipeline_parallel_size=ns.pipeline_parallel_size, gpu_memory_utilization=ns.gpu_memory_utilization,

@@ -29,6 +29,9 @@ class Env:
     log_level: str
     precompile: bool = True        # ONECARD_PRECOMPILE=0: no parallel Triton precompile at start-up
     pdl_max_tokens: int = 1        # ONECARD_PDL_MAX_TOKENS: PDL (sm90) for launches of <= this many tokens; 0 off
+    hf_token: str | None = None    # HF_TOKEN (or HUGGING_FACE_HUB_TOKEN): private and gated repos
+    hf_hub_offline: bool = False   # HF_HUB_OFFLINE=1: never contact the hub, the cache only
+    hf_endpoint: str = "https://huggingface.co"   # HF_ENDPOINT: a mirror, or the tests' local hub server
 
     @staticmethod
     def read() -> "Env":
@@ -42,6 +45,10 @@ class Env:
             log_level=e.get("ONECARD_LOG_LEVEL", "INFO"),
             precompile=e.get("ONECARD_PRECOMPILE", "1") != "0",
             pdl_max_tokens=int(e.get("ONECARD_PDL_MAX_TOKENS", "1")),
+            hf_token=e.get("HF_TOKEN") or e.get("HUGGING_FACE_HUB_TOKEN") or None,
+            # huggingface_hub's own truthy spellings
+            hf_hub_offline=e.get("HF_HUB_OFFLINE", "").strip().upper() in ("1", "ON", "YES", "TRUE"),
+            hf_endpoint=(e.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/"),
         )
 
 
@@ -132,6 +139,8 @@ class EngineConfig:
 @dataclass(slots=True)
 class EngineArgs:
     model: str | None = None                   # None = the bundled default model
+    revision: str | None = None                # hub branch, tag or commit (also ORG/NAME@REVISION)
+    download_dir: str | None = None            # hub cache to look in and download into
     served_model_name: list[str] | None = None
     tokenizer: str | None = None
     dtype: str = "auto"
@@ -183,8 +192,8 @@ class EngineArgs:
             path, given = default_model_path(), DEFAULT_MODEL_NAME
             names = self.served_model_name or [DEFAULT_MODEL_NAME]
         else:
-            path, given = resolve_model(self.model, env), self.model
-            names = self.served_model_name or [self.model]
+            path, given = resolve_model(self.model, env, self.revision, self.download_dir), self.model
+            names = self.served_model_name or [self.model.split("@")[0]]
 
         hf_config = read_json(path / "config.json")
         gen_config = read_json(path / "generation_config.json") if (path / "generation_config.json").exists() else {}

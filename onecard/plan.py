@@ -1,7 +1,8 @@
 """Memory plan from metadata only: will this checkpoint, with these serve flags, run on this card?
 
 Contract: ``plan(model, args, gpu_memory_gib=None, gpu_name=None) -> PlanReport``; ``args`` is anything with
-EngineArgs attribute names (missing ones take EngineArgs' defaults). ``plan_from_meta`` does the arithmetic
+EngineArgs attribute names (missing ones take EngineArgs' defaults). ``model`` is a directory, a cached hub id,
+or a hub id read remotely (``checkpoint_meta_for``: config and safetensors headers only, a few hundred KB). ``plan_from_meta`` does the arithmetic
 on an already-read ``CheckpointMeta`` (the serve preflight uses it). Nothing reads tensor data.
 
 Arithmetic (bytes; "A" = serving-dtype bytes, T = --max-num-batched-tokens, S = min(--max-num-seqs, T)):
@@ -361,11 +362,23 @@ def local_gpu() -> tuple[str, int, tuple[int, int]] | None:
         return None
 
 
-def plan(model: str, args: Any = None, gpu_memory_gib: float | None = None, gpu_name: str | None = None) -> PlanReport:
-    from onecard.models.resolve import resolve_model
+def checkpoint_meta_for(model: str, revision: str | None = None, download_dir: str | None = None) -> CheckpointMeta:
+    """A local directory or cached snapshot is read from disk; a hub id only the hub has, from its metadata
+    (config.json, quantization config, safetensors headers by ranged reads): nothing is downloaded."""
+    from onecard.config import Env
+    from onecard.models.hub import parse_hub_id, remote_checkpoint_meta
+    from onecard.models.resolve import cached_model
 
+    env = Env.read()
+    local = cached_model(model, env, revision, download_dir)
+    if local is not None:
+        return read_checkpoint_meta(local)
+    return remote_checkpoint_meta(*parse_hub_id(model, revision), env)
+
+
+def plan(model: str, args: Any = None, gpu_memory_gib: float | None = None, gpu_name: str | None = None) -> PlanReport:
     settings = PlanSettings.from_args(args)
-    meta = read_checkpoint_meta(resolve_model(model))
+    meta = checkpoint_meta_for(model, getattr(args, "revision", None), getattr(args, "download_dir", None))
     cc: tuple[int, int] | None = None
     total: int | None = None
     name: str | None = None

@@ -1,16 +1,19 @@
-"""Resolve a model argument to a local Hugging Face model directory, without the network.
+"""Resolve a model argument to a local Hugging Face model directory, as `vllm serve` does.
 
-Contract: ``resolve_model(name, env)`` returns a directory holding config.json. ``name`` is a local path, or a
-hub id ``org/name`` looked up in the local HF cache (``$HF_HUB_CACHE``, ``$HF_HOME/hub``,
-``~/.cache/huggingface/hub``) as ``models--org--name/snapshots/<rev>/`` (the revision named by
-``refs/main`` first, else the newest snapshot). A miss raises ``ConfigError`` naming the id and every folder
-searched. onecard never downloads.
+Contract: ``resolve_model(name, env, revision=None, download_dir=None)`` returns a directory holding
+config.json and its safetensors shards. ``name`` is a local path, or a hub id ``org/name[@revision]``: the cache
+first (``--download-dir`` when given, else ``$HF_HUB_CACHE``, ``$HF_HOME/hub``, ``~/.cache/huggingface/hub``;
+a complete snapshot of the revision, ``refs/<revision>`` naming it, else the newest complete one), then a
+download from the hub into ``download_cache_dir`` unless ``HF_HUB_OFFLINE`` is set (``onecard.models.hub``:
+progress, resume, errors that name the repo, the reason and ``hf download``). ``cached_model`` is the first
+half only (the planner reads remote metadata instead of downloading).
 """
 from __future__ import annotations
 
 from pathlib import Path
 
 from onecard.config import ConfigError, Env
+from onecard.models.hub import cached_snapshot, download_snapshot, parse_hub_id
 
 DEFAULT_MODEL_NAME = "onecard-tiny-coder"
 
@@ -37,32 +40,33 @@ def hub_cache_dirs(env: Env) -> list[Path]:
     return out
 
 
-def resolve_model(name: str, env: Env | None = None) -> Path:
+def download_cache_dir(env: Env, download_dir: str | None = None) -> Path:
+    """Where a download goes: --download-dir, else huggingface_hub's default cache (HF_HUB_CACHE, HF_HOME/hub)."""
+    return Path(download_dir).expanduser() if download_dir else hub_cache_dirs(env)[0]
+
+
+def resolve_model(name: str, env: Env | None = None, revision: str | None = None,
+                  download_dir: str | None = None) -> Path:
     env = env or Env.read()
     local = Path(name).expanduser()
     if local.is_dir():
         if not (local / "config.json").exists():
             raise ConfigError(f"model directory {local} has no config.json.")
         return local.resolve()
-    if name.count("/") != 1 or name.startswith((".", "/", "~")):
-        raise ConfigError(f"model {name!r} is neither a local directory nor a hub id of the form org/name.")
-    searched = []
-    for cache in hub_cache_dirs(env):
-        repo = cache / ("models--" + name.replace("/", "--"))
-        searched.append(str(repo))
-        snaps = repo / "snapshots"
-        if not snaps.is_dir():
-            continue
-        ref = repo / "refs" / "main"
-        if ref.exists():
-            cand = snaps / ref.read_text().strip()
-            if (cand / "config.json").exists():
-                return cand
-        cands = sorted((p for p in snaps.iterdir() if (p / "config.json").exists()),
-                       key=lambda p: p.stat().st_mtime, reverse=True)
-        if cands:
-            return cands[0]
-    raise ConfigError(
-        f"model {name!r} was not found locally and onecard does not download. Searched: "
-        + ", ".join(searched)
-        + ". Download it first (e.g. `huggingface-cli download " + name + "`) or pass a local directory.")
+    repo, rev = parse_hub_id(name, revision)
+    caches = [Path(download_dir).expanduser()] if download_dir else hub_cache_dirs(env)
+    found = cached_snapshot(repo, rev, caches)
+    if found is not None:
+        return found
+    return download_snapshot(repo, rev, env, download_cache_dir(env, download_dir), searched=caches)
+
+
+def cached_model(name: str, env: Env | None = None, revision: str | None = None,
+                 download_dir: str | None = None) -> Path | None:
+    """A local directory, or a complete cached snapshot of a hub id; None when only the hub has it."""
+    env = env or Env.read()
+    local = Path(name).expanduser()
+    if local.is_dir():
+        return resolve_model(name, env)
+    repo, rev = parse_hub_id(name, revision)
+    return cached_snapshot(repo, rev, [Path(download_dir).expanduser()] if download_dir else hub_cache_dirs(env))

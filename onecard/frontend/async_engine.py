@@ -36,6 +36,7 @@ class EngineDeadError(RuntimeError):
 
 class MetricsSink(Protocol):
     def on_first_token(self, seconds: float) -> None: ...
+    def on_inter_token(self, seconds: float) -> None: ...
     def on_finish(self, *, prompt_tokens: int, output_tokens: int, finish_reason: str,
                   e2e_seconds: float) -> None: ...
 
@@ -125,6 +126,7 @@ class AsyncEngine:
         self._requests[request_id] = tracked
         start = time.perf_counter()
         first_token_at: float | None = None
+        last_token_at = start
         self.core.add_request(self._engine_request(request_id, prompt_ids, params))
         try:
             while True:
@@ -132,10 +134,14 @@ class AsyncEngine:
                 if isinstance(item, Exception):
                     raise EngineDeadError(str(item))
                 out: EngineOutput = item
-                if out.new_token_ids and first_token_at is None:
-                    first_token_at = time.perf_counter()
-                    if self.metrics:
-                        self.metrics.on_first_token(first_token_at - start)
+                if out.new_token_ids:
+                    now = time.perf_counter()
+                    if self.metrics and first_token_at is None:
+                        self.metrics.on_first_token(now - start)
+                    elif self.metrics:           # one observation per engine step, as vLLM's ITL
+                        self.metrics.on_inter_token(now - last_token_at)
+                    first_token_at = first_token_at or now
+                    last_token_at = now
                 delta, abort = output.process(out)     # raises EngineRequestError on a rejection
                 if abort:
                     self.core.abort([request_id])

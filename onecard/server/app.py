@@ -107,6 +107,32 @@ class _APIKeyMiddleware:
         await self.app(scope, receive, send)
 
 
+class _HTTPMetricsMiddleware:
+    """Counts every response by method, status class and route template (not the raw path: bounded labels)."""
+
+    def __init__(self, app, metrics: ServerMetrics):
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 500
+
+        async def record(message):
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, record)
+        finally:
+            route = scope.get("route")
+            self.metrics.on_http(scope["method"], status, getattr(route, "path", "none"))
+
+
 def build_app(state: ServerState) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -124,6 +150,7 @@ def build_app(state: ServerState) -> FastAPI:
 
     if state.settings.api_key:
         app.add_middleware(_APIKeyMiddleware, api_key=state.settings.api_key)
+    app.add_middleware(_HTTPMetricsMiddleware, metrics=state.metrics)   # outermost: 401s are counted too
 
     @app.get("/health")
     async def health() -> Response:

@@ -2,7 +2,8 @@
 
 Contract: ``ServerMetrics(model_name, stats_fn)`` owns its own ``CollectorRegistry`` (several servers can
 live in one test process). Request-level series are observed by the AsyncEngine through ``on_first_token``
-/ ``on_finish``; engine-level ones (running, waiting, KV usage, prefix-cache queries/hits, preemptions)
+/ ``on_inter_token`` / ``on_finish``, HTTP responses by the app's middleware through ``on_http``
+(``http_requests_total``, as vLLM's instrumentator names it); engine-level ones (running, waiting, KV usage, prefix-cache queries/hits, preemptions)
 are read from ``stats_fn()`` (the latest ``EngineStats``) at scrape time. ``render()`` returns the text
 exposition and its content type. Every series carries ``model_name`` (the first served name) and
 ``engine="0"``, as vLLM v1 labels them.
@@ -20,6 +21,8 @@ from onecard.protocol import EngineStats
 
 _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                  20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+_ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                40.0, 80.0)
 _E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
                 480.0, 960.0, 1920.0, 7680.0)
 
@@ -71,6 +74,11 @@ class ServerMetrics:
                                names, buckets=_TTFT_BUCKETS, registry=self.registry).labels(**self.labels)
         self._e2e = Histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
                               names, buckets=_E2E_BUCKETS, registry=self.registry).labels(**self.labels)
+        self._itl = Histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+                              names, buckets=_ITL_BUCKETS, registry=self.registry).labels(**self.labels)
+        # prometheus-fastapi-instrumentator's series (vLLM's server has it): status grouped as 2xx/4xx/5xx.
+        self._http = Counter("http_requests", "Total number of requests by method, status and handler.",
+                             ["method", "status", "handler"], registry=self.registry)
         self._prompt_hist = Histogram("vllm:request_prompt_tokens", "Number of prefill tokens per request.",
                                       names, buckets=_len_buckets(), registry=self.registry).labels(**self.labels)
         self._gen_hist = Histogram("vllm:request_generation_tokens", "Number of generation tokens per request.",
@@ -78,6 +86,12 @@ class ServerMetrics:
 
     def on_first_token(self, seconds: float) -> None:
         self._ttft.observe(seconds)
+
+    def on_inter_token(self, seconds: float) -> None:
+        self._itl.observe(seconds)
+
+    def on_http(self, method: str, status: int, handler: str) -> None:
+        self._http.labels(method=method, status=f"{status // 100}xx", handler=handler).inc()
 
     def on_finish(self, *, prompt_tokens: int, output_tokens: int, finish_reason: str,
                   e2e_seconds: float) -> None:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU facts, kernel checks, tiny-checkpoint engine checks, the full-size benchmark.
 # Usage (repo root, on the H200): OUT=/some/dir bash bench/run_h200.sh [parts...]
-# parts: probe kernels checks full asyncab capab loadab nopdl pdl16 gputests startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
+# parts: apimem probe kernels checks full asyncab capab loadab nopdl pdl16 gputests startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
 set -u
 export PYTHONPATH="$PWD${EXTRA_PYTHONPATH:+:$EXTRA_PYTHONPATH}" TOKENIZERS_PARALLELISM=false
 OUT="${OUT:-/tmp/onecard_out}"; mkdir -p "$OUT"
@@ -9,6 +9,8 @@ parts="${*:-probe kernels checks full floor}"
 log() { echo "=== $* ($(date +%T))"; }
 for p in $parts; do
   case $p in
+    apimem) log apimem  # issue 28: only the engine process may hold GPU memory (nvidia-smi), bundled model
+          timeout 600 python3 bench/api_gpu_memory.py "$OUT/api_gpu_memory.json" ;;
     probe) log probe; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
            python3 -c "import torch,triton,transformers;print(torch.__version__,torch.version.cuda,triton.__version__,transformers.__version__)"
            [ -f onecard/hardware.py ] && timeout 60 python3 -m onecard.cli probe ;;

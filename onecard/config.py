@@ -32,6 +32,7 @@ class Env:
     hf_token: str | None = None    # HF_TOKEN (or HUGGING_FACE_HUB_TOKEN): private and gated repos
     hf_hub_offline: bool = False   # HF_HUB_OFFLINE=1: never contact the hub, the cache only
     hf_endpoint: str = "https://huggingface.co"   # HF_ENDPOINT: a mirror, or the tests' local hub server
+    cuda_visible_devices: str | None = None  # CUDA_VISIBLE_DEVICES: which GPU NVML reads (gpu_query.py)
 
     @staticmethod
     def read() -> "Env":
@@ -49,6 +50,7 @@ class Env:
             # huggingface_hub's own truthy spellings
             hf_hub_offline=e.get("HF_HUB_OFFLINE", "").strip().upper() in ("1", "ON", "YES", "TRUE"),
             hf_endpoint=(e.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/"),
+            cuda_visible_devices=e.get("CUDA_VISIBLE_DEVICES"),
         )
 
 
@@ -262,9 +264,9 @@ class EngineArgs:
             if device != "cuda":
                 return "float32"
             if dtype == "bfloat16":
-                import torch
+                from onecard.gpu_query import query_gpu   # NVML: no CUDA context in this (the API) process
 
-                if torch.cuda.get_device_capability()[0] < 8:
+                if query_gpu().cc[0] < 8:
                     return "float16"   # as vLLM: bf16 needs sm80+, so "auto" falls back to fp16
             return dtype
         if self.dtype not in aliases:

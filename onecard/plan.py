@@ -350,14 +350,16 @@ def architecture_problem(arch: str | None) -> str | None:
 
 
 def local_gpu() -> tuple[str, int, tuple[int, int]] | None:
-    """(name, total bytes, cc) of GPU 0, or None without a usable GPU."""
+    """(name, total bytes, cc) of GPU 0 through NVML (no CUDA context), or None without a usable GPU."""
     try:
         import torch
 
         if not torch.cuda.is_available():
             return None
-        p = torch.cuda.get_device_properties(0)
-        return p.name, int(p.total_memory), (int(p.major), int(p.minor))
+        from onecard.gpu_query import query_gpu
+
+        info = query_gpu()
+        return info.name, info.total_memory, info.cc
     except Exception:  # noqa: BLE001 - no usable GPU is an answer, not an error
         return None
 

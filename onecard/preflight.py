@@ -6,9 +6,9 @@ an architecture onecard does not implement (by name); bf16 below sm80; FP8 weigh
 not implemented); torch built without kernels for the card; a checkpoint that cannot fit the card (with the
 plan's numbers and the largest --max-model-len that fits); less free memory than --gpu-memory-utilization
 asks for (as vLLM). With ``engine_config.device == "cpu"`` only the architecture and dtype are checked.
-On CUDA with ``cc`` None, the card is GPU 0 and every argument left None is read from it (``cc`` from its
-properties, ``total_memory``/``free_memory`` from ``torch.cuda.mem_get_info``, ``arch_list`` from
-``torch.cuda.get_arch_list()``); with an explicit ``cc`` (tests playing a V100 on a CPU machine) nothing is
+On CUDA with ``cc`` None, the card is GPU 0 and every argument left None is read from it through NVML
+(``onecard.gpu_query``: capability, total and free memory; ``arch_list`` from torch's compile-time list), so
+the API process that runs this holds no CUDA context (~500 MiB of KV cache on the card); with an explicit ``cc`` (tests playing a V100 on a CPU machine) nothing is
 detected and a None argument skips its check. Only metadata is read (config + safetensors headers),
 so it finishes in well under 5 s even for a 60 GB checkpoint.
 """
@@ -28,24 +28,21 @@ class PreflightError(ConfigError):
     """Start-up stopped before loading: the message names the cause and the fix."""
 
 
-def _detect(cc, total_memory, free_memory, arch_list):
-    try:
-        import torch
+def _detect(cc, total_memory, free_memory, arch_list, env=None):
+    """GPU 0's facts through NVML (onecard.gpu_query): the API process never creates a CUDA context."""
+    from onecard.gpu_query import GpuQueryError, query_gpu
+    from onecard.gpu_query import arch_list as torch_arch_list
 
-        if cc is None:
-            major, minor = torch.cuda.get_device_capability(0)
-            cc = (int(major), int(minor))
-        if total_memory is None or free_memory is None:
-            free, total = torch.cuda.mem_get_info(0)
-            total_memory = total if total_memory is None else total_memory
-            free_memory = free if free_memory is None else free_memory
-        if arch_list is None:
-            arch_list = list(torch.cuda.get_arch_list())
-    except Exception as e:  # noqa: BLE001 - e.g. cudaGetDeviceCount() Error 803 on a driver/runtime mismatch
+    try:
+        info = query_gpu(env)
+        arch_list = torch_arch_list() if arch_list is None else arch_list
+    except GpuQueryError as e:
         raise PreflightError(
-            f"CUDA initialisation failed: {e}. The driver may be too old for this torch's CUDA runtime, or no "
-            "GPU is visible; `onecard probe` names the failing step. Use --device cpu to run without a GPU."
-        ) from None
+            f"{e}. The driver may be too old for this torch's CUDA runtime, or no GPU is visible; `onecard "
+            "probe` names the failing step. Use --device cpu to run without a GPU.") from None
+    cc = info.cc if cc is None else cc
+    total_memory = info.total_memory if total_memory is None else total_memory
+    free_memory = info.free_memory if free_memory is None else free_memory
     return cc, total_memory, free_memory, arch_list
 
 
@@ -62,7 +59,8 @@ def preflight(engine_config: EngineConfig, cc: tuple[int, int] | None = None, to
             raise PreflightError(str(d.refusal))
         return
     if cc is None:       # the real card; an explicit cc (tests, planning) means: use only what was passed
-        cc, total_memory, free_memory, arch_list = _detect(cc, total_memory, free_memory, arch_list)
+        cc, total_memory, free_memory, arch_list = _detect(cc, total_memory, free_memory, arch_list,
+                                                           engine_config.env)
     cc = (int(cc[0]), int(cc[1]))
     d = decide(cc, m.dtype, quant, cache.kv_cache_dtype)
     if not d.allowed:

@@ -1,12 +1,18 @@
-"""`onecard bench URL ...`: a serving benchmark client (what `vllm bench serve --dataset-name random` does).
+"""`onecard bench URL`: a serving benchmark client (what `vllm bench serve` does), runnable with the URL alone.
 
-Contract: ``main(argv) -> int``. It sends ``--num-prompts`` streaming requests to an OpenAI-compatible server,
+Contract: ``main(argv) -> int``. With only a URL it takes the model (and its max_model_len) from ``/v1/models``
+and runs the bundled coding-assistant workload (``--dataset-name coding``, ``bench_workload``: multi-turn chats
+under one long system prompt, a source file per conversation, edit/diff/test requests; token counts from the
+server's ``usage``). With ``--input-len``/``--output-len`` (``--dataset-name random``) it sends
+``--num-prompts`` streaming requests to an OpenAI-compatible server,
 either at most ``--concurrency`` at a time or arriving as a Poisson process at ``--request-rate`` per second,
 with prompts of ``--input-len`` tokens and ``max_tokens=--output-len`` plus ``ignore_eos`` (a vLLM extra) so
 outputs are exactly that long; ``--range-ratio X`` draws each length uniformly from [L(1-X), L(1+X)].
 Prompt lengths are fitted with the server's ``/tokenize`` (else a ``max_tokens=1`` probe's usage). It reports
 TTFT, TPOT, ITL and end-to-end latency (mean, median, std, p90, p99, in ms), request and token throughput;
-``--json FILE`` writes those figures (vLLM's key names) plus one record per request (seconds);
+``--json FILE`` writes those figures with the keys of `vllm bench serve`'s result file (``model_id``,
+``input_lens``, ``output_lens``, ``ttfts``, ``itls``, ``generated_texts``, ``errors``, ``mean_ttft_ms`` ...)
+plus one record per request (seconds);
 ``--plot FILE.png`` draws latency against time and a TTFT histogram. Exit 0 when every request succeeded.
 """
 from __future__ import annotations
@@ -46,6 +52,7 @@ class RequestSpec:
     prompt_len: int          # tokens asked for
     output_len: int
     measured_len: int        # tokens in `prompt` as the server counts them (== prompt_len when fitted exactly)
+    messages: list[dict[str, str]] | None = None     # a chat history (the coding workload) instead of `prompt`
 
 
 @dataclass(slots=True)
@@ -62,6 +69,7 @@ class RequestResult:
     e2el_s: float = 0.0
     itl_s: list[float] = field(default_factory=list)
     error: str = ""
+    generated_text: str = ""
 
     @property
     def tpot_s(self) -> float | None:
@@ -76,14 +84,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key", default=None)
     p.add_argument("--endpoint", default="/v1/completions", choices=["/v1/completions", "/v1/chat/completions"],
                    help="with chat, --input-len counts the chat template's tokens too")
-    p.add_argument("--num-prompts", type=int, required=True)
+    p.add_argument("--dataset-name", choices=["coding", "random"], default=None,
+                   help="coding: the bundled coding-assistant conversations (default without --input-len); "
+                        "random: prompts of --input-len tokens")
+    p.add_argument("--num-prompts", type=int, default=None,
+                   help="requests to send (coding: turns, default all of them; random: required)")
     load = p.add_mutually_exclusive_group()
     load.add_argument("--concurrency", "--max-concurrency", dest="concurrency", type=int, default=None,
                       help="at most C requests in flight (default: no limit)")
     load.add_argument("--request-rate", type=float, default=math.inf,
                       help="Poisson arrivals at R requests/s (default inf: all at once)")
-    p.add_argument("--input-len", type=int, required=True)
-    p.add_argument("--output-len", type=int, required=True)
+    p.add_argument("--input-len", type=int, default=None, help="random: prompt tokens")
+    p.add_argument("--output-len", type=int, default=None,
+                   help="random: output tokens; coding: a cap on each turn's max_tokens")
     p.add_argument("--range-ratio", type=float, default=0.0, help="lengths uniform in [L(1-X), L(1+X)]")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--temperature", type=float, default=0.0)
@@ -97,7 +110,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _check_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
-    if a.num_prompts < 1 or a.input_len < 1 or a.output_len < 1:
+    if a.dataset_name is None:
+        a.dataset_name = "random" if a.input_len is not None else "coding"
+    if a.dataset_name == "random" and None in (a.num_prompts, a.input_len, a.output_len):
+        p.error("--dataset-name random needs --num-prompts, --input-len and --output-len")
+    if a.dataset_name == "coding":
+        if a.input_len is not None:
+            p.error("--input-len applies to --dataset-name random only")
+        a.endpoint = "/v1/chat/completions"
+    if any(v is not None and v < 1 for v in (a.num_prompts, a.input_len, a.output_len)):
         p.error("--num-prompts, --input-len and --output-len must be >= 1")
     if not 0.0 <= a.range_ratio < 1.0:
         p.error(f"--range-ratio={a.range_ratio} must be in [0, 1)")
@@ -215,11 +236,17 @@ def _request_body(spec: RequestSpec, a: argparse.Namespace, model: str) -> dict[
     body: dict[str, Any] = {"model": model, "max_tokens": spec.output_len, "stream": True,
                             "stream_options": {"include_usage": True}, "ignore_eos": True,
                             "temperature": a.temperature}
-    if a.endpoint.endswith("chat/completions"):
+    if spec.messages is not None:
+        body["messages"] = spec.messages
+    elif a.endpoint.endswith("chat/completions"):
         body["messages"] = [{"role": "user", "content": spec.prompt}]
     else:
         body["prompt"] = spec.prompt
     return body
+
+
+def _text_of(choice: dict[str, Any]) -> str:
+    return choice.get("text") or (choice.get("delta") or {}).get("content") or ""
 
 
 def _has_token(choice: dict[str, Any]) -> bool:
@@ -254,6 +281,8 @@ async def send_request(client: httpx.AsyncClient, spec: RequestSpec, a: argparse
                     return res
                 usage = chunk.get("usage") or usage
                 choices = chunk.get("choices") or []
+                if choices:
+                    res.generated_text += _text_of(choices[0])
                 if choices and _has_token(choices[0]):
                     now = time.perf_counter()
                     if ttft is None:
@@ -327,8 +356,10 @@ def summarize(results: list[RequestResult], duration: float, a: argparse.Namespa
     total_in = sum(r.prompt_tokens for r in ok)
     total_out = sum(r.output_tokens for r in ok)
     out: dict[str, Any] = {
-        "date": dt.datetime.now().isoformat(timespec="seconds"), "base_url": a.url, "endpoint": a.endpoint,
-        "model": model, "num_prompts": a.num_prompts,
+        "date": dt.datetime.now().strftime("%Y%m%d-%H%M%S"), "backend": "openai-chat" if a.endpoint.endswith(
+            "chat/completions") else "openai", "base_url": a.url, "endpoint": a.endpoint,
+        "dataset_name": a.dataset_name, "model_id": model, "tokenizer_id": model, "model": model,
+        "num_prompts": len(results), "burstiness": 1.0, "request_goodput": None,
         "request_rate": "inf" if math.isinf(a.request_rate) else a.request_rate,
         "max_concurrency": a.concurrency, "input_len": a.input_len, "output_len": a.output_len,
         "range_ratio": a.range_ratio, "seed": a.seed,
@@ -341,8 +372,14 @@ def summarize(results: list[RequestResult], duration: float, a: argparse.Namespa
     out |= _stats("tpot", [t for r in ok if (t := r.tpot_s) is not None])
     out |= _stats("itl", [x for r in ok for x in r.itl_s])
     out |= _stats("e2el", [r.e2el_s for r in ok])
+    # vLLM's per-request lists (seconds), in request order.
+    out["input_lens"] = [r.prompt_tokens for r in results]
+    out["output_lens"] = [r.output_tokens for r in results]
+    out["ttfts"] = [r.ttft_s for r in results]
+    out["itls"] = [r.itl_s for r in results]
+    out["generated_texts"] = [r.generated_text for r in results]
+    out["errors"] = [r.error for r in results]
     out["requests"] = [asdict(r) | {"tpot_s": r.tpot_s} for r in results]
-    out["errors"] = sorted({r.error for r in results if r.error})
     return out
 
 
@@ -392,13 +429,22 @@ async def _amain(a: argparse.Namespace) -> int:
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(base_url=a.url.rstrip("/"), headers=headers, timeout=timeout,
                                  limits=limits) as client:
-        model = a.model
-        if model is None:
-            r = await client.get("/v1/models")
-            if r.status_code != 200:
-                print(f"GET /v1/models failed: {r.status_code} {r.text[:200]}", file=sys.stderr)
-                return 1
-            model = r.json()["data"][0]["id"]
+        r = await client.get("/v1/models")
+        if r.status_code != 200:
+            print(f"GET /v1/models failed: {r.status_code} {r.text[:200]}", file=sys.stderr)
+            return 1
+        cards = {c["id"]: c for c in r.json()["data"]}
+        model = a.model or next(iter(cards))
+        if a.dataset_name == "coding":
+            from onecard.tools import bench_workload
+
+            max_len = int((cards.get(model) or {}).get("max_model_len") or 8192)
+            convs = await bench_workload.fit_conversations(client, bench_workload.load_workload(), model,
+                                                           max_len, a.output_len)
+            n = a.num_prompts or sum(len(c.turns) for c in convs)
+            a.concurrency = a.concurrency or len(convs)
+            results, duration = await bench_workload.run_conversations(client, convs, a, model, n)
+            return _report(results, duration, a, model)
         specs = await build_specs(client, a, model)
         if not a.skip_initial_test:
             first = await send_request(client, specs[0], a, model, time.perf_counter())
@@ -406,10 +452,15 @@ async def _amain(a: argparse.Namespace) -> int:
                 print(f"initial test request failed: {first.error}", file=sys.stderr)
                 return 1
         results, duration = await run_load(client, specs, a, model)
+    return _report(results, duration, a, model)
+
+
+def _report(results: list[RequestResult], duration: float, a: argparse.Namespace, model: str) -> int:
     summary = summarize(results, duration, a, model)
     print_summary(summary)
-    if summary["errors"]:
-        print("errors: " + "; ".join(summary["errors"][:5]), file=sys.stderr)
+    errors = sorted({e for e in summary["errors"] if e})
+    if errors:
+        print("errors: " + "; ".join(errors[:5]), file=sys.stderr)
     if a.json_file:
         with open(a.json_file, "w") as f:
             json.dump(summary, f, indent=2)
@@ -426,6 +477,9 @@ def main(argv: list[str] | None = None) -> int:
         return asyncio.run(_amain(a))
     except httpx.HTTPError as e:
         print(f"onecard bench: cannot reach {a.url}: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    except RuntimeError as e:                # the workload cannot be built against this server (named)
+        print(f"onecard bench: error: {e}", file=sys.stderr)
         return 1
 
 

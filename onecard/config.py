@@ -46,6 +46,13 @@ class Env:
 
 
 # ---------------------------------------------------------------- config pieces
+def host_tier_blocks(kv_offloading_size_gib: float | None, block_bytes: int) -> int:
+    """KV blocks a host tier of ``--kv-offloading-size`` GiB holds (the runner allocates it, the plan reports it)."""
+    if not kv_offloading_size_gib or block_bytes <= 0:
+        return 0
+    return int(kv_offloading_size_gib * 2**30) // block_bytes
+
+
 @dataclass(slots=True)
 class QuantConfig:
     """GPTQ settings read from quantize_config.json or config.json's quantization_config."""
@@ -257,10 +264,10 @@ class EngineArgs:
         if size is None:
             return
         if not size > 0:
-            raise ConfigError(f"--kv-offloading-size={size} must be a positive number of GiB (omit it for no "
+            raise ConfigError(f"--kv-offloading-size={size:g} must be a positive number of GiB (omit it for no "
                               "host tier).")
         if not self.enable_prefix_caching:
-            raise ConfigError(f"--kv-offloading-size={size} keeps evicted prefix-cache blocks in host memory; it "
+            raise ConfigError(f"--kv-offloading-size={size:g} keeps evicted prefix-cache blocks in host memory; it "
                               "needs prefix caching: drop --no-enable-prefix-caching.")
 
     def _resolve_dtype(self, hf_config: dict, quant: QuantConfig | None, device: str) -> str:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from onecard.config import ConfigError, EngineConfig
+from onecard.config import ConfigError, EngineConfig, host_tier_blocks
 from onecard.core.outputs import RunnerOutput, SchedulerOutput
 from onecard.kernels import dispatch
 from onecard.runner.attn_metadata import AttentionMetadata
@@ -182,7 +182,7 @@ class ModelRunner:
         size = self.config.cache.kv_offloading_size
         if not size:
             return 0
-        num_slots = int(size * 2**30) // self.block_bytes
+        num_slots = host_tier_blocks(size, self.block_bytes)
         if num_slots < 1:
             raise ConfigError(f"--kv-offloading-size={size} GiB holds no KV block ({self.block_bytes} bytes "
                               "each); give it more.")

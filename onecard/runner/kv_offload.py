@@ -68,6 +68,10 @@ class HostKVPool:
 
     def _copy(self, to_host: list[tuple[int, int]], from_host: list[tuple[int, int]]) -> None:
         dev, host = self.device, self.host
+        # Copies of one direction are independent (a slot appears once): in slot order, a prefix stored block
+        # after block comes back as one run, one DMA per (layer, K|V), whatever order the blocks were evicted in.
+        to_host = sorted(to_host, key=lambda p: p[1])
+        from_host = sorted(from_host, key=lambda p: p[1])
         if to_host:
             gpu = torch.tensor([g for g, _ in to_host], dtype=torch.long).to(dev, non_blocking=True)   # [n]
             runs = slot_runs([s for _, s in to_host])

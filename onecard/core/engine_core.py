@@ -63,6 +63,9 @@ class EngineCore:
         gc.freeze()  # start-up objects never die: keep them out of the collector's scans (tail latency)
         logger.info("engine ready: %d KV blocks (%d tokens), %.2f GiB weights, %.1f s", num_blocks, capacity,
                     self.info.weights_bytes / 2**30, self.info.load_seconds)
+        if num_host_blocks:
+            logger.info("host KV tier: %d blocks (%d prefix tokens) in %.2f GiB of host memory", num_host_blocks,
+                        num_host_blocks * bs, config.cache.kv_offloading_size)
 
     def add_request(self, er: EngineRequest) -> EngineOutput | None:
         sp = er.sampling_params

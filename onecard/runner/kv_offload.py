@@ -30,9 +30,10 @@ def pinned_chunks(num_slots: int, bytes_per_slot: int) -> list[int]:
     left = num_slots
     while left > 0:
         size = left * bytes_per_slot
-        top = 1 << (size.bit_length() - 1)              # the largest power of two <= size
-        n = top // bytes_per_slot if size != top else left
-        n = max(1, min(left, n))
+        if (1 << (size - 1).bit_length()) - size < bytes_per_slot:
+            n = left                                     # all of it rounds up by less than a block
+        else:
+            n = max(1, (1 << (size.bit_length() - 1)) // bytes_per_slot)   # under the largest power of two <= size
         chunks.append(n)
         left -= n
     return chunks

@@ -31,6 +31,7 @@ def test_pinned_chunks_waste_less_than_a_block_each(num_slots: int, bps: int) ->
         assert pinned - size < bps or n == 1
     total = sum(1 << (n * bps - 1).bit_length() for n in chunks)
     assert total - num_slots * bps < len(chunks) * bps
+    assert pinned_chunks(16 * 2**30 // (3 << 19), 3 << 19) == [16 * 2**30 // (3 << 19)]   # 16 GiB: one chunk
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])

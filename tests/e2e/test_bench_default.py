@@ -30,7 +30,7 @@ def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("serve") / "serve.log"
     with log.open("wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "onecard.cli", "serve", "--host", "127.0.0.1", "--port",
-                                 str(port), "--device", "cpu", "--max-model-len", "384"], cwd=ROOT, stdout=out,
+                                 str(port), "--device", "cpu", "--max-model-len", "320"], cwd=ROOT, stdout=out,
                                 stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     url = f"http://127.0.0.1:{port}"
     try:
@@ -63,7 +63,7 @@ def test_bench_with_only_a_url(server, tmp_path):
         "total_output_tokens"]
     # Every request fits the server's context, and later turns of a conversation carry the history.
     reqs = res["requests"]
-    assert all(r["prompt_tokens"] + r["output_tokens"] <= 384 for r in reqs)
+    assert all(r["prompt_tokens"] + r["output_tokens"] <= 320 for r in reqs)
     assert all(r["output_tokens"] == r["output_len"] for r in reqs)           # ignore_eos: lengths as asked
     by_start = sorted(reqs, key=lambda r: r["start_s"])
     assert max(r["prompt_tokens"] for r in by_start[-6:]) > max(r["prompt_tokens"] for r in by_start[:6])

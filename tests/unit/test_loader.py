@@ -125,7 +125,8 @@ def test_no_weights_at_all(tiny_dense_dir, tmp_path):
 def test_model_id_not_in_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setenv("HF_HOME", str(tmp_path / "home"))
-    with pytest.raises(ConfigError, match=r"org/missing-model.*not found locally") as e:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")          # no network in unit tests (tests/e2e/test_hub.py has it)
+    with pytest.raises(ConfigError, match=r"org/missing-model.*HF_HUB_OFFLINE is set.*hf download") as e:
         EngineArgs(model="org/missing-model", device="cpu").create_config()
     assert str(tmp_path / "hub" / "models--org--missing-model") in str(e.value)
 

@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from onecard.checkpoint_meta import shard_names
 from onecard.config import ConfigError, ModelConfig
+from onecard.kernels.gptq_gemm import format as gptq_format
 from onecard.kernels.types import GPTQWeight
 from onecard.layers.linear import Linear
 from onecard.models.qwen3 import is_moe_layer
@@ -29,7 +30,6 @@ from onecard.models.registry import get_model_class
 
 logger = logging.getLogger(__name__)
 
-GPTQ_PARTS = ("qweight", "qzeros", "scales", "g_idx")
 _DIRECT_COPY_MIN_BYTES = 256 << 10    # experts' parts at least this big go to the device one by one
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _EXPERT = re.compile(r"^mlp\.experts\.(\d+)\.(gate|up|down)_proj\.(\w+)$")
@@ -63,20 +63,7 @@ def read_tensor_names(files: list[Path]) -> dict[str, Path]:
     return names
 
 
-# ------------------------------------------------------------------------------------------ GPTQ helpers
-def _to_int32(x: torch.Tensor) -> torch.Tensor:
-    x = x & 0xFFFFFFFF
-    return torch.where(x >= 2**31, x - 2**32, x).to(torch.int32)
-
-
-def v1_to_true_zeros(qzeros: torch.Tensor) -> torch.Tensor:
-    """GPTQ v1 stores zero − 1 per nibble; add 1 (mod 16) to every nibble."""
-    shifts = torch.arange(0, 32, 4, device=qzeros.device, dtype=torch.int64)
-    z = (qzeros.to(torch.int64).unsqueeze(-1) >> shifts) & 0xF            # [..., N/8, 8]
-    z = (z + 1) & 0xF
-    return _to_int32((z << shifts).sum(dim=-1))
-
-
+# ------------------------------------------------------------------------------------------ GPTQ assembly
 def _gptq_weight(parts: dict[str, torch.Tensor], name: str, k: int, n: int, fmt: str,
                  device: torch.device) -> GPTQWeight:
     for p in ("qweight", "qzeros", "scales"):
@@ -89,20 +76,14 @@ def _gptq_weight(parts: dict[str, torch.Tensor], name: str, k: int, n: int, fmt:
     _check(f"{name}.qzeros", qz, (*qw.shape[:-2], groups, n // 8))
     if qw.dtype != torch.int32 or qz.dtype != torch.int32:
         raise LoadError(f"{name}: qweight/qzeros must be int32 (pack_dtype int32), got {qw.dtype}/{qz.dtype}.")
-    group_size = -(-k // groups)
     g_idx = parts.get("g_idx")
     if g_idx is not None:
         _check(f"{name}.g_idx", g_idx, (*qw.shape[:-2], k))
-        trivial = torch.arange(k, dtype=torch.int64, device=g_idx.device) // group_size
-        if torch.equal(g_idx.to(torch.int64), trivial.expand_as(g_idx)):
-            g_idx = None
-    qz = qz.to(device)
-    if fmt == "gptq":
-        qz = v1_to_true_zeros(qz)
-    return GPTQWeight(qweight=qw.to(device), qzeros=qz, scales=sc.to(device=device, dtype=torch.float16)
-                      if device.type == "cuda" else sc.to(device), g_idx=None if g_idx is None else
-                      g_idx.to(device=device, dtype=torch.int32), group_size=group_size, in_features=k,
-                      out_features=n)
+    sc = sc.to(device=device, dtype=torch.float16) if device.type == "cuda" else sc.to(device)
+    w = gptq_format.from_disk(qw.to(device), qz.to(device), sc, g_idx, fmt, k)   # g_idx checked where it is
+    if w.g_idx is not None:
+        w.g_idx = w.g_idx.to(device)
+    return w
 
 
 def _check(name: str, t: torch.Tensor, shape: tuple[int, ...]) -> None:
@@ -371,7 +352,7 @@ class _Loader:
             per = [parts.pop((e, proj)) for e in range(self.E)]
             base = f"model.layers.{i}.mlp.experts.*.{proj}_proj"
             if gptq:
-                stacked = {p: self._stack([x[p] for x in per], f"{base}.{p}") for p in GPTQ_PARTS if p in per[0]}
+                stacked = {p: self._stack([x[p] for x in per], f"{base}.{p}") for p in gptq_format.GPTQ_PARTS if p in per[0]}
                 w = _gptq_weight(stacked, base, k, n, self.fmt, self.device)
                 self.bytes += w.nbytes()
             else:

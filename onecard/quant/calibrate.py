@@ -22,7 +22,7 @@ import torch
 
 from onecard.quant.checkpoint import FloatCheckpoint, write_gptq_checkpoint
 from onecard.quant.gptq import HessianAccumulator, gptq_quantize
-from onecard.quant.quantizer import QuantSpec, pack_result, rtn_quantize
+from onecard.quant.quantizer import QuantSpec, quantize_rtn
 from onecard.quant.qwen3_forward import ArchInfo, attention_parts, dense_mlp, moe_parts, rms_norm, rotary
 
 log = logging.getLogger(__name__)
@@ -132,8 +132,9 @@ def quantize_model(model_dir: Path, out_dir: Path, spec: QuantSpec, calibration:
         for i in range(arch.num_layers):
             for names in layer_linears(arch, ckpt, i):
                 for n in names:
-                    packed[n] = pack_result(rtn_quantize(ckpt.get(n + ".weight", device), spec), spec.bits,
-                                            checkpoint_format)
+                    ql = quantize_rtn(ckpt.get(n + ".weight", device), spec.group_size, spec.sym, min_zero=1,
+                                      bits=spec.bits)
+                    packed[n] = ql.disk_tensors(checkpoint_format)
         write_gptq_checkpoint(ckpt, out_dir, packed, spec, checkpoint_format, damp, method)
         return errors
     if calibration is None:
@@ -182,10 +183,10 @@ def quantize_model(model_dir: Path, out_dir: Path, spec: QuantSpec, calibration:
             for n in names:
                 acc = st.acc[n]
                 res = gptq_quantize(st.float_w[n], acc.H, spec, damp, block_size)
-                wq = res.dequantize().t().contiguous()                          # [N, K]
+                wq = res.dequant.t().contiguous()                          # [N, K]
                 errors[n] = _relative_output_error(acc.H, st.float_w[n], wq)
                 st.quant_w[n] = wq
-                packed[n] = pack_result(res, spec.bits, checkpoint_format)
+                packed[n] = res.disk_tensors(checkpoint_format)
             st.acc = {}
         with torch.no_grad():
             hidden = [h2 + run_mlp(rms_norm(h2, ln2, arch.eps), "all") for h2 in post_attn]

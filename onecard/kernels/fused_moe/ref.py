@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from onecard.kernels.gptq_gemm.ref import dequantize_gptq, expert_slice
+from onecard.kernels.gptq_gemm.format import dequantize_gptq, expert_slice
 from onecard.kernels.norm.ref import rms_norm
 from onecard.kernels.types import GPTQWeight, MoEWeight
 

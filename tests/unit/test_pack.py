@@ -6,8 +6,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from onecard.kernels.gptq_gemm.format import (dequantize, from_v1, pack_cols, pack_rows, to_v1, trivial_g_idx,
-                                              unpack_cols, unpack_rows)
+from onecard.kernels.gptq_gemm.format import (
+    dequantize,
+    from_v1,
+    pack_cols,
+    pack_rows,
+    to_v1,
+    trivial_g_idx,
+    unpack_cols,
+    unpack_rows,
+)
 from onecard.kernels.gptq_gemm.ref import dequantize_gptq
 from onecard.kernels.types import GPTQWeight
 from onecard.quant.pack import dynamic_override, gptq_copy, is_quantizable, read_safetensors_dir

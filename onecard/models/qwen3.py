@@ -132,6 +132,8 @@ class Qwen3ForCausalLM(nn.Module):
     """Also Qwen3-MoE: the layer type follows the config (``is_moe_layer``)."""
 
     strict_prefixes = ("model.layers.", "lm_head.")     # checkpoint tensors here must be declared weights
+    # GPTQ's "true sequential" order within a layer: each group's inputs are recorded with the earlier ones quantized
+    sequential_modules = (("q_proj", "k_proj", "v_proj"), ("o_proj",), ("gate_proj", "up_proj"), ("down_proj",))
 
     def __init__(self, c: dict[str, Any], max_positions: int,
                  can_fuse: Callable[[list[str]], bool] = lambda modules: True):

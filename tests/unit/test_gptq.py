@@ -141,31 +141,34 @@ def _hf_logits(model_dir: Path, ids: torch.Tensor) -> torch.Tensor:
 
 
 def test_calibration_forward_matches_hf(own_moe: Path) -> None:
+    """The quantizer's calibration forward (onecard's model, layer by layer, on the reference kernels)."""
     from transformers import Qwen3MoeForCausalLM
+
+    from onecard.kernels import dispatch
+    from onecard.models.qwen3 import Qwen3MoeForCausalLM as Ours
+    from onecard.quant.calibrate import CalibrationLayer, layer_specs, prefill_metadata
     from onecard.quant.checkpoint import FloatCheckpoint
-    from onecard.quant.qwen3_forward import ArchInfo, attention_parts, moe_parts, rms_norm, rotary
 
     ckpt = FloatCheckpoint(own_moe)
-    arch = ArchInfo.from_config(ckpt.config)
-    w = {k: ckpt.get(k) for k in ckpt.keys()}
     ids = torch.randint(0, ckpt.config["vocab_size"], (2, 20), generator=torch.Generator().manual_seed(0))
     model = Qwen3MoeForCausalLM.from_pretrained(str(own_moe), dtype=torch.float32).eval()
     with torch.no_grad():
         ref = model(ids, output_hidden_states=True).hidden_states
 
-    def proj(name: str, x: torch.Tensor) -> torch.Tensor:
-        return x.float() @ w[name + ".weight"].t()
-
-    h = w["model.embed_tokens.weight"][ids]
-    cos, sin = rotary(arch, ids.shape[1], torch.device("cpu"))
-    for i in range(arch.num_layers):
-        p = f"model.layers.{i}."
-        h = h + attention_parts(arch, w, p + "self_attn.", rms_norm(h, w[p + "input_layernorm.weight"], arch.eps),
-                                cos, sin, proj, "all")
-        h = h + moe_parts(arch, w, p + "mlp.", rms_norm(h, w[p + "post_attention_layernorm.weight"], arch.eps),
-                          proj, "all")
-        if i + 1 < arch.num_layers:    # HF's last hidden state is after the final norm
-            torch.testing.assert_close(h, ref[i + 1], rtol=1e-4, atol=1e-4)
+    cpu = torch.device("cpu")
+    ours = Ours(ckpt.config, ids.shape[1])
+    ours.set_device(cpu, torch.float32)
+    specs = layer_specs(ours)
+    md = prefill_metadata(2, ids.shape[1], cpu)
+    pos = torch.arange(ids.shape[1]).repeat(2)
+    kv_shape = (2, ids.shape[1], ours.num_kv_heads, ours.head_dim)
+    kv = (torch.zeros(kv_shape), torch.zeros(kv_shape))
+    h = ckpt.get("model.embed_tokens.weight")[ids.reshape(-1)]                  # [2*20, H]
+    with dispatch.use_backend("ref"):
+        for i in range(ours.num_layers):
+            h = CalibrationLayer(ours, specs[i], ckpt, cpu).forward(h, pos, kv, md)
+            if i + 1 < ours.num_layers:    # HF's last hidden state is after the final norm
+                torch.testing.assert_close(h.view(2, ids.shape[1], -1), ref[i + 1], rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("desc_act", [False, True])

@@ -126,6 +126,8 @@ class CalibrationLayer:
                 s.linear.bias = torch.cat([ckpt.get(n + ".bias", device) for n in s.modules])
         self.acc: dict[str, HessianAccumulator] = {}
         self.record_experts = False
+        attn = set(self.layer.self_attn.modules())
+        self.attn_modules = {n for s in self.linears if s.linear in attn for n in s.modules}
         self.hooks = [s.linear.register_forward_pre_hook(self._hook(s.modules)) for s in self.linears]
         self.install()
 
@@ -162,13 +164,16 @@ class CalibrationLayer:
                         self.record_experts = True
 
     @torch.no_grad()
-    def forward(self, h: torch.Tensor, positions: torch.Tensor, kv, md: AttentionMetadata) -> torch.Tensor:
-        """h [T, H] -> the layer's output h + attn + mlp (residual stream), recording what ``start`` asked."""
-        layer = self.layer
-        x, _ = ops.rms_norm(h, layer.input_layernorm, layer.eps)
-        h2 = h + layer.self_attn(x, positions, self.model.cos_sin, kv, md)
-        hn, _ = ops.rms_norm(h2, layer.post_attention_layernorm, layer.eps)
-        m = layer.mlp
+    def attention(self, h: torch.Tensor, positions: torch.Tensor, kv, md: AttentionMetadata) -> torch.Tensor:
+        """h [T, H] -> h + attn (the residual stream after attention)."""
+        x, _ = ops.rms_norm(h, self.layer.input_layernorm, self.layer.eps)
+        return h + self.layer.self_attn(x, positions, self.model.cos_sin, kv, md)
+
+    @torch.no_grad()
+    def mlp(self, h2: torch.Tensor, output: bool = True) -> torch.Tensor | None:
+        """h2 [T, H] -> h2 + mlp: the layer's output (None when not ``output`` and the experts were recorded)."""
+        hn, _ = ops.rms_norm(h2, self.layer.post_attention_layernorm, self.layer.eps)
+        m = self.layer.mlp
         if self.record_experts:
             ex = self.experts[0]
             takes = {"w_gate": 0, "w_up": 0, "w_down": 1}          # fused_moe's contract: gate/up read x, down h
@@ -178,7 +183,13 @@ class CalibrationLayer:
                     acc = self.acc.get(f"{ex.prefix}.{e}.{p.name}")
                     if acc is not None:
                         acc.add((xe, mid)[takes[p.attr]])
+            if not output:
+                return None
         return h2 + m(hn)
+
+    def forward(self, h: torch.Tensor, positions: torch.Tensor, kv, md: AttentionMetadata) -> torch.Tensor:
+        """h [T, H] -> the layer's output, recording what ``start`` asked."""
+        return self.mlp(self.attention(h, positions, kv, md))
 
     def drop(self) -> None:
         for hk in self.hooks:
@@ -241,11 +252,16 @@ def quantize_model(model_dir: Path, out_dir: Path, spec: QuantSpec, calibration:
         for i in range(model.num_layers):
             layer = CalibrationLayer(model, by_layer[i], ckpt, device)
             modules = _layer_modules(by_layer[i])
+            post: list[torch.Tensor | None] = [None] * len(hidden)           # h + attn per batch, while valid
             for group in model.sequential_modules:
                 names = [n for n in modules if n.rsplit(".", 1)[1] in group]
+                attn_group = any(n in layer.attn_modules for n in names)
                 layer.start(names, device)
-                for h, pos, md in zip(hidden, positions, mds):
-                    layer.forward(h, pos, kv, md)
+                for bi, (h, pos, md) in enumerate(zip(hidden, positions, mds)):
+                    if attn_group or post[bi] is None:
+                        post[bi] = layer.attention(h, pos, kv, md)
+                    if not attn_group:
+                        layer.mlp(post[bi], output=False)
                 for n in names:
                     acc = layer.acc[n]
                     res = gptq_quantize(layer.float_w[n], acc.H, spec, damp, block_size)
@@ -255,7 +271,10 @@ def quantize_model(model_dir: Path, out_dir: Path, spec: QuantSpec, calibration:
                     packed[n] = res.disk_tensors(checkpoint_format)
                 layer.start([], device)
                 layer.install()
-            hidden = [layer.forward(h, pos, kv, md) for h, pos, md in zip(hidden, positions, mds)]
+                if attn_group:
+                    post = [None] * len(hidden)                                # attention's weights changed
+            hidden = [layer.mlp(h2 if h2 is not None else layer.attention(h, pos, kv, md))
+                      for h, h2, pos, md in zip(hidden, post, positions, mds)]
             layer.drop()
             log.info("layer %d/%d quantized (%.1fs); mean rel. output error %.4f", i + 1, model.num_layers,
                      time.time() - t0, _mean([errors[n] for n in modules]))

@@ -4,8 +4,11 @@ Contract: ``load_model(config, device, dtype) -> model`` with ``model.weights_by
 device). Float tensors are cast to ``dtype``; GPTQ tensors stay packed (``GPTQWeight``; v1 zeros are
 converted to true zeros, a trivial g_idx becomes None). Which modules are quantized is read from the
 tensors present (``.qweight`` vs ``.weight``), so GPTQModel's ``dynamic`` overrides and ``-:`` exclusions
-are honoured as written; group sizes come from the scales' shapes. Experts are stacked per layer into
-[E, ...] tensors (float as [E, K, N]); q/k/v (and dense gate/up) are fused when their formats agree.
+are honoured as written; group sizes come from the scales' shapes. Which tensor fills which parameter (names,
+shapes, fused projections, stacked experts, completeness) is the model's declaration (``weight_specs``,
+models/weights.py); this file answers ``can_fuse`` from the formats (all float, or GPTQ with one group layout
+and no act-order), iterates the shards, routes each tensor to its spec and assembles float and GPTQ tensors
+(experts stacked [E, ...], float as [E, K, N]; the GPTQ format is ``kernels/gptq_gemm/format.py``'s).
 Host memory holds at most the tensors of the shard being read plus one layer's pending experts.
 Every problem raises ``LoadError`` (a ConfigError) naming the tensor or option.
 """

@@ -146,10 +146,11 @@ class CalibrationLayer:
                 w = [self.w[f"{ex.prefix}.{e}.{p.name}"].t() for e in range(ex.num_experts)]
                 setattr(ex.owner, p.attr, torch.stack(w))
 
-    def start(self, modules: list[str], device: torch.device) -> None:
+    def start(self, modules: list[str] | set[str], device: torch.device) -> None:
         """Record the inputs of ``modules`` in the next forwards (modules of one Linear share a Hessian)."""
         self.acc = {}
         self.record_experts = False
+        modules = set(modules)
         for s in self.linears:
             mine = [n for n in s.modules if n in modules]
             if mine:

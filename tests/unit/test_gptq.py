@@ -91,8 +91,8 @@ def test_packed_tensors_round_trip(sym: bool, desc_act: bool, fmt: str) -> None:
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
     # and the kernel contract's reference dequantizer (true zeros, onecard.kernels.types)
     ref = pytest.importorskip("onecard.kernels.gptq_gemm.ref")
-    from onecard.kernels.types import GPTQWeight
     from onecard.kernels.gptq_gemm.format import pack_cols
+    from onecard.kernels.types import GPTQWeight
     gw = GPTQWeight(qw, pack_cols(res.zeros), t["scales"], t["g_idx"], 32, k, n)
     torch.testing.assert_close(ref.dequantize_gptq(gw), expected, rtol=0, atol=0)
 
@@ -101,7 +101,7 @@ def test_packed_tensors_round_trip(sym: bool, desc_act: bool, fmt: str) -> None:
 
 def _tiny_moe(path: Path, seed: int = 0) -> Path:
     """A random Qwen3-MoE with a tiny BPE tokenizer (HF's own classes)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers, decoders
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     torch.manual_seed(seed)

@@ -8,6 +8,12 @@ matches stop strings (on a match it aborts the engine request and finishes with 
 ``EngineRequestError`` when the engine rejects the request. Leaving the iterator early (client gone,
 cancelled) aborts the engine request, which frees its KV blocks. ``generate_n`` fans ``n`` out into child
 requests ``f"{id}-{i}"`` (seed + i) and merges them as ``(index, delta)``.
+
+Reliability: with ``max_in_flight`` set (``--max-num-seqs`` + ``--max-num-queued-reqs``), a request that
+would exceed it is refused at once with a 503 ``EngineRequestError``, before anything reaches the engine
+(more in flight than running slots means a queue). When the core dies (``EngineDiedError`` from
+``get_outputs``), every request in flight fails with ``EngineDeadError`` naming the cause, later requests
+fail the same way, ``error`` is set (``/health`` answers 503) and ``on_dead`` callbacks run on the event loop.
 """
 from __future__ import annotations
 
@@ -19,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from onecard.config import ModelConfig
-from onecard.frontend.core_client import CoreClient
+from onecard.frontend.core_client import CoreClient, EngineDiedError
 from onecard.protocol import EngineInfo, EngineOutput, EngineRequest, EngineStats, FinishReason, TokenLogprobs
 from onecard.sampling_params import SamplingParams
 
@@ -36,7 +42,11 @@ class EngineRequestError(Exception):
 
 
 class EngineDeadError(RuntimeError):
-    """The engine core stopped (start-up failed or the output loop died)."""
+    """The engine core stopped while serving (its process died, or the output loop failed): a 500."""
+
+
+class EngineNotReadyError(RuntimeError):
+    """The engine is still loading (or failed to start): a 503."""
 
 
 @dataclass(slots=True)
@@ -52,9 +62,20 @@ class GenerationDelta:
 
 
 class MetricsSink(Protocol):
-    def on_first_token(self, seconds: float) -> None: ...
-    def on_finish(self, *, prompt_tokens: int, output_tokens: int, finish_reason: str,
-                  e2e_seconds: float) -> None: ...
+    def on_first_token(self, seconds: float, prompt_tokens: int) -> None: ...
+    def on_tokens(self, count: int, gap_seconds: float) -> None: ...
+    def on_finish(self, *, prompt_tokens: int, output_tokens: int, finish_reason: str, e2e_seconds: float,
+                  timing: "RequestTiming") -> None: ...
+
+
+@dataclass(slots=True)
+class RequestTiming:
+    """time.monotonic() stamps of one engine request (None where it never got there)."""
+
+    arrival: float
+    scheduled: float | None = None
+    first_token: float | None = None
+    last_token: float | None = None
 
 
 def _make_detokenizer(tokenizer, prompt_ids: list[int], params: SamplingParams):
@@ -73,13 +94,18 @@ class _Tracked:
 
 class AsyncEngine:
     def __init__(self, core: CoreClient, tokenizer, model_config: ModelConfig,
-                 metrics: MetricsSink | None = None):
+                 metrics: MetricsSink | None = None, max_in_flight: int | None = None,
+                 limits_text: str = ""):
         self.core = core
         self.tokenizer = tokenizer
         self.model_config = model_config
         self.metrics = metrics
+        self.max_in_flight = max_in_flight     # engine requests (children of n count one each)
+        self.limits_text = limits_text         # names the flags behind max_in_flight, for the 503's message
         self.info: EngineInfo | None = None
         self.error: str | None = None          # start-up or loop failure, shown by /health
+        self.dead: str | None = None           # the engine died while serving
+        self.on_dead: list = []                # callables(reason), run on the event loop
         self._requests: dict[str, _Tracked] = {}
         self._loop_task: asyncio.Task | None = None
 
@@ -118,11 +144,30 @@ class AsyncEngine:
                         tracked.queue.put_nowait(out)
         except asyncio.CancelledError:
             raise
-        except Exception as e:
-            logger.exception("the engine output loop died")
-            self.error = f"engine output loop died: {type(e).__name__}: {e}"
-            for tracked in self._requests.values():
-                tracked.queue.put_nowait(e)
+        except Exception as e:  # noqa: BLE001 - the core died (EngineDiedError) or this loop broke
+            if isinstance(e, EngineDiedError):
+                why = str(e)
+            else:
+                logger.exception("the engine output loop died")
+                why = f"the engine output loop died: {type(e).__name__}: {e}"
+            self._mark_dead(why)
+
+    def fail_all(self, error: Exception) -> None:
+        """End every request in flight with ``error`` (their engine requests are aborted)."""
+        for tracked in self._requests.values():
+            if not tracked.finished:
+                tracked.queue.put_nowait(error)
+
+    def _mark_dead(self, why: str) -> None:
+        self.dead = self.error = why
+        err = EngineDeadError(why)
+        for tracked in self._requests.values():
+            tracked.queue.put_nowait(err)
+        for callback in list(self.on_dead):
+            try:
+                callback(why)
+            except Exception:  # noqa: BLE001
+                logger.exception("an on_dead callback failed")
 
     async def shutdown(self) -> None:
         if self._loop_task is not None:
@@ -140,32 +185,60 @@ class AsyncEngine:
                              arrival_time=time.time(), eos_token_ids=list(self.model_config.eos_token_ids),
                              priority=priority)
 
+    def check_available(self, count: int = 1) -> None:
+        """Raise now (no engine round trip) if ``count`` more engine requests cannot be taken."""
+        if self.dead is not None:
+            raise EngineDeadError(self.dead)
+        if not self.ready:
+            raise EngineNotReadyError(self.error or "the model is loading")
+        cap = self.max_in_flight
+        if cap is None:
+            return
+        if count > cap:
+            raise EngineRequestError(
+                f"The request needs {count} sequences at once (n times the number of prompts), more than this "
+                f"server holds ({cap}: {self.limits_text or 'its limits'}). Lower n or send fewer prompts.",
+                400)
+        if len(self._requests) + count > cap:
+            raise EngineRequestError(
+                f"The server is overloaded: {len(self._requests)} requests are in flight "
+                f"({self.limits_text or f'limit {cap}'}). Try again later.", 503)
+
     async def generate(self, request_id: str, prompt_ids: list[int],
                        params: SamplingParams) -> AsyncIterator[GenerationDelta]:
-        if not self.ready:
-            raise EngineDeadError(self.error or "the engine is not ready")
+        self.check_available(1)
         if request_id in self._requests:
             raise EngineRequestError(f"request id {request_id!r} is already in use.", 400)
         detok = _make_detokenizer(self.tokenizer, prompt_ids, params)
         tracked = _Tracked()
         self._requests[request_id] = tracked
-        start = time.perf_counter()
-        first_token_at: float | None = None
+        start = time.monotonic()
+        timing = RequestTiming(arrival=start)
         num_out = 0
         self.core.add_request(self._engine_request(request_id, prompt_ids, params))
         try:
             while True:
                 item = await tracked.queue.get()
-                if isinstance(item, Exception):
-                    raise EngineDeadError(str(item))
+                if isinstance(item, EngineDeadError):
+                    tracked.finished = True         # nothing to abort: the engine is gone
+                    raise item
+                if isinstance(item, Exception):     # fail_all (shutdown deadline): aborted in `finally`
+                    raise item
                 out: EngineOutput = item
                 if out.finish_reason == FinishReason.ERROR:
                     tracked.finished = True
                     raise EngineRequestError(out.error or "the engine rejected the request", out.error_status)
-                if out.new_token_ids and first_token_at is None:
-                    first_token_at = time.perf_counter()
-                    if self.metrics:
-                        self.metrics.on_first_token(first_token_at - start)
+                if out.scheduled_time is not None:
+                    timing.scheduled = out.scheduled_time
+                if out.new_token_ids:
+                    now = time.monotonic()
+                    if timing.first_token is None:
+                        timing.first_token = now
+                        if self.metrics:
+                            self.metrics.on_first_token(now - start, out.num_prompt_tokens or len(prompt_ids))
+                    elif self.metrics:
+                        self.metrics.on_tokens(len(out.new_token_ids), now - timing.last_token)
+                    timing.last_token = now
                 num_out += len(out.new_token_ids)
                 text, stop_str = detok.update(out.new_token_ids) if out.new_token_ids else ("", None)
                 finish: str | None = None
@@ -183,7 +256,7 @@ class AsyncEngine:
                     if self.metrics:
                         self.metrics.on_finish(prompt_tokens=out.num_prompt_tokens or len(prompt_ids),
                                                output_tokens=num_out, finish_reason=finish,
-                                               e2e_seconds=time.perf_counter() - start)
+                                               e2e_seconds=time.monotonic() - start, timing=timing)
                 yield GenerationDelta(text=text, token_ids=list(out.new_token_ids), logprobs=out.new_logprobs,
                                       finish_reason=finish, stop_reason=stop_reason,
                                       num_prompt_tokens=out.num_prompt_tokens or len(prompt_ids),
@@ -195,13 +268,15 @@ class AsyncEngine:
                 self.core.abort([request_id])
                 if self.metrics:
                     self.metrics.on_finish(prompt_tokens=len(prompt_ids), output_tokens=num_out,
-                                           finish_reason="abort", e2e_seconds=time.perf_counter() - start)
+                                           finish_reason="abort", e2e_seconds=time.monotonic() - start,
+                                           timing=timing)
             self._requests.pop(request_id, None)
 
     async def generate_n(self, request_id: str, prompt_ids: list[int],
                          params: SamplingParams) -> AsyncIterator[tuple[int, GenerationDelta]]:
         """``params.n`` children merged in arrival order; any child's error ends the whole stream."""
         n = params.n
+        self.check_available(n)
         if n == 1:
             async for d in self.generate(request_id, prompt_ids, params):
                 yield 0, d

@@ -210,15 +210,25 @@ def test_invalid_body_is_400_not_422(server):
 def test_prompt_too_long_is_400_with_vllm_text(server, tokenizer):
     msgs = [{"role": "user", "content": "word " * 300}]
     n = len(_ids(tokenizer, tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)))
+    hi = len(_ids(tokenizer, tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
+                                                           add_generation_prompt=True)))
     for stream in (False, True):
         r = httpx.post(server.base_url + "/chat/completions",
-                       json={"model": "coder", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1000,
-                             "stream": stream})
+                       json={"model": "coder", "messages": [{"role": "user", "content": "hi"}],
+                             "max_tokens": 256 - hi + 1, "stream": stream})
         assert r.status_code == 400
         err = _error(r)
         assert err["type"] == "BadRequestError"
         assert err["message"].startswith("You passed ") and "However, the model's context length is only 256" \
-            in err["message"]
+            in err["message"] and f"maximum input length of {hi - 1} tokens" in err["message"]
+        # a max_tokens no prompt could fit: vLLM's other wording, never a negative "maximum input length"
+        r = httpx.post(server.base_url + "/chat/completions",
+                       json={"model": "coder", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1000,
+                             "stream": stream})
+        assert r.status_code == 400
+        assert _error(r)["message"] == (f"'max_tokens' or 'max_completion_tokens' is too large: 1000. This model's "
+                                        f"maximum context length is 256 tokens and your request has {hi} input "
+                                        f"tokens (1000 > 256 - {hi}).")
     r = httpx.post(server.base_url + "/chat/completions", json={"model": "coder", "messages": msgs})
     assert r.status_code == 400
     assert f"(length {n})" in _error(r)["message"] or f"You passed {n} input tokens" in _error(r)["message"]

@@ -123,7 +123,10 @@ class Scheduler:
             return (f"The prompt has {n} tokens, more than --max-num-batched-tokens="
                     f"{cfg.max_num_batched_tokens} with chunked prefill disabled; raise "
                     "--max-num-batched-tokens or pass --enable-chunked-prefill."), 400
-        if cfg.max_num_queued_reqs is not None and len(self.waiting) >= cfg.max_num_queued_reqs:
+        # Requests that free running slots will take at the next step are not queued: the bound counts the
+        # rest (as the API process's in-flight cap, --max-num-seqs + --max-num-queued-reqs, does).
+        free_slots = max(0, cfg.max_num_seqs - len(self.running))
+        if cfg.max_num_queued_reqs is not None and len(self.waiting) >= cfg.max_num_queued_reqs + free_slots:
             return (f"The server is overloaded: {len(self.waiting)} requests are already waiting "
                     f"(--max-num-queued-reqs={cfg.max_num_queued_reqs}). Try again later."), 503
         return None

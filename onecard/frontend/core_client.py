@@ -281,6 +281,8 @@ def _process_main(config: EngineConfig, conn_in, conn_out, core_factory=None) ->
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=config.env.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     set_engine_threads(config)
+    if core_factory is None:
+        import torch  # noqa: F401 - the runner needs it anyway; loaded now, with the thread count set
 
     def recv(timeout: float | None):
         if conn_in.poll(timeout):
@@ -295,12 +297,15 @@ def _process_main(config: EngineConfig, conn_in, conn_out, core_factory=None) ->
 
 def set_engine_threads(config: EngineConfig) -> None:
     """Torch's intra-op threads in B (``--engine-threads``): oversubscribed spinning threads on a busy box
-    cost far more than they give (see config.default_engine_threads)."""
-    try:
-        import torch
-    except ImportError:
-        return
-    torch.set_num_threads(config.engine_threads)
+    cost far more than they give (see config.default_engine_threads). B is a fresh process: the OpenMP
+    runtime reads this when torch loads."""
+    import os
+    import sys
+
+    os.environ["OMP_NUM_THREADS"] = str(config.engine_threads)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(config.engine_threads)
 
 
 def _exit_text(code: int | None) -> str:

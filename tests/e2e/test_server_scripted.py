@@ -236,8 +236,10 @@ def test_prompt_too_long_is_400_with_vllm_text(server, tokenizer):
 
 def test_queue_full_is_503(server):
     sched = server.state.engine.core.engine_core.scheduler
-    old = sched.config.max_num_queued_reqs
-    sched.config.max_num_queued_reqs = 0          # every new request finds the queue full
+    old = sched.config.max_num_queued_reqs, sched.config.max_num_seqs
+    # no free running slot and no queue: every new request finds the queue full (the engine's own check; the
+    # API process's bound is tested in test_hostile_input.py)
+    sched.config.max_num_queued_reqs, sched.config.max_num_seqs = 0, 0
     try:
         for stream in (False, True):
             r = httpx.post(server.base_url + "/chat/completions",
@@ -247,7 +249,7 @@ def test_queue_full_is_503(server):
             assert err["type"] == "ServiceUnavailableError" and err["code"] == 503
             assert "--max-num-queued-reqs=0" in err["message"]
     finally:
-        sched.config.max_num_queued_reqs = old
+        sched.config.max_num_queued_reqs, sched.config.max_num_seqs = old
 
 
 def test_response_format_is_refused(server):

@@ -15,6 +15,8 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
+from onecard.sampling_params import INT64_MAX
+
 _ERROR_REF = {"$ref": "#/components/schemas/ErrorResponse"}
 _ERROR_SCHEMA: dict[str, Any] = {
     "type": "object", "required": ["error"],
@@ -101,6 +103,21 @@ def _responses(path: str, method: str, generated: dict[str, Any], has_body: bool
     return out
 
 
+def _exact_integers(node: Any) -> None:
+    """FastAPI's OpenAPI model holds bounds as floats (2**63 - 1 comes out as 2.0**63): put the integers back,
+    so a fuzzer or client reading ``maximum`` gets the bound the server enforces."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in ("maximum", "minimum", "exclusiveMaximum", "exclusiveMinimum", "default") \
+                    and isinstance(value, float) and value.is_integer():
+                node[key] = INT64_MAX if value == 2.0**63 else int(value)
+            else:
+                _exact_integers(value)
+    elif isinstance(node, list):
+        for item in node:
+            _exact_integers(item)
+
+
 def install_openapi(app: FastAPI) -> None:
     def openapi() -> dict[str, Any]:
         if app.openapi_schema:
@@ -115,6 +132,7 @@ def install_openapi(app: FastAPI) -> None:
         for unused in ("HTTPValidationError", "ValidationError"):
             components.pop(unused, None)
         components["ErrorResponse"] = _ERROR_SCHEMA
+        _exact_integers(schema)
         app.openapi_schema = schema
         return schema
 

@@ -74,6 +74,11 @@ class EngineStats:
     num_preemptions: int = 0                      # cumulative
     num_steps: int = 0                            # engine steps run (cumulative)
     last_step_tokens: int = 0                     # tokens (prompt + generated) computed by the latest step
+    external_prefix_cache_queries: int = 0        # host KV tier: tokens looked up (cumulative)
+    external_prefix_cache_hits: int = 0           # host KV tier: tokens found there, not recomputed (cumulative)
+    kv_bytes_to_host: int = 0                     # host KV tier: bytes copied GPU -> host (cumulative)
+    kv_bytes_from_host: int = 0                   # host KV tier: bytes copied host -> GPU (cumulative)
+    host_kv_cache_usage: float = 0.0              # host KV tier: fraction of its slots in use, 0..1
 
 
 @dataclass(slots=True)
@@ -90,3 +95,4 @@ class EngineInfo:
     quantization: str | None
     device: str
     load_seconds: float
+    num_host_blocks: int = 0                      # host KV tier (--kv-offloading-size), 0 = off

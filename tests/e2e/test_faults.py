@@ -109,15 +109,19 @@ def test_engine_killed_mid_stream(proc_factory):
     t = threading.Thread(target=non_streaming)
     t.start()
 
+    killed_at = []
+
     def kill_after_a_few(count: int) -> None:
         if count == 5 and not killed.is_set():
             killed.set()
+            killed_at.append(time.monotonic())
             os.kill(pid, signal.SIGKILL)
 
     with httpx.stream("POST", p.url + "/v1/chat/completions", json={**CHAT, "stream": True}, timeout=60) as r:
         assert r.status_code == 200
         events = _sse_events(r, kill_after_a_few)
     assert killed.is_set()
+    print(f"engine death ended the stream {time.monotonic() - killed_at[0]:.3f} s after the kill")
     assert events[-1] == "[DONE]"
     err = json.loads(events[-2])["error"]
     assert err["code"] == 500 and "EngineDeadError" in err["message"] and "SIGKILL" in err["message"]

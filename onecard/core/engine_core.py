@@ -51,6 +51,8 @@ class EngineCore:
                                    kv_block_bytes=int(getattr(self.runner, "block_bytes", 0)))
         self.async_scheduling = config.scheduler.async_scheduling and hasattr(self.runner, "submit")
         self._in_flight = None                   # (SchedulerOutput, PendingOutput) submitted, not yet updated
+        self.num_steps = 0
+        self.last_step_tokens = 0
         bs = config.cache.block_size
         capacity = self.scheduler.kv_cache_manager.num_usable_blocks * bs   # block 0 is the null block
         self.info = EngineInfo(
@@ -63,6 +65,9 @@ class EngineCore:
         gc.freeze()  # start-up objects never die: keep them out of the collector's scans (tail latency)
         logger.info("engine ready: %d KV blocks (%d tokens), %.2f GiB weights, %.1f s", num_blocks, capacity,
                     self.info.weights_bytes / 2**30, self.info.load_seconds)
+        if num_host_blocks:
+            logger.info("host KV tier: %d blocks (%d prefix tokens) in %.2f GiB of host memory", num_host_blocks,
+                        num_host_blocks * bs, config.cache.kv_offloading_size)
 
     def add_request(self, er: EngineRequest) -> EngineOutput | None:
         sp = er.sampling_params
@@ -77,7 +82,13 @@ class EngineCore:
         return self.scheduler.has_unfinished() or self._in_flight is not None
 
     def stats(self) -> EngineStats:
-        return self.scheduler.stats()
+        s = self.scheduler.stats()
+        s.num_steps, s.last_step_tokens = self.num_steps, self.last_step_tokens
+        return s
+
+    def _count_step(self, sched) -> None:
+        self.num_steps += 1
+        self.last_step_tokens = sched.total_num_scheduled_tokens
 
     def step(self) -> list[EngineOutput]:
         if self.async_scheduling:
@@ -86,6 +97,7 @@ class EngineCore:
         if sched.is_empty:
             self._drop_ended(sched)
             return []
+        self._count_step(sched)
         try:
             result = self.runner.execute(sched)
         except Exception as e:  # fail this step's requests, keep serving
@@ -99,6 +111,7 @@ class EngineCore:
         if sched.is_empty:
             self._drop_ended(sched)
         else:
+            self._count_step(sched)
             try:
                 pending = self.runner.submit(sched)
             except Exception as e:

@@ -11,12 +11,27 @@ import random
 import pytest
 import torch
 
-from onecard.runner.kv_offload import HostKVPool, slot_runs
+from onecard.runner.kv_offload import HostKVPool, pinned_chunks, slot_runs
 
 
 def test_slot_runs() -> None:
     assert slot_runs([]) == []
     assert slot_runs([3, 4, 5, 9, 1, 2]) == [(0, 3, 3), (3, 9, 1), (4, 1, 2)]
+
+
+@pytest.mark.parametrize("num_slots,bps", [(43690, 3 << 19), (27306, 3 << 19), (1, 3 << 19), (1000, 4096),
+                                           (7, 100)])
+def test_pinned_chunks_waste_less_than_a_block_each(num_slots: int, bps: int) -> None:
+    """Each chunk, rounded up to a power of two of bytes as PyTorch's pinned allocator does, wastes < one block."""
+    chunks = pinned_chunks(num_slots, bps)
+    assert sum(chunks) == num_slots and all(n >= 1 for n in chunks)
+    for n in chunks:
+        size = n * bps
+        pinned = 1 << (size - 1).bit_length()
+        assert pinned - size < bps or n == 1
+    total = sum(1 << (n * bps - 1).bit_length() for n in chunks)
+    assert total - num_slots * bps < len(chunks) * bps
+    assert pinned_chunks(16 * 2**30 // (3 << 19), 3 << 19) == [16 * 2**30 // (3 << 19)]   # 16 GiB: one chunk
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
@@ -25,7 +40,7 @@ def test_save_then_load_round_trip(dtype: torch.dtype) -> None:
     layers, nb, bs, heads, hd = 3, 12, 4, 2, 8
     caches = [(torch.randn(nb, bs, heads, hd, generator=g).to(dtype),
                torch.randn(nb, bs, heads, hd, generator=g).to(dtype)) for _ in range(layers)]
-    pool = HostKVPool(caches, num_slots=10, device=torch.device("cpu"))
+    pool = HostKVPool(caches, num_slots=10, device=torch.device("cpu"), chunk_slots=[3, 4, 3])   # runs cross chunks
     assert pool.bytes_per_slot == 2 * layers * bs * heads * hd * caches[0][0].element_size()
     rng = random.Random(1)
     saved_blocks = rng.sample(range(1, nb), 7)

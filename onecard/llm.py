@@ -5,6 +5,8 @@ a list of them, token-id lists, or ``{"prompt_token_ids": [...]}`` / ``{"prompt"
 ``SamplingParams`` or one per prompt; it returns one ``RequestOutput`` per prompt, in order. The engine core
 runs in this process and thread (no server); ``n`` > 1 fans out into child requests that share the
 prompt's KV blocks through the prefix cache. Stop strings are applied by the incremental detokenizer.
+``SamplingParams(structured_outputs=StructuredOutputsParams(...))`` is compiled here (cached by spec) before the
+request is queued; an invalid spec raises ``ValueError`` naming the field.
 """
 from __future__ import annotations
 
@@ -52,6 +54,18 @@ class LLM:
             self.tokenizer.chat_template = Path(ct).read_text() if Path(ct).exists() else ct
         self.engine = EngineCore(self.config)
         self._ids = itertools.count()
+        self._grammar = None               # GrammarService, made at the first constrained request
+
+    def _compile_constraint(self, sp: SamplingParams) -> None:
+        so = sp.structured_outputs
+        if so is None or so._compiled is not None:
+            return
+        if self._grammar is None:
+            from onecard.frontend.grammar import GrammarService
+
+            self._grammar = GrammarService(self.tokenizer, int(self.config.model.hf_config["vocab_size"]),
+                                           list(self.config.model.eos_token_ids))
+        so._compiled = self._grammar.compile(so)
 
     def get_tokenizer(self):
         return self.tokenizer
@@ -106,6 +120,8 @@ class LLM:
         results: list[RequestOutput] = []
         children: dict[str, _Child] = {}
         eos = self.config.model.eos_token_ids
+        for sp in params:
+            self._compile_constraint(sp)
         for i, ((text, ids), sp) in enumerate(zip(items, params)):
             results.append(RequestOutput(request_id=str(next(self._ids)), prompt=text, prompt_token_ids=ids))
             for j in range(sp.n):

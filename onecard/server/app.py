@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse, Response
 
 import onecard
 from onecard.frontend.async_engine import AsyncEngine
+from onecard.frontend.grammar import GrammarService, StructuredOutputsConfig
 from onecard.frontend.tokenizer import encode_prompt, render_chat
 from onecard.server import serving_chat, serving_completion
 from onecard.server.errors import error_response, install_error_handlers, model_not_found
@@ -42,6 +43,7 @@ class ServerSettings:
     enable_auto_tool_choice: bool = False
     chat_template: str | None = None      # resolved template text (--chat-template), None = tokenizer's
     default_sampling: dict[str, Any] = field(default_factory=dict)   # from generation_config.json
+    structured_outputs: StructuredOutputsConfig = field(default_factory=StructuredOutputsConfig)
 
 
 @dataclass(slots=True)
@@ -51,6 +53,7 @@ class ServerState:
     tokenizer: Any
     metrics: ServerMetrics
     created: int = field(default_factory=lambda: int(time.time()))
+    grammar: GrammarService | None = None     # structured outputs: compiles constraints (frontend/grammar.py)
     on_fatal: Callable[[str], None] | None = None
     started_at: float = field(default_factory=time.perf_counter)
     _start_task: asyncio.Task | None = None
@@ -111,6 +114,8 @@ def build_app(state: ServerState) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         state._start_task = asyncio.create_task(_start_engine(state), name="onecard-engine-start")
+        if state.grammar is not None:
+            state.grammar.warm()
         try:
             yield
         finally:

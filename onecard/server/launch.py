@@ -18,6 +18,7 @@ from typing import Any
 from onecard.config import EngineConfig
 from onecard.frontend.async_engine import AsyncEngine
 from onecard.frontend.core_client import CoreClient
+from onecard.frontend.grammar import GrammarService, StructuredOutputsConfig
 from onecard.frontend.tokenizer import load_tokenizer, resolve_chat_template
 from onecard.server.app import ServerSettings, ServerState, build_app
 from onecard.server.metrics import ServerMetrics
@@ -28,7 +29,8 @@ _SAMPLING_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_
 
 
 def settings_from(engine_config: EngineConfig, *, api_key: str | None = None, reasoning_parser: str | None = None,
-                  tool_call_parser: str | None = None, enable_auto_tool_choice: bool = False) -> ServerSettings:
+                  tool_call_parser: str | None = None, enable_auto_tool_choice: bool = False,
+                  structured_outputs: StructuredOutputsConfig | None = None) -> ServerSettings:
     m = engine_config.model
     gen = m.generation_config or {}
     return ServerSettings(
@@ -36,7 +38,8 @@ def settings_from(engine_config: EngineConfig, *, api_key: str | None = None, re
         max_model_len=m.max_model_len, api_key=api_key, reasoning_parser=reasoning_parser,
         tool_call_parser=tool_call_parser, enable_auto_tool_choice=enable_auto_tool_choice,
         chat_template=resolve_chat_template(m.chat_template),
-        default_sampling={k: gen[k] for k in _SAMPLING_DEFAULT_KEYS if gen.get(k) is not None})
+        default_sampling={k: gen[k] for k in _SAMPLING_DEFAULT_KEYS if gen.get(k) is not None},
+        structured_outputs=structured_outputs or StructuredOutputsConfig())
 
 
 def make_state(engine_config: EngineConfig, core: CoreClient, settings: ServerSettings | None = None,
@@ -45,7 +48,11 @@ def make_state(engine_config: EngineConfig, core: CoreClient, settings: ServerSe
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(engine_config.model.tokenizer)
     metrics = ServerMetrics(settings.served_model_names[0], lambda: core.stats)
     engine = AsyncEngine(core, tokenizer, engine_config.model, metrics=metrics)
-    return ServerState(settings=settings, engine=engine, tokenizer=tokenizer, metrics=metrics)
+    vocab = int(engine_config.model.hf_config.get("vocab_size") or len(tokenizer))      # the logits' width
+    grammar = GrammarService(tokenizer, vocab,
+                             list(engine_config.model.eos_token_ids), settings.structured_outputs,
+                             on_compile=metrics.on_grammar_compile, on_request=metrics.on_structured_request)
+    return ServerState(settings=settings, engine=engine, tokenizer=tokenizer, metrics=metrics, grammar=grammar)
 
 
 class Server:
@@ -85,7 +92,9 @@ def prepare_server(engine_config: EngineConfig, ns: argparse.Namespace) -> Serve
 
     settings = settings_from(engine_config, api_key=ns.api_key, reasoning_parser=ns.reasoning_parser,
                              tool_call_parser=ns.tool_call_parser,
-                             enable_auto_tool_choice=ns.enable_auto_tool_choice)
+                             enable_auto_tool_choice=ns.enable_auto_tool_choice,
+                             structured_outputs=StructuredOutputsConfig.parse(ns.structured_outputs_config,
+                                                                              ns.guided_decoding_backend))
     # Start B first: its imports and weight loading overlap A's tokenizer and app set-up (time to ready).
     started_at = time.perf_counter()
     core = make_core_client(engine_config, single_process=ns.single_process)

@@ -3,7 +3,8 @@
 Contract: ``create_completion(state, body, request)`` returns a JSONResponse or an SSE StreamingResponse in
 OpenAI's ``text_completion`` shape. A prompt is a string, a list of strings, a list of token ids or a list of
 those; choice index = prompt_index * n + i. ``echo`` prepends the prompt text; ``logprobs`` N gives the
-legacy tokens/token_logprobs/top_logprobs/text_offset block.
+legacy tokens/token_logprobs/top_logprobs/text_offset block. An output constraint (response_format,
+structured_outputs, guided_*) is compiled before any prompt is queued (a bad one is a 400 naming the field).
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from onecard.frontend.constraints import constraint_for_request
 from onecard.server.errors import BadRequest
 from onecard.server.openai_types import CompletionRequest, now, random_id
 from onecard.server.streaming import DONE, CompletionLogprobs, merge, sse, sse_response, start_stream, usage
@@ -36,6 +38,7 @@ async def create_completion(state, body: CompletionRequest, request: Request) ->
             prompts.append(list(p))
             prompt_texts.append(tok.decode(p) if body.echo else "")
     params = body.to_sampling_params(state.settings.default_sampling)
+    await state.grammar.attach(params, constraint_for_request(**body.constraint_fields()))
     n = params.n
     rid = random_id("cmpl")
     created = now()

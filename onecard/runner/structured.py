@@ -173,8 +173,8 @@ class GrammarMasker:
                 tok = pending_token(rid)
                 new = [*new, tok] if tok is not None else new
             err = self._advance(st, cc, new) if new else None
-            if err is None and st.phase == "think":
-                continue                                  # reasoning is not constrained
+            if err is None and (st.phase == "think" or st.matcher.is_terminated()):
+                continue           # reasoning is not constrained; after its stop token (async's dropped extra token)
             if host is None:
                 ev = self._copied[turn]
                 if ev is not None:
@@ -187,7 +187,7 @@ class GrammarMasker:
                 if st.phase == "maybe_think":
                     w, b = divmod(cc.think_start, 32)
                     host_np[k, w] |= np.array(1 << b, dtype=np.uint32).view(np.int32)
-                elif not st.matcher.is_terminated() and not host_np[k].any():
+                elif not host_np[k].any():
                     err = "the structured-output grammar reached a dead end (no token can continue it)"
             if err is not None:
                 st.failed = True

@@ -9,7 +9,7 @@ import asyncio
 import json
 import re
 from enum import Enum
-from typing import Literal
+from typing import Annotated, Literal
 
 import httpx
 import openai
@@ -25,6 +25,7 @@ from tests.e2e.harness import metric, start_server
 ARGS = dict(served_model_name=["coder"], max_model_len=512, device="cpu", seed=0, max_num_seqs=64)
 MSGS = [{"role": "user", "content": "Reply in JSON."}]
 S = Field(max_length=6)
+Small = Annotated[int, Field(ge=-9, le=99)]
 
 
 class Color(str, Enum):
@@ -53,7 +54,7 @@ class M3(BaseModel):
 
 
 class M4(BaseModel):
-    items: list[int] = Field(min_length=1, max_length=3)
+    items: list[Small] = Field(min_length=1, max_length=3)
 
 
 class M5(BaseModel):
@@ -66,7 +67,7 @@ class M6(BaseModel):
 
 
 class M7(BaseModel):
-    v: int | str = Field(union_mode="left_to_right")
+    v: Small | Annotated[str, Field(max_length=4)] = Field(union_mode="left_to_right")
 
 
 class M7b(BaseModel):
@@ -92,7 +93,7 @@ class M11(BaseModel):
 
 
 class M12(BaseModel):
-    score: float = Field(ge=0, le=1)
+    pair: tuple[Small, bool]
 
 
 class M13(BaseModel):
@@ -105,7 +106,7 @@ class M14(BaseModel):
 
 
 class M15(BaseModel):
-    matrix: list[list[int]] = Field(min_length=1, max_length=2)
+    matrix: list[Annotated[list[Small], Field(max_length=2)]] = Field(min_length=1, max_length=2)
 
 
 class M16(BaseModel):
@@ -193,7 +194,7 @@ def test_parse_validates_over_many_schemas(server):
 
     def call(model, kw):
         return lambda c: c.chat.completions.parse(model="coder", messages=MSGS, response_format=model,
-                                                  max_tokens=120, **kw)
+                                                  max_tokens=300, **kw)
 
     results = asyncio.run(_gather(server, [call(m, kw) for m in SCHEMAS for kw in settings]))
     for (model, kw), r in zip([(m, kw) for m in SCHEMAS for kw in settings], results):
@@ -292,7 +293,7 @@ def test_streaming_equals_whole_and_mixed_batch_leaves_free_text_alone(server, c
              .choices[0].message.content for m in free]
 
     def constrained(c):
-        return c.chat.completions.create(model="coder", messages=MSGS, temperature=0, max_tokens=120,
+        return c.chat.completions.create(model="coder", messages=MSGS, temperature=0, max_tokens=300,
                                          response_format=schema)
 
     def unconstrained(m):
@@ -304,7 +305,7 @@ def test_streaming_equals_whole_and_mixed_batch_leaves_free_text_alone(server, c
     M14.model_validate_json(whole)
     assert results[-1].choices[0].message.content == whole
     streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
-        model="coder", messages=MSGS, temperature=0, max_tokens=120, response_format=schema, stream=True)
+        model="coder", messages=MSGS, temperature=0, max_tokens=300, response_format=schema, stream=True)
         if c.choices)
     assert streamed == whole
 
@@ -339,11 +340,11 @@ def test_metrics_count_constrained_requests_and_compiles(server):
 def test_langchain_with_structured_output(server):
     from langchain_openai import ChatOpenAI
 
-    llm = ChatOpenAI(base_url=server.base_url, api_key="x", model="coder", temperature=0, max_tokens=120,
+    llm = ChatOpenAI(base_url=server.base_url, api_key="x", model="coder", temperature=0, max_tokens=110,
                      max_retries=0)
-    for method in ("json_schema", "function_calling"):
-        out = llm.with_structured_output(M3, method=method).invoke("Give a labelled point.")
-        assert isinstance(out, M3), method
+    for method in ("json_schema", "function_calling"):   # (the tool's schema fills most of the 512-token context)
+        out = llm.with_structured_output(M2, method=method).invoke("A color.")
+        assert isinstance(out, M2), method
 
 
 def test_async_scheduling_gives_the_same_constrained_outputs(server, tiny_moe_gptq_dir):
@@ -352,7 +353,7 @@ def test_async_scheduling_gives_the_same_constrained_outputs(server, tiny_moe_gp
 
     def calls():
         out = [lambda c, m=m, kw=kw: c.chat.completions.create(
-            model="coder", messages=MSGS, max_tokens=120, response_format={
+            model="coder", messages=MSGS, max_tokens=300, response_format={
                 "type": "json_schema", "json_schema": {"name": m.__name__, "schema": m.model_json_schema()}}, **kw)
             for m in (M9, M16, M20) for kw in kws]
         out.append(lambda c: c.chat.completions.create(model="coder", messages=MSGS, max_tokens=80, tools=TOOLS,

@@ -14,6 +14,9 @@ that step's sampled ids on the device (input ids, and the output counts of penal
 Constrained requests (structured outputs) get their grammar's token bitmask applied to the logits before
 sampling (runner/structured.py); a batch without one pays one attribute check per request. Under async
 scheduling the mask waits for the step in flight's samples after this step's forward has been queued.
+``initialize_host_tier()`` (with ``--kv-offloading-size``) allocates the host KV tier's memory after the KV cache
+and returns its size in blocks (refused when the machine has less memory available); each step then first makes
+the copies its SchedulerOutput lists (runner/kv_offload.py), before its forward.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from onecard.config import ConfigError, EngineConfig
+from onecard.config import ConfigError, EngineConfig, host_tier_blocks
 from onecard.core.outputs import RunnerOutput, SchedulerOutput
 from onecard.kernels import dispatch
 from onecard.runner.attn_metadata import AttentionMetadata
@@ -88,6 +91,7 @@ class ModelRunner:
         # 152k vocabulary), at the first constrained request otherwise
         self.grammar = GrammarMasker(config.model.tokenizer, self.vocab_size, list(config.model.eos_token_ids),
                                      config.scheduler.max_num_seqs, self.device, eager=self.device.type == "cuda")
+        self.host_pool = None  # HostKVPool, set by initialize_host_tier()
 
     # ------------------------------------------------------------------ KV sizing
     @property
@@ -179,6 +183,24 @@ class ModelRunner:
     def kv_cache_bytes(self) -> int:
         return self.num_blocks * self.block_bytes
 
+    def initialize_host_tier(self) -> int:
+        """Allocate the host KV tier (``--kv-offloading-size`` GiB, after ``initialize_kv_cache``); its blocks."""
+        from onecard.hardware import host_memory, host_tier_refusal
+        from onecard.runner.kv_offload import HostKVPool
+
+        size = self.config.cache.kv_offloading_size
+        if not size:
+            return 0
+        num_slots = host_tier_blocks(size, self.block_bytes)
+        if num_slots < 1:
+            raise ConfigError(f"--kv-offloading-size={size} GiB holds no KV block ({self.block_bytes} bytes "
+                              "each); give it more.")
+        why = host_tier_refusal(num_slots * self.block_bytes, host_memory())
+        if why is not None:
+            raise ConfigError(why)
+        self.host_pool = HostKVPool(self.kv_caches, num_slots, self.device)
+        return num_slots
+
     # ------------------------------------------------------------------ one step
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:
         return self.submit(sched, async_copy=False).result()
@@ -191,6 +213,8 @@ class ModelRunner:
             self.grammar.drop(rid)
         for rid in sched.preempted_request_ids:
             self.block_tables.pop(rid, None)
+        if self.host_pool is not None:
+            self.host_pool.transfer(sched.kv_to_host, sched.kv_from_host, sched.kv_transfer_wait)
         if sched.is_empty:
             return PendingOutput.ready(RunnerOutput(sampled_token_ids={}))
         inputs = build_inputs(sched, self.block_size, self.block_tables, self._last_rows)

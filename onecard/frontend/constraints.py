@@ -179,7 +179,7 @@ def constraint_for_request(*, structured_outputs: Any = None, guided: dict[str, 
     if guided:
         unknown = set(guided) - set(GUIDED_FIELDS) - {"guided_json_object"}
         if unknown:
-            raise ConstraintError(f"unknown guided decoding field(s) {sorted(unknown)}.", sorted(unknown)[0])
+            raise ConstraintError(f"unknown guided decoding field(s) {sorted(unknown)}.", min(unknown))
         values = {GUIDED_FIELDS[k]: v for k, v in guided.items() if k in GUIDED_FIELDS}
         if guided.get("guided_json_object"):
             values["json_object"] = True

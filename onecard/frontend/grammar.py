@@ -242,7 +242,7 @@ class GrammarService:
 
         text = strict_json_strings(xgr.Grammar.from_structural_tag(json.dumps(tag)))
         if max_whitespace is not None:         # also the whitespace around XML parameters
-            text = text.replace(_ANY_WS, _ANY_WS[:-1] + "{0, %d}" % max_whitespace)
+            text = text.replace(_ANY_WS, _ANY_WS[:-1] + f"{{0, {max_whitespace}}}")
         return compiler.compile_grammar(text)
 
 

@@ -4,7 +4,7 @@ Contract: ``GrammarMasker(tokenizer_path, vocab_size, stop_token_ids, max_rows, 
 ``masks(reqs, pending_token) -> (bitmask[R, W] int32 on the device, rows[R] int64) | None`` fills the bitmask
 (W = ceil(V / 32), bit b of word w allows token 32w + b) of the constrained rows among ``reqs`` (one sampling
 row each, in order), or returns None when no row is constrained (unconstrained batches pay one attribute
-check per request). Before filling, each matcher accepts the request's tokens it has not seen: the known
+check per request). Several rows are filled in parallel threads (xgrammar's batch matcher). Before filling, each matcher accepts the request's tokens it has not seen: the known
 outputs, then, when a step is still in flight (async scheduling), that step's sample ``pending_token(request
 id)`` (a host sync on that step alone; the caller has queued this step's forward first, so the GPU keeps
 working). With a thinking model the matcher is idle until ``</think>`` (``CompiledConstraint.in_reasoning``),
@@ -74,6 +74,7 @@ class GrammarMasker:
         self._info_thread: threading.Thread | None = None
         self._grammars: OrderedDict[str, object] = OrderedDict()
         self._states: dict[str, _State] = {}
+        self._batch = None                 # xgrammar BatchGrammarMatcher (threads), made at the first batch fill
         self.errors: dict[str, str] = {}
         self.fill_seconds = 0.0            # host time in masks() (bench/structured_overhead.py reads these)
         self.rows_masked = 0
@@ -156,9 +157,7 @@ class GrammarMasker:
 
     def masks(self, reqs, pending_token: Callable[[str], int | None]) -> tuple[torch.Tensor, torch.Tensor] | None:
         t0 = time.perf_counter()
-        rows: list[int] = []
-        turn = self._turn
-        host = None
+        todo: list[tuple[int, _State, object]] = []          # (row in reqs, state, compiled constraint)
         for i, r in enumerate(reqs):
             so = r.sampling_params.structured_outputs
             if so is None or so._compiled is None:
@@ -178,31 +177,41 @@ class GrammarMasker:
                 tok = pending_token(rid)
                 new = [*new, tok] if tok is not None else new
             err = self._advance(st, cc, new) if new else None
-            if err is None and (st.phase == "think" or st.matcher.is_terminated()):
-                continue           # reasoning is not constrained; after its stop token (async's dropped extra token)
-            if host is None:
-                ev = self._copied[turn]
-                if ev is not None:
-                    ev.synchronize()                      # its previous copy to the device has run
-                host = self._host[turn]
-                host_np = host.numpy()
-            k = len(rows)
-            if err is None:
-                st.matcher.fill_next_token_bitmask(host, k)
-                if st.phase == "maybe_think":
-                    w, b = divmod(cc.think_start, 32)
-                    host_np[k, w] |= np.array(1 << b, dtype=np.uint32).view(np.int32)
-                elif not host_np[k].any():
-                    err = "the structured-output grammar reached a dead end (no token can continue it)"
             if err is not None:
                 st.failed = True
                 self.errors[rid] = err
-                continue
-            rows.append(i)
-        if not rows:
+            elif st.phase != "think" and not st.matcher.is_terminated():
+                todo.append((i, st, cc))
+            # (reasoning is not constrained; after its stop token comes only async's dropped extra token)
+        if not todo:
             self.fill_seconds += time.perf_counter() - t0
             return None
-        n = len(rows)
+        turn = self._turn
+        ev = self._copied[turn]
+        if ev is not None:
+            ev.synchronize()                                  # this buffer's previous copy to the device has run
+        host = self._host[turn]
+        host_np = host.numpy()
+        n = len(todo)
+        if n == 1:
+            todo[0][1].matcher.fill_next_token_bitmask(host, 0)
+        else:                                                 # rows in parallel threads (xgrammar, GIL released)
+            if self._batch is None:
+                import xgrammar as xgr
+
+                self._batch = xgr.BatchGrammarMatcher()
+            self._batch.batch_fill_next_token_bitmask([st.matcher for _, st, _ in todo], host, list(range(n)))
+        rows: list[int] = []
+        for k, (i, st, cc) in enumerate(todo):
+            if st.phase == "maybe_think":                     # the model may open a reasoning block instead
+                w, b = divmod(cc.think_start, 32)
+                host_np[k, w] |= np.array(1 << b, dtype=np.uint32).view(np.int32)
+            elif not host_np[k].any():
+                st.failed = True
+                self.errors[reqs[i].request_id] = ("the structured-output grammar reached a dead end (no token "
+                                                   "can continue it)")
+                host_np[k] = -1                               # its row is dropped by the scheduler: allow all
+            rows.append(i)
         if self.device.type == "cuda":
             mask = host[:n].to(self.device, non_blocking=True)
             ev = self._copied[turn] or torch.cuda.Event()

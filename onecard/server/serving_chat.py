@@ -15,9 +15,9 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from onecard.frontend.constraints import constraint_for_request
 from onecard.frontend.tokenizer import ChatTemplateError, encode_prompt, render_chat
 from onecard.parsers import prompt_opens_think
-from onecard.frontend.constraints import constraint_for_request
 from onecard.server.chat_parsing import ChoiceParser
 from onecard.server.errors import BadRequest
 from onecard.server.openai_types import ChatCompletionRequest, NamedToolChoice, now, random_id

@@ -22,7 +22,7 @@ from onecard.frontend.grammar import StructuredOutputsConfig
 from onecard.server.launch import make_state, settings_from
 from tests.e2e.harness import metric, start_server
 
-ARGS = dict(served_model_name=["coder"], max_model_len=512, device="cpu", seed=0, max_num_seqs=64)
+ARGS = {"served_model_name": ["coder"], "max_model_len": 512, "device": "cpu", "seed": 0, "max_num_seqs": 64}
 MSGS = [{"role": "user", "content": "Reply in JSON."}]
 S = Field(max_length=6)
 Small = Annotated[int, Field(ge=-9, le=99)]
@@ -126,7 +126,7 @@ class M18(BaseModel):
 
 
 class M19(BaseModel):
-    choice: Literal["x"] | Literal["y"]
+    choice: Literal["x"] | Literal["y"]  # noqa: PYI030 - an anyOf of consts, on purpose
     count: int = Field(ge=0, le=2)
 
 
@@ -190,7 +190,7 @@ async def _gather(server, calls):
 
 
 def test_parse_validates_over_many_schemas(server):
-    settings = [dict(temperature=0)] + [dict(temperature=1.0, seed=s) for s in (1, 2)]
+    settings = [{"temperature": 0}] + [{"temperature": 1.0, "seed": s} for s in (1, 2)]
 
     def call(model, kw):
         return lambda c: c.chat.completions.parse(model="coder", messages=MSGS, response_format=model,
@@ -267,8 +267,8 @@ def test_tool_choice_required_and_named(server, client, fmt):
                 ARG_MODELS[call.function.name].model_validate_json(call.function.arguments)
         # streamed deltas concatenate to the same call as the whole response (same seed)
         for choice in ("required", named):
-            kw = dict(model="coder", messages=[{"role": "user", "content": "call"}], tools=TOOLS,
-                      tool_choice=choice, temperature=1.0, seed=11, max_tokens=110)
+            kw = {"model": "coder", "messages": [{"role": "user", "content": "call"}], "tools": TOOLS,
+                  "tool_choice": choice, "temperature": 1.0, "seed": 11, "max_tokens": 110}
             whole = client.chat.completions.create(**kw).choices[0]
             calls: dict[int, list[str]] = {}
             finish = None
@@ -348,7 +348,7 @@ def test_langchain_with_structured_output(server):
 
 
 def test_async_scheduling_gives_the_same_constrained_outputs(server, tiny_moe_gptq_dir):
-    kws = [dict(temperature=0), dict(temperature=1.0, seed=3)]
+    kws = [{"temperature": 0}, {"temperature": 1.0, "seed": 3}]
     named = {"type": "function", "function": {"name": "get_weather"}}
 
     def calls():

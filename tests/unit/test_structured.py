@@ -159,8 +159,9 @@ def test_masker_reports_a_rejected_token_and_a_dead_end(service, tokenizer, tiny
     so_dead._compiled = dead
     masker = GrammarMasker(str(tiny_tokenizer_dir), 3, [2], 8, torch.device("cpu"))
     masker._grammars["dead"] = xgr.CompiledGrammar.deserialize_json(dead.grammar_json, info)
-    assert masker.masks([_req("dead", so_dead, outputs=[0])], lambda rid: None) is None
+    mask, _ = masker.masks([_req("dead", so_dead, outputs=[0])], lambda rid: None)
     assert "dead end" in masker.take_errors()["dead"]
+    assert mask.tolist() == [[-1]]            # its row samples freely: the scheduler drops that token anyway
 
 
 def test_scheduler_ends_a_request_whose_grammar_died_and_frees_its_blocks():

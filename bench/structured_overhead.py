@@ -120,39 +120,41 @@ def mask_fill(batch: int = 16, steps: int = 64) -> dict:
             f"mask_fill_bs{batch}_ms_per_step_p90": sorted(times)[int(0.9 * len(times))] * 1e3}
 
 
-def decode(model_dir: str) -> dict:
+def decode(model_dir: str, tokens: int = 256, prompt_len: int = 512, **engine_kw) -> dict:
     from bench.full_size import _engine
     from onecard.frontend.grammar import GrammarService
     from onecard.frontend.tokenizer import load_tokenizer
     from onecard.protocol import EngineRequest
     from onecard.sampling_params import SamplingParams
 
-    core, ready = _engine(model_dir, tokenizer=str(TINY))
+    core, ready = _engine(model_dir, tokenizer=str(TINY), **engine_kw)
+    cuda = torch.cuda.is_available()
     tok = load_tokenizer(str(TINY))
-    svc = GrammarService(tok, VOCAB, EOS)
+    svc = GrammarService(tok, core.runner.vocab_size, list(core.config.model.eos_token_ids))   # as the engine's
     rc = _constraint("qwen3_coder")
     so = rc.params
     so._compiled = svc.compile(so, rc.param)
     g = torch.Generator().manual_seed(1)
     res: dict = {"time_to_ready_s": ready}
 
-    def run(bs: int, constrained: bool, tokens: int = 256) -> float:
+    def run(bs: int, constrained: bool, tokens: int = tokens) -> float:
         sp = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True,
                             structured_outputs=so if constrained else None)
         for i in range(bs):
-            prompt = torch.randint(0, 8000, (512,), generator=g).tolist()
+            prompt = torch.randint(0, min(8000, core.runner.vocab_size), (prompt_len,), generator=g).tolist()
             core.add_request(EngineRequest(f"r{time.time_ns()}-{i}", prompt, sp, time.monotonic(), []))
         first = last = None
         while core.has_unfinished():
             outs = core.step()
-            torch.cuda.synchronize()
+            if cuda:
+                torch.cuda.synchronize()
             now = time.perf_counter()
             if outs and first is None and all(o.new_token_ids for o in outs) and len(outs) == bs:
                 first = now
             last = now
         return (last - first) / (tokens - 1)
 
-    run(1, True, 16)                                     # warm-up: shapes, the grammar's first matcher
+    run(1, True, min(16, tokens))                        # warm-up: shapes, the grammar's first matcher
     masker = core.runner.grammar
     for bs in (1, 16):
         for constrained in (False, True):

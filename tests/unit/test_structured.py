@@ -178,3 +178,13 @@ def test_scheduler_ends_a_request_whose_grammar_died_and_frees_its_blocks():
     assert [r.request_id for r in sched.running] == ["b"]
     sched.abort(["b"])
     assert sched.kv_cache_manager.usage == 0.0
+
+
+def test_serve_flags_are_checked_before_loading():
+    from onecard.cli import ServeArgsError, build_serve_parser, check_parser_flags
+
+    check_parser_flags(build_serve_parser().parse_args(
+        ["--structured-outputs-config", '{"backend": "xgrammar"}', "--guided-decoding-backend", "auto"]))
+    for argv in (["--guided-decoding-backend", "outlines"], ["--structured-outputs-config", "{bad"]):
+        with pytest.raises(ServeArgsError, match="structured|outlines"):
+            check_parser_flags(build_serve_parser().parse_args(argv))

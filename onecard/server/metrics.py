@@ -106,12 +106,6 @@ class ServerMetrics:
                                    "constraint (response_format, structured_outputs, guided_*, forced tool calls).",
                                    names, registry=self.registry).labels(**self.labels)
 
-    def on_grammar_compile(self, seconds: float) -> None:
-        self._grammar_compile.observe(seconds)
-
-    def on_structured_request(self) -> None:
-        self._structured.inc()
-
         def hist(name: str, doc: str, buckets) -> Histogram:
             return Histogram(name, doc, names, buckets=buckets, registry=self.registry).labels(**self.labels)
 
@@ -139,6 +133,12 @@ class ServerMetrics:
         self._last_log = (time.monotonic(), 0, 0)
         self._idle_logged = False
         self._stats_fn = stats_fn
+
+    def on_grammar_compile(self, seconds: float) -> None:
+        self._grammar_compile.observe(seconds)
+
+    def on_structured_request(self) -> None:
+        self._structured.inc()
 
     def on_first_token(self, seconds: float, prompt_tokens: int = 0) -> None:
         self._ttft.observe(seconds)

@@ -29,6 +29,10 @@ class Env:
     log_level: str
     precompile: bool = True        # ONECARD_PRECOMPILE=0: no parallel Triton precompile at start-up
     pdl_max_tokens: int = 1        # ONECARD_PDL_MAX_TOKENS: PDL (sm90) for launches of <= this many tokens; 0 off
+    # ONECARD_EMULATE_CC=70 (75, 80, 86, 89, 90): every capability decision (kernels/paths.py: dispatch thresholds,
+    # tiles, PDL, grouped vs per-expert MoE, grouped GEMM dtype, dtype rules) takes that capability's branch on
+    # the real card; Triton still compiles for the real target. For tests and benchmarks, not for serving.
+    emulate_cc: int | None = None
 
     @staticmethod
     def read() -> "Env":
@@ -42,7 +46,20 @@ class Env:
             log_level=e.get("ONECARD_LOG_LEVEL", "INFO"),
             precompile=e.get("ONECARD_PRECOMPILE", "1") != "0",
             pdl_max_tokens=int(e.get("ONECARD_PDL_MAX_TOKENS", "1")),
+            emulate_cc=_emulate_cc(e.get("ONECARD_EMULATE_CC", "")),
         )
+
+
+def _emulate_cc(value: str) -> int | None:
+    from onecard.kernels.paths import CAPABILITIES
+
+    v = value.strip().lower().replace("sm", "").replace(".", "")
+    if not v:
+        return None
+    if not v.isdigit() or int(v) not in CAPABILITIES:
+        raise ConfigError(f"ONECARD_EMULATE_CC={value} is not a capability onecard has branches for; use one of "
+                          f"{', '.join(map(str, CAPABILITIES))} (like 70 for a V100) or leave it unset.")
+    return int(v)
 
 
 # ---------------------------------------------------------------- config pieces
@@ -253,9 +270,9 @@ class EngineArgs:
             if device != "cuda":
                 return "float32"
             if dtype == "bfloat16":
-                import torch
+                from onecard.kernels import paths
 
-                if torch.cuda.get_device_capability()[0] < 8:
+                if not paths.bf16_allowed(paths.capability()):
                     return "float16"   # as vLLM: bf16 needs sm80+, so "auto" falls back to fp16
             return dtype
         if self.dtype not in aliases:

@@ -30,9 +30,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from full_size import D, E, G, H, I, L, NKV, NQ, TOPK, V, gptq_bytes  # noqa: E402
+from full_size import NKV, NQ, TOPK, D, E, G, H, I, L, V, gptq_bytes
 
-from onecard.kernels import paths  # noqa: E402
+from onecard.kernels import paths
 
 V100 = {"bw": 750e9, "fma": 15.7e12, "tc": 100e12}
 H200 = {"bw": 4.3e12, "fma": 67e12, "tc": 750e12}     # copy bandwidth measured; fp32 FMA spec; bf16 matmul measured
@@ -155,8 +155,9 @@ def table(kernels: list[Kernel], tokens: int) -> dict:
 
 
 def markdown(title: str, t: dict) -> str:
-    out = [f"**{title}**", "", "| kernel | launches | MB / launch | GFLOP / launch | limit | V100 roofline µs | "
-           "H200 measured µs | V100 bound µs | V100 at H200's efficiency µs |", "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |"]
+    head = ("| kernel | launches | MB / launch | GFLOP / launch | limit | V100 roofline µs | H200 measured µs | "
+            "V100 bound µs | V100 at H200's efficiency µs |")
+    out = [f"**{title}**", "", head, "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |"]
     for r in t["rows"]:
         h = "—" if r["h200_us"] is None else f"{r['h200_us']:.1f}"
         out.append(f"| {r['kernel']} | {r['count']} | {r['mb']:.2f} | {r['gflop']:.3f} | {r['limit']} | "

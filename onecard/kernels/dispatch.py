@@ -126,8 +126,8 @@ def fused_moe(x, router_logits, w_gate, w_up, w_down, top_k, renormalize):
         path = paths.choose_moe(x.shape[0], cc, act=_DTYPE_NAMES.get(x.dtype, str(x.dtype)),
                                 grouped_dtypes=() if paths.per_expert_moe(cc) else grouped.supported_dtypes(x.device))
         if path in ("grouped", "per-expert"):
-            return grouped.fused_moe(x, router_logits, w_gate, w_up, w_down, top_k, renormalize,
-                                     per_expert_gemm=path == "per-expert")
+            # grouped.per_expert (the same table) picks the GEMM loop: bench/capability_ab.py toggles it there
+            return grouped.fused_moe(x, router_logits, w_gate, w_up, w_down, top_k, renormalize)
     return _impl("fused_moe", x.device)(x, router_logits, w_gate, w_up, w_down, top_k, renormalize)
 
 

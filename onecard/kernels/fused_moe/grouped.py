@@ -64,12 +64,14 @@ def available(device: torch.device) -> bool:
 
 def _gemm_dtype(x: torch.Tensor) -> torch.dtype:
     """The expert GEMMs' dtype: paths.grouped_gemm_dtype (fp16 runs as bf16 on sm90+, where PyTorch's fast
-    grouped GEMM is bf16 only; fp32 accumulation, outputs come back in x.dtype). Off CUDA and on the
-    per-expert loop: x.dtype."""
-    if not x.is_cuda or per_expert(x.device):
+    grouped GEMM is bf16 only; fp32 accumulation, outputs come back in x.dtype). Off CUDA and below sm80 (the
+    per-expert loop): x.dtype."""
+    if not x.is_cuda:
         return x.dtype
-    name = paths.grouped_gemm_dtype(_NAMES.get(x.dtype, str(x.dtype)), paths.capability(x.device),
-                                    supported_dtypes(x.device))
+    cc = paths.capability(x.device)
+    if paths.per_expert_moe(cc):
+        return x.dtype
+    name = paths.grouped_gemm_dtype(_NAMES.get(x.dtype, str(x.dtype)), cc, supported_dtypes(x.device))
     if name is None:
         raise RuntimeError(f"PyTorch's grouped GEMM runs no dtype for {x.dtype} on this device; the dispatcher "
                            "sends such batches to the Triton fused MoE (kernels/paths.choose_moe)")
@@ -127,7 +129,7 @@ def fused_moe(x: torch.Tensor, router_logits: torch.Tensor, w_gate: MoEWeight, w
     loop = per_expert(x.device) if per_expert_gemm is None else per_expert_gemm
     if loop:
         offs = offs.tolist()                                                # the layer's one host sync
-    dtype = x.dtype if loop else _gemm_dtype(x)
+    dtype = _gemm_dtype(x)
     a = x[tok].to(dtype)                                                    # [P, H]
     g = _gmm(a, dequantize_stacked(w_gate, dtype), offs)                    # [P, I]
     u = _gmm(a, dequantize_stacked(w_up, dtype), offs)                      # [P, I]

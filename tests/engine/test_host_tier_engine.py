@@ -96,8 +96,8 @@ def test_offloading_flags_are_checked(tiny_moe_gptq_dir) -> None:
         EngineArgs(model=path, kv_offloading_size=0).create_config()
     with pytest.raises(ConfigError, match="needs prefix caching"):
         EngineArgs(model=path, kv_offloading_size=1, enable_prefix_caching=False).create_config()
-    with pytest.raises(ConfigError, match="available host memory"):
-        _core(tiny_moe_gptq_dir, kv_offloading_size=1 << 20)          # a PiB: more than any test machine
+    with pytest.raises(ConfigError, match="available host memory"):     # a PiB: more than any test machine
+        EngineArgs(model=path, kv_offloading_size=1 << 20).create_config()
     cfg = EngineArgs(model=path).create_config()
     assert cfg.cache.kv_offloading_size is None                        # off by default
 

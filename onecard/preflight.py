@@ -40,7 +40,11 @@ def _detect(cc, total_memory, free_memory, arch_list, env=None):
         raise PreflightError(
             f"{e}. The driver may be too old for this torch's CUDA runtime, or no GPU is visible; `onecard "
             "probe` names the failing step. Use --device cpu to run without a GPU.") from None
-    cc = info.cc if cc is None else cc
+    if cc is None:
+        from onecard.kernels import paths
+
+        emulated = paths.emulated_capability()                            # ONECARD_EMULATE_CC honoured
+        cc = info.cc if emulated is None else (emulated // 10, emulated % 10)
     total_memory = info.total_memory if total_memory is None else total_memory
     free_memory = info.free_memory if free_memory is None else free_memory
     return cc, total_memory, free_memory, arch_list

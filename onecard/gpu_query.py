@@ -64,9 +64,11 @@ def _nvml(selector: int | str) -> GpuInfo:
 
 _CHILD = """
 import json, torch
-p = torch.cuda.get_device_properties(0)
+from onecard.kernels import paths
+cc = paths.real_capability(0)
 free, total = torch.cuda.mem_get_info(0)
-print(json.dumps({"name": p.name, "cc": [p.major, p.minor], "total_memory": total, "free_memory": free}))
+print(json.dumps({"name": torch.cuda.get_device_name(0), "cc": [cc // 10, cc % 10], "total_memory": total,
+                  "free_memory": free}))
 """
 
 

@@ -33,20 +33,22 @@ def _detect(cc, total_memory, free_memory, arch_list, env=None):
     from onecard.gpu_query import GpuQueryError, query_gpu
     from onecard.gpu_query import arch_list as torch_arch_list
 
+    from onecard.kernels import paths
+
+    emulated = paths.emulated_capability()                                # ONECARD_EMULATE_CC honoured
+    if emulated is not None and cc is None:
+        cc = (emulated // 10, emulated % 10)
     try:
-        info = query_gpu(env)
+        info = query_gpu(env) if None in (cc, total_memory, free_memory) else None
         arch_list = torch_arch_list() if arch_list is None else arch_list
     except GpuQueryError as e:
         raise PreflightError(
             f"{e}. The driver may be too old for this torch's CUDA runtime, or no GPU is visible; `onecard "
             "probe` names the failing step. Use --device cpu to run without a GPU.") from None
-    if cc is None:
-        from onecard.kernels import paths
-
-        emulated = paths.emulated_capability()                            # ONECARD_EMULATE_CC honoured
-        cc = info.cc if emulated is None else (emulated // 10, emulated % 10)
-    total_memory = info.total_memory if total_memory is None else total_memory
-    free_memory = info.free_memory if free_memory is None else free_memory
+    if info is not None:
+        cc = info.cc if cc is None else cc
+        total_memory = info.total_memory if total_memory is None else total_memory
+        free_memory = info.free_memory if free_memory is None else free_memory
     return cc, total_memory, free_memory, arch_list
 
 

@@ -4,8 +4,9 @@ Contract: ``build_app(state)`` returns the app for one ``ServerState`` (settings
 tokenizer, metrics). Its lifespan starts loading the engine in the background and returns at once, so
 ``/health`` answers 503 while loading and 200 once ready; a start-up failure is logged and reported to
 ``state.on_fatal`` (the CLI exits 1). On shutdown the engine core is stopped. Routes: GET /health, /version,
-/metrics, /v1/models, /v1/models/{id}; POST /v1/chat/completions, /v1/completions, /tokenize, /detokenize.
-With ``api_key`` set every /v1/* route needs ``Authorization: Bearer <key>`` (401 otherwise).
+/metrics, /v1/models, /v1/models/{id}; POST /v1/chat/completions, /v1/completions, /v1/responses,
+/v1/messages, /v1/messages/count_tokens, /tokenize, /detokenize. With ``api_key`` set every /v1/* route needs
+``Authorization: Bearer <key>`` or ``x-api-key: <key>`` (401 otherwise, in the route's API's error shape).
 """
 from __future__ import annotations
 
@@ -23,8 +24,8 @@ from fastapi.responses import JSONResponse, Response
 import onecard
 from onecard.frontend.async_engine import AsyncEngine
 from onecard.frontend.tokenizer import encode_prompt, render_chat
-from onecard.server import serving_chat, serving_completion
-from onecard.server.errors import error_response, install_error_handlers, model_not_found
+from onecard.server import serving_chat, serving_completion, serving_messages, serving_responses
+from onecard.server.errors import error_response, error_response_for, install_error_handlers, model_not_found
 from onecard.server.metrics import ServerMetrics
 from onecard.server.openai_types import DetokenizeRequest, TokenizeRequest
 
@@ -91,17 +92,19 @@ async def _start_engine(state: ServerState) -> None:
 
 
 class _APIKeyMiddleware:
-    """Plain ASGI (not BaseHTTPMiddleware) so streaming responses and client disconnects pass through."""
+    """Plain ASGI (not BaseHTTPMiddleware) so streaming responses and client disconnects pass through.
+    The key comes as ``Authorization: Bearer <key>`` or (Anthropic's clients) ``x-api-key: <key>``."""
 
     def __init__(self, app, api_key: str):
         self.app = app
         self.expected = f"Bearer {api_key}".encode()
+        self.expected_x = api_key.encode()
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and scope["method"] != "OPTIONS" and scope["path"].startswith("/v1"):
-            auth = dict(scope.get("headers") or []).get(b"authorization")
-            if auth != self.expected:
-                response = error_response("Unauthorized: a valid API key is required.", 401)
+            headers = dict(scope.get("headers") or [])
+            if headers.get(b"authorization") != self.expected and headers.get(b"x-api-key") != self.expected_x:
+                response = error_response_for(scope["path"], "Unauthorized: a valid API key is required.", 401)
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
@@ -165,6 +168,18 @@ def build_app(state: ServerState) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(body: serving_completion.CompletionRequest, request: Request) -> Response:
         return await serving_completion.create_completion(state, body, request)
+
+    @app.post("/v1/responses")
+    async def responses(body: serving_responses.ResponsesRequest, request: Request) -> Response:
+        return await serving_responses.create_response(state, body, request)
+
+    @app.post("/v1/messages")
+    async def messages(body: serving_messages.MessagesRequest, request: Request) -> Response:
+        return await serving_messages.create_message(state, body, request)
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(body: serving_messages.CountTokensRequest, request: Request) -> Response:
+        return await serving_messages.count_tokens(state, body, request)
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> JSONResponse:

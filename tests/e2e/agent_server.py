@@ -37,9 +37,12 @@ THINK = "<think>\nThe user wants a number.\n</think>\n\nThe answer is 42."
 STOPPY = "alpha beta STOP gamma delta"
 LONG = " ".join(f"word{i}" for i in range(120))
 PLAIN = "plain answer"
+# constrained tool choice: the prompt already holds the call's opening (hermes prefill), the model writes the rest
+NAMED_REST = '{"city": "Rome"}}\n</tool_call>'
+REQUIRED_REST = "<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>"
 
 REPLIES = [("<tool_response>", FINAL), ("XMLCALL", XML_TWO), ("HERMESCALL", HERMES), ("THINK", THINK),
-           ("STOPPY", STOPPY), ("LONG", LONG)]
+           ("STOPPY", STOPPY), ("LONG", LONG), ("NAMEDCALL", NAMED_REST), ("ANYCALL", REQUIRED_REST)]
 
 
 def start_agent_server(tokenizer_dir: Path, tokenizer, max_model_len: int = 1024):

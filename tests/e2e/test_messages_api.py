@@ -169,3 +169,35 @@ def test_disconnect_mid_stream_aborts(server):
         runner.hold_after = None
         runner.release.set()
     assert wait_for(lambda: kv_idle(server))
+
+
+def test_queue_full_is_529_overloaded_and_metrics_move(client, server):
+    sched = server.state.engine.core.engine_core.scheduler
+    old = sched.config.max_num_queued_reqs
+    sched.config.max_num_queued_reqs = 0          # every new request finds the queue full (--max-num-queued-reqs)
+    try:
+        for stream in (False, True):
+            r = httpx.post(server.url + "/v1/messages", headers={"x-api-key": API_KEY},
+                           json={"model": "coder", "max_tokens": 10, "stream": stream, "messages": _user("x")})
+            assert r.status_code == 529
+            assert r.json()["error"]["type"] == "overloaded_error"
+            assert "--max-num-queued-reqs=0" in r.json()["error"]["message"]
+    finally:
+        sched.config.max_num_queued_reqs = old
+    gen0 = metric(server.url, "vllm:generation_tokens_total")
+    m = client.messages.create(model="reasoning", max_tokens=100, messages=_user("hi"))
+    assert metric(server.url, "vllm:generation_tokens_total") == gen0 + m.usage.output_tokens
+
+
+@pytest.mark.parametrize("choice,trigger,calls", [
+    ({"type": "tool", "name": "get_weather"}, "NAMEDCALL", [("get_weather", {"city": "Rome"})]),
+    ({"type": "any"}, "ANYCALL", [("get_weather", {"city": "Oslo"})])])
+def test_tool_choice_tool_and_any(client, choice, trigger, calls):
+    """``tool`` / ``any`` take chat's named / required path: the call's opening is written into the prompt."""
+    m = client.messages.create(model="coder", max_tokens=100, tools=ANTHROPIC_TOOLS, tool_choice=choice,
+                               messages=_user(trigger))
+    assert m.stop_reason == "tool_use" and _tool_uses(m.content) == calls
+    with client.messages.stream(model="coder", max_tokens=100, tools=ANTHROPIC_TOOLS, tool_choice=choice,
+                                messages=_user(trigger)) as s:
+        final = s.get_final_message()
+    assert final.stop_reason == "tool_use" and _tool_uses(final.content) == calls

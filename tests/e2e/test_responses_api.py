@@ -178,3 +178,30 @@ def test_disconnect_mid_stream_aborts(server):
         runner.release.set()
     assert wait_for(lambda: kv_idle(server))
     assert len(LONG.split()) > 100           # the reply was far from done
+
+
+def test_queue_full_is_503_and_metrics_move(client, server):
+    sched = server.state.engine.core.engine_core.scheduler
+    old = sched.config.max_num_queued_reqs
+    sched.config.max_num_queued_reqs = 0          # every new request finds the queue full (--max-num-queued-reqs)
+    try:
+        for stream in (False, True):
+            with pytest.raises(openai.APIStatusError) as e:
+                client.responses.create(model="coder", input="x", stream=stream)
+            assert e.value.status_code == 503 and "--max-num-queued-reqs=0" in e.value.message
+    finally:
+        sched.config.max_num_queued_reqs = old
+    gen0 = metric(server.url, "vllm:generation_tokens_total")
+    r = client.responses.create(model="reasoning", input="hi")
+    assert metric(server.url, "vllm:generation_tokens_total") == gen0 + r.usage.output_tokens
+
+
+@pytest.mark.parametrize("choice,trigger,calls", [
+    ({"type": "function", "name": "get_weather"}, "NAMEDCALL", [("get_weather", {"city": "Rome"})]),
+    ("required", "ANYCALL", [("get_weather", {"city": "Oslo"})])])
+def test_tool_choice_named_and_required(client, choice, trigger, calls):
+    """Named / required take chat's path: the call's opening is written into the prompt."""
+    r = client.responses.create(model="coder", input=trigger, tools=RESPONSES_TOOLS, tool_choice=choice)
+    assert _calls(r.output) == calls
+    _, final = _stream(client, model="coder", input=trigger, tools=RESPONSES_TOOLS, tool_choice=choice)
+    assert _calls(final.output) == calls

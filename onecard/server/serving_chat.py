@@ -21,6 +21,7 @@ from onecard.server.streaming import DONE, logprob_entries, sse, sse_response, s
 
 __all__ = ["ChatCompletionRequest", "create_chat_completion"]
 
+
 def _tool_choice_value(choice: Any) -> Any:
     if isinstance(choice, NamedToolChoice):
         return {"type": "function", "function": {"name": choice.function.name}}
@@ -42,7 +43,6 @@ async def create_chat_completion(state, body: ChatCompletionRequest, request: Re
     params = body.to_sampling_params(s.default_sampling)
     rid = random_id("chatcmpl")
     created = now()
-
     gen = state.engine.generate_n(rid, prompt_ids, params)
     top_n = params.logprobs
     if body.stream:

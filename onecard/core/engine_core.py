@@ -44,7 +44,11 @@ class EngineCore:
         self.runner.initialize_kv_cache(num_blocks)
         if config.device == "cuda" and not config.enforce_eager and hasattr(self.runner, "capture_graphs"):
             self.runner.capture_graphs()
-        self.scheduler = Scheduler(config.scheduler, config.cache, num_blocks)
+        num_host_blocks = 0
+        if config.cache.kv_offloading_size and hasattr(self.runner, "initialize_host_tier"):
+            num_host_blocks = self.runner.initialize_host_tier()
+        self.scheduler = Scheduler(config.scheduler, config.cache, num_blocks, num_host_blocks=num_host_blocks,
+                                   kv_block_bytes=int(getattr(self.runner, "block_bytes", 0)))
         self.async_scheduling = config.scheduler.async_scheduling and hasattr(self.runner, "submit")
         self._in_flight = None                   # (SchedulerOutput, PendingOutput) submitted, not yet updated
         bs = config.cache.block_size
@@ -54,11 +58,14 @@ class EngineCore:
             max_concurrency_at_max_len=capacity / config.scheduler.max_model_len,
             weights_bytes=self.runner.weights_bytes, kv_cache_bytes=self.runner.kv_cache_bytes,
             dtype=config.model.dtype, quantization=config.model.quant.method if config.model.quant else None,
-            device=config.device, load_seconds=time.perf_counter() - t0)
+            device=config.device, load_seconds=time.perf_counter() - t0, num_host_blocks=num_host_blocks)
         gc.collect()
         gc.freeze()  # start-up objects never die: keep them out of the collector's scans (tail latency)
         logger.info("engine ready: %d KV blocks (%d tokens), %.2f GiB weights, %.1f s", num_blocks, capacity,
                     self.info.weights_bytes / 2**30, self.info.load_seconds)
+        if num_host_blocks:
+            logger.info("host KV tier: %d blocks (%d prefix tokens) in %.2f GiB of host memory", num_host_blocks,
+                        num_host_blocks * bs, config.cache.kv_offloading_size)
 
     def add_request(self, er: EngineRequest) -> EngineOutput | None:
         sp = er.sampling_params

@@ -65,9 +65,9 @@ def main(argv: list[str]) -> dict:
     n = a.prompt_tokens
     max_len = -(-(n + NEW_TOKENS) // BLOCK) * BLOCK
     device = a.device if a.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    kw = dict(model=a.model_dir, max_model_len=max_len, max_num_seqs=16, max_num_batched_tokens=8192,
-              enable_prefix_caching=True, kv_offloading_size=a.offload_gib, device=device,
-              num_gpu_blocks_override=1 + max_len // BLOCK)          # one max_model_len sequence, block 0 reserved
+    kw = {"model": a.model_dir, "max_model_len": max_len, "max_num_seqs": 16, "max_num_batched_tokens": 8192,
+          "enable_prefix_caching": True, "kv_offloading_size": a.offload_gib, "device": device,
+          "num_gpu_blocks_override": 1 + max_len // BLOCK}          # one max_model_len sequence, block 0 reserved
     if device == "cuda":
         kw.update(quantization="gptq", dtype="float16", gpu_memory_utilization=0.9)
     t0 = time.perf_counter()

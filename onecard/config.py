@@ -269,6 +269,11 @@ class EngineArgs:
         if not self.enable_prefix_caching:
             raise ConfigError(f"--kv-offloading-size={size:g} keeps evicted prefix-cache blocks in host memory; it "
                               "needs prefix caching: drop --no-enable-prefix-caching.")
+        from onecard.hardware import host_memory, host_tier_refusal
+
+        why = host_tier_refusal(int(size * 2**30), host_memory())      # before any weight loads
+        if why is not None:
+            raise ConfigError(why)
 
     def _resolve_dtype(self, hf_config: dict, quant: QuantConfig | None, device: str) -> str:
         aliases = {"half": "float16", "fp16": "float16", "float16": "float16", "bf16": "bfloat16",

@@ -178,7 +178,7 @@ class KVCacheManager:
 
     # ------------------------------------------------------------------ allocation
     def allocate_slots(self, request: Request, num_new_tokens: int,
-                       new_computed_blocks: list[KVBlock] | None = None) -> list[int] | None:
+                       new_computed_blocks: list[KVBlock | HostHit] | None = None) -> list[int] | None:
         rid = request.request_id
         ids = self._req_block_ids.get(rid)
         if ids is not None and not new_computed_blocks:

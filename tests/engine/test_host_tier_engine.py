@@ -96,7 +96,41 @@ def test_offloading_flags_are_checked(tiny_moe_gptq_dir) -> None:
         EngineArgs(model=path, kv_offloading_size=0).create_config()
     with pytest.raises(ConfigError, match="needs prefix caching"):
         EngineArgs(model=path, kv_offloading_size=1, enable_prefix_caching=False).create_config()
-    with pytest.raises(ConfigError, match="available host memory"):
-        _core(tiny_moe_gptq_dir, kv_offloading_size=1 << 20)          # a PiB: more than any test machine
+    with pytest.raises(ConfigError, match="available host memory"):     # a PiB: more than any test machine
+        EngineArgs(model=path, kv_offloading_size=1 << 20).create_config()
     cfg = EngineArgs(model=path).create_config()
     assert cfg.cache.kv_offloading_size is None                        # off by default
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_waves_of_shared_prefixes_match_an_engine_without_the_tier(tiny_moe_gptq_dir, async_scheduling: bool):
+    """Requests over three long shared prefixes arrive in waves into a pool that holds about two of them: blocks
+    go down and come back while other requests prefill and decode in the same steps (and get preempted). Every
+    greedy token equals an engine without a host tier; nothing leaks."""
+    g = torch.Generator().manual_seed(11)
+    # 62-64-token prompts: three fit the 13-block pool at admission (4 blocks each), and their decodes need a
+    # fifth block each, so the latest is preempted
+    prefixes = [torch.randint(3, 200, (56,), generator=g).tolist() for _ in range(3)]
+    waves = [[(f"w{w}-{i}", prefixes[(w + i) % 3] + torch.randint(3, 200, (6 + i,), generator=g).tolist())
+              for i in range(3)] for w in range(3)]
+
+    def run(core: EngineCore) -> dict[str, list[int]]:
+        sp = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+        got: dict[str, list[int]] = {}
+        for wave in waves:
+            for rid, p in wave:
+                assert core.add_request(EngineRequest(rid, p, sp, time.monotonic(), [])) is None
+            while core.has_unfinished():
+                for o in core.step():
+                    got.setdefault(o.request_id, []).extend(o.new_token_ids)
+        kv = core.scheduler.kv_cache_manager
+        assert kv.num_free_blocks == kv.num_usable_blocks and all(b.ref_cnt == 0 for b in kv.blocks)
+        return got
+
+    ref = run(_core(tiny_moe_gptq_dir, async_scheduling=async_scheduling, enable_prefix_caching=False))
+    core = _core(tiny_moe_gptq_dir, async_scheduling=async_scheduling, kv_offloading_size=0.01)
+    assert run(core) == ref
+    kv = core.scheduler.kv_cache_manager
+    assert kv.host_hits > 0 and kv.blocks_to_host > 0 and kv.blocks_from_host > 0
+    assert core.scheduler.num_preemptions > 0
+    assert kv.host.num_used + kv.host.num_free == kv.host.num_slots

@@ -20,7 +20,7 @@ from onecard.core.host_tier import HostKVTier
 from onecard.core.kv_cache_manager import HostHit, KVBlock, KVCacheManager
 from onecard.core.outputs import RunnerOutput, SchedulerOutput
 from onecard.core.scheduler import Scheduler
-from tests.unit.test_scheduler import VOCAB, SimRunner, assert_pool_full, reference_tokens, req, run_to_end
+from tests.unit.test_scheduler import VOCAB, SimRunner, assert_pool_full, reference_tokens, req
 
 BS = 4
 

@@ -167,11 +167,13 @@ def test_disconnect_mid_stream_aborts(server):
                           json={"model": "coder", "input": "LONG", "stream": True}) as r:
             assert r.status_code == 200
             deltas = 0
-            for line in r.iter_lines():
+            lines = r.iter_lines()       # held: dropping the iterator would close the connection here
+            for line in lines:
                 deltas += line.startswith("event: response.output_text.delta")
                 if deltas >= 3:
                     break
-            assert wait_for(lambda: metric(server.url, "vllm:kv_cache_usage_perc") > 0)
+            assert metric(server.url, "vllm:kv_cache_usage_perc") > 0       # still running while connected
+            assert server.state.engine.num_in_flight == 1
         assert wait_for(lambda: server.state.engine.num_in_flight == 0)
     finally:
         runner.hold_after = None

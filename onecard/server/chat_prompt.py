@@ -1,11 +1,11 @@
 """Conversation → prompt token ids and the output parsers: the one path chat completions, Responses and
 Messages share.
 
-Contract: ``prepare_chat(state, messages, tools=..., tool_choice=..., ...)`` takes OpenAI chat messages
+Contract: ``await prepare_chat(state, messages, tools=..., tool_choice=..., ...)`` takes OpenAI chat messages
 (tool-call arguments as JSON text or mappings) and OpenAI function tools, decides whether tool calls are
 parsed (``"auto"`` needs ``--enable-auto-tool-choice`` and ``--tool-call-parser``, as vLLM; ``"required"``
 and a named tool write the call's opening into the assistant turn), renders the chat template, encodes the
-prompt and returns a ``PreparedChat``: ``prompt_ids`` and ``new_parser()``, a fresh ``ChoiceParser``
+prompt on the text threads (off the event loop) and returns a ``PreparedChat``: ``prompt_ids`` and ``new_parser()``, a fresh ``ChoiceParser``
 (reasoning + tool calls) per choice. Errors raise ``BadRequest`` with ``param`` set to ``param_prefix`` +
 the field, so each API names its own fields.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from onecard.frontend.tokenizer import ChatTemplateError, encode_prompt, render_chat
+from onecard.frontend.tokenizer import ChatTemplateError, encode_prompt, render_chat, surely_too_long
 from onecard.parsers import prompt_opens_think
 from onecard.server.chat_parsing import ChoiceParser, tool_prefill
 from onecard.server.errors import BadRequest
@@ -53,32 +53,40 @@ def tool_mode(state, tools: list[dict] | None, tool_choice: Any, param: str = "t
     return True, s.tool_call_parser or "hermes"
 
 
-def prepare_chat(state, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None,
-                 tool_choice: Any = None, parallel_tool_calls: bool = True, add_generation_prompt: bool = True,
-                 continue_final_message: bool = False, chat_template: str | None = None,
-                 chat_template_kwargs: dict[str, Any] | None = None, add_special_tokens: bool = False,
-                 param_prefix: str = "") -> PreparedChat:
-    """``tool_choice``: "none" | "auto" | "required" | {"type": "function", "function": {"name": ...}}."""
+async def prepare_chat(state, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None,
+                       tool_choice: Any = None, parallel_tool_calls: bool = True, add_generation_prompt: bool = True,
+                       continue_final_message: bool = False, chat_template: str | None = None,
+                       chat_template_kwargs: dict[str, Any] | None = None, add_special_tokens: bool = False,
+                       param_prefix: str = "", refuse_too_long: bool = True) -> PreparedChat:
+    """``tool_choice``: "none" | "auto" | "required" | {"type": "function", "function": {"name": ...}}.
+    Rendering and tokenizing run on the text threads (``state.run_blocking``), off the event loop; a text
+    that is surely longer than the context is refused before tokenizing unless ``refuse_too_long`` is off."""
     s = state.settings
     if tool_choice is None:
         tool_choice = "auto" if tools else "none"
     parse_tools, tool_parser = tool_mode(state, tools, tool_choice, param_prefix + "tool_choice")
     kwargs = dict(chat_template_kwargs or {})
-    try:
-        prompt_text = render_chat(
-            state.tokenizer, messages, tools=tools or None, add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message, chat_template=chat_template or s.chat_template,
-            chat_template_kwargs=kwargs)
-    except ChatTemplateError as e:
-        raise BadRequest(str(e), param=param_prefix + "messages") from None
-    prefill = ""
-    if parse_tools and tool_choice != "auto":
-        prefill = tool_prefill(tool_choice, tool_parser)
-        prompt_text += prefill
+    prefill = tool_prefill(tool_choice, tool_parser) if parse_tools and tool_choice != "auto" else ""
+
+    def prompt() -> tuple[str, list[int]]:
+        try:
+            text = render_chat(
+                state.tokenizer, messages, tools=tools or None, add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message, chat_template=chat_template or s.chat_template,
+                chat_template_kwargs=kwargs) + prefill
+        except ChatTemplateError as e:
+            raise BadRequest(str(e), param=param_prefix + "messages") from None
+        least = surely_too_long(state.tokenizer, len(text), s.max_model_len) if refuse_too_long else None
+        if least is not None:
+            raise BadRequest(f"The prompt is at least {least} tokens long, longer than the maximum model length "
+                             f"of {s.max_model_len}. Please reduce the length of the messages.",
+                             param=param_prefix + "messages")
+        return text, encode_prompt(state.tokenizer, text, add_special_tokens)
+
+    prompt_text, prompt_ids = await state.run_blocking(prompt)
     thinking = s.reasoning_parser is not None and kwargs.get("enable_thinking", True) is not False
     return PreparedChat(
-        prompt_text=prompt_text, prompt_ids=encode_prompt(state.tokenizer, prompt_text, add_special_tokens),
-        tools=list(tools or []), parse_tools=parse_tools, tool_parser=tool_parser,
-        reasoning_parser=s.reasoning_parser if thinking else None,
+        prompt_text=prompt_text, prompt_ids=prompt_ids, tools=list(tools or []), parse_tools=parse_tools,
+        tool_parser=tool_parser, reasoning_parser=s.reasoning_parser if thinking else None,
         opened_think=thinking and prompt_opens_think(prompt_text), prefill=prefill,
         parallel_tool_calls=parallel_tool_calls)

@@ -2,10 +2,12 @@
 
 Contract: route code raises ``APIError`` (or a subclass: ``BadRequest``, ``NotFound``, ``Unauthorized``,
 ``ServiceUnavailable``); ``install_error_handlers(app)`` turns those, FastAPI's request-validation errors
-(422 → 400), engine rejections (``EngineRequestError``, status from the engine), ``ValueError`` from
-parameter validation (400) and anything else (500, no traceback in the body) into
+(422 → 400), engine rejections (``EngineRequestError``, status from the engine), a dead engine
+(``EngineDeadError``: 500 naming the cause, as vLLM), a loading one (503), ``ValueError`` from parameter
+validation (400) and anything else (500, no traceback in the body) into
 ``{"error": {"message", "type", "param", "code"}}``, or Anthropic's ``{"type": "error", "error": {"type",
-"message"}}`` under /v1/messages (``error_response_for`` picks by path). ``error_body`` /
+"message"}}`` under /v1/messages (``error_response_for`` picks by path; 503 becomes 529 there). Every 503
+carries ``Retry-After``; Starlette's own errors keep their headers (405's ``Allow``). ``error_body`` /
 ``anthropic_error_body`` build the same dicts for SSE streams.
 """
 from __future__ import annotations
@@ -18,12 +20,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from onecard.frontend.async_engine import EngineDeadError, EngineRequestError
+from onecard.frontend.async_engine import EngineDeadError, EngineNotReadyError, EngineRequestError
 
 logger = logging.getLogger(__name__)
 
 _TYPES = {400: "BadRequestError", 401: "AuthenticationError", 403: "PermissionDeniedError",
-          404: "NotFoundError", 405: "MethodNotAllowed", 413: "RequestTooLarge",
+          404: "NotFoundError", 405: "MethodNotAllowed", 413: "RequestTooLargeError",
           422: "UnprocessableEntityError", 429: "RateLimitError", 500: "InternalServerError",
           501: "NotImplementedError", 503: "ServiceUnavailableError"}
 
@@ -60,8 +62,15 @@ def error_body(message: str, status: int, param: str | None = None) -> dict[str,
                       "code": status}}
 
 
-def error_response(message: str, status: int, param: str | None = None) -> JSONResponse:
-    return JSONResponse(error_body(message, status, param), status_code=status)
+RETRY_AFTER_S = 1     # what a 503 asks clients to wait: the queue bound answers at once, so retry soon
+
+
+def error_response(message: str, status: int, param: str | None = None,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
+    headers = dict(headers or {})
+    if status == 503:
+        headers.setdefault("Retry-After", str(RETRY_AFTER_S))
+    return JSONResponse(error_body(message, status, param), status_code=status, headers=headers or None)
 
 
 # Anthropic's Messages API answers in its own shape: {"type": "error", "error": {"type", "message"}}, and
@@ -80,12 +89,16 @@ def anthropic_error_body(message: str, status: int) -> tuple[dict[str, Any], int
     return {"type": "error", "error": {"type": kind, "message": message}}, status
 
 
-def error_response_for(path: str, message: str, status: int, param: str | None = None) -> JSONResponse:
+def error_response_for(path: str, message: str, status: int, param: str | None = None,
+                       headers: dict[str, str] | None = None) -> JSONResponse:
     """The error in the shape of the API that ``path`` belongs to (Anthropic's under /v1/messages)."""
     if path.startswith(ANTHROPIC_PATH_PREFIX):
+        headers = dict(headers or {})
+        if status == 503:
+            headers.setdefault("Retry-After", str(RETRY_AFTER_S))
         body, status = anthropic_error_body(message, status)
-        return JSONResponse(body, status_code=status)
-    return error_response(message, status, param)
+        return JSONResponse(body, status_code=status, headers=headers or None)
+    return error_response(message, status, param, headers)
 
 
 def model_not_found(name: str) -> NotFound:
@@ -99,7 +112,10 @@ def to_api_error(exc: BaseException) -> APIError:
     if isinstance(exc, EngineRequestError):
         return APIError(exc.message, status=exc.status)
     if isinstance(exc, EngineDeadError):
-        return ServiceUnavailable(f"the engine is not available: {exc}")
+        return APIError(f"EngineDeadError: the engine core died, so this request failed ({exc}). The server "
+                        "is exiting so that it can be restarted.", status=500)
+    if isinstance(exc, EngineNotReadyError):
+        return ServiceUnavailable(f"the engine is not ready: {exc}")
     if isinstance(exc, ValueError):
         return BadRequest(str(exc))
     logger.error("internal error while serving a request", exc_info=exc)
@@ -129,7 +145,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error_response_for(request.url.path, str(exc.detail), exc.status_code)
+        return error_response_for(request.url.path, str(exc.detail), exc.status_code, headers=exc.headers)
 
     async def _mapped(request: Request, exc: Exception) -> JSONResponse:
         err = to_api_error(exc)
@@ -137,5 +153,5 @@ def install_error_handlers(app: FastAPI) -> None:
 
     # Known types are handled inside the app; the bare Exception handler runs in Starlette's outermost
     # middleware (which also logs the traceback) and answers 500 without one.
-    for exc_type in (APIError, EngineRequestError, EngineDeadError, ValueError, Exception):
+    for exc_type in (APIError, EngineRequestError, EngineDeadError, EngineNotReadyError, ValueError, Exception):
         app.add_exception_handler(exc_type, _mapped)

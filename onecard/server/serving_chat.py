@@ -31,7 +31,9 @@ def _tool_choice_value(choice: Any) -> Any:
 async def create_chat_completion(state, body: ChatCompletionRequest, request: Request) -> Response:
     name = state.model_name(body.model)
     s = state.settings
-    prepared = prepare_chat(
+    params = body.to_sampling_params(s.default_sampling)     # a bad field is a 400 before any work
+    state.engine.check_available(params.n)                   # loading, dead or full: answered now
+    prepared = await prepare_chat(
         state, [m.model_dump(exclude_none=True) for m in body.messages],
         tools=[t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None,
         tool_choice=_tool_choice_value(body.tool_choice), parallel_tool_calls=body.parallel_tool_calls is not False,
@@ -40,7 +42,6 @@ async def create_chat_completion(state, body: ChatCompletionRequest, request: Re
         add_special_tokens=body.add_special_tokens)
     prompt_ids = prepared.prompt_ids
     new_parser = prepared.new_parser
-    params = body.to_sampling_params(s.default_sampling)
     rid = random_id("chatcmpl")
     created = now()
     gen = state.engine.generate_n(rid, prompt_ids, params)

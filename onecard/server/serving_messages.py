@@ -30,7 +30,7 @@ from onecard.server.streaming import sse_response, start_stream
 __all__ = ["CountTokensRequest", "MessagesRequest", "count_tokens", "create_message"]
 
 
-def _prepare(state, body: CountTokensRequest, counting: bool = False) -> PreparedChat:
+async def _prepare(state, body: CountTokensRequest, counting: bool = False) -> PreparedChat:
     try:
         messages = body.to_chat_messages()
         tools = body.chat_tools()
@@ -39,12 +39,13 @@ def _prepare(state, body: CountTokensRequest, counting: bool = False) -> Prepare
         raise BadRequest(str(e)) from None
     if counting and tool_choice == "auto":
         tool_choice = "none"      # same prompt; counting needs no tool parser configured
-    return prepare_chat(state, messages, tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel)
+    return await prepare_chat(state, messages, tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel,
+                              refuse_too_long=not counting)
 
 
 async def count_tokens(state, body: CountTokensRequest, request: Request) -> Response:
     state.model_name(body.model)
-    return JSONResponse({"input_tokens": len(_prepare(state, body, counting=True).prompt_ids)})
+    return JSONResponse({"input_tokens": len((await _prepare(state, body, counting=True)).prompt_ids)})
 
 
 def _stop_reason(finish: str | None, stop_reason: Any, tool_used: bool) -> tuple[str, str | None]:
@@ -72,8 +73,9 @@ def _block(b: Block, done: bool = True) -> dict[str, Any]:
 
 async def create_message(state, body: MessagesRequest, request: Request) -> Response:
     name = state.model_name(body.model)
-    prepared = _prepare(state, body)
-    params = body.to_sampling_params(state.settings.default_sampling)
+    params = body.to_sampling_params(state.settings.default_sampling)     # a bad field is a 400 before any work
+    state.engine.check_available(params.n)                                # loading, dead or full: answered now
+    prepared = await _prepare(state, body)
     mid = f"msg_{uuid.uuid4().hex}"
     gen = state.engine.generate_n(mid, prepared.prompt_ids, params)
     message = {"id": mid, "type": "message", "role": "assistant", "model": name, "content": [],

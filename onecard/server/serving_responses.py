@@ -84,7 +84,7 @@ class _Shaper:
                 "usage": usage, "user": b.user, "metadata": b.metadata or {}}
 
 
-def _prepare(state, body: ResponsesRequest) -> PreparedChat:
+async def _prepare(state, body: ResponsesRequest) -> PreparedChat:
     try:
         body.check_supported()
         messages = body.to_chat_messages()
@@ -92,15 +92,16 @@ def _prepare(state, body: ResponsesRequest) -> PreparedChat:
         tool_choice = body.chat_tool_choice()
     except ValueError as e:
         raise BadRequest(str(e)) from None
-    return prepare_chat(state, messages, tools=tools, tool_choice=tool_choice,
+    return await prepare_chat(state, messages, tools=tools, tool_choice=tool_choice,
                         parallel_tool_calls=body.parallel_tool_calls is not False,
                         chat_template_kwargs=body.chat_template_kwargs)
 
 
 async def create_response(state, body: ResponsesRequest, request: Request) -> Response:
     name = state.model_name(body.model)
-    prepared = _prepare(state, body)
-    params = body.to_sampling_params(state.settings.default_sampling)
+    params = body.to_sampling_params(state.settings.default_sampling)     # a bad field is a 400 before any work
+    state.engine.check_available(params.n)                                # loading, dead or full: answered now
+    prepared = await _prepare(state, body)
     shaper = _Shaper(body, name)
     gen = state.engine.generate_n(shaper.id, prepared.prompt_ids, params)
     if body.stream:

@@ -22,7 +22,8 @@ _DEFAULTABLE = ("temperature", "top_p", "top_k")
 
 
 class _Base(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    # strict scalars: a boolean is not a number here (the OpenAPI fuzzer checks that wrong types are refused)
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False, strict=True)
 
 
 class AnthropicMessage(_Base):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from onecard.sampling_params import SamplingParams
 
@@ -22,12 +22,13 @@ _DEFAULTABLE = ("temperature", "top_p")
 
 
 class _Base(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    # strict scalars: a boolean is not a number here (the OpenAPI fuzzer checks that wrong types are refused)
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False, strict=True)
 
 
 class ResponsesRequest(_Base):
     model: str | None = None
-    input: str | list[dict[str, Any]] = Field(default="")
+    input: str | list[dict[str, Any]]
     instructions: str | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = "auto"

@@ -175,8 +175,9 @@ def test_disconnect_mid_stream_aborts(server):
 
 def test_queue_full_is_529_overloaded_and_metrics_move(client, server):
     sched = server.state.engine.core.engine_core.scheduler
-    old = sched.config.max_num_queued_reqs
-    sched.config.max_num_queued_reqs = 0          # every new request finds the queue full (--max-num-queued-reqs)
+    old = sched.config.max_num_queued_reqs, sched.config.max_num_seqs
+    # no free running slot and no queue: every new request finds the queue full (--max-num-queued-reqs)
+    sched.config.max_num_queued_reqs, sched.config.max_num_seqs = 0, 0
     try:
         for stream in (False, True):
             r = httpx.post(server.url + "/v1/messages", headers={"x-api-key": API_KEY},
@@ -185,7 +186,7 @@ def test_queue_full_is_529_overloaded_and_metrics_move(client, server):
             assert r.json()["error"]["type"] == "overloaded_error"
             assert "--max-num-queued-reqs=0" in r.json()["error"]["message"]
     finally:
-        sched.config.max_num_queued_reqs = old
+        sched.config.max_num_queued_reqs, sched.config.max_num_seqs = old
     gen0 = metric(server.url, "vllm:generation_tokens_total")
     m = client.messages.create(model="reasoning", max_tokens=100, messages=_user("hi"))
     assert metric(server.url, "vllm:generation_tokens_total") == gen0 + m.usage.output_tokens

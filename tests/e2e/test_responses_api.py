@@ -184,15 +184,16 @@ def test_disconnect_mid_stream_aborts(server):
 
 def test_queue_full_is_503_and_metrics_move(client, server):
     sched = server.state.engine.core.engine_core.scheduler
-    old = sched.config.max_num_queued_reqs
-    sched.config.max_num_queued_reqs = 0          # every new request finds the queue full (--max-num-queued-reqs)
+    old = sched.config.max_num_queued_reqs, sched.config.max_num_seqs
+    # no free running slot and no queue: every new request finds the queue full (--max-num-queued-reqs)
+    sched.config.max_num_queued_reqs, sched.config.max_num_seqs = 0, 0
     try:
         for stream in (False, True):
             with pytest.raises(openai.APIStatusError) as e:
                 client.responses.create(model="coder", input="x", stream=stream)
             assert e.value.status_code == 503 and "--max-num-queued-reqs=0" in e.value.message
     finally:
-        sched.config.max_num_queued_reqs = old
+        sched.config.max_num_queued_reqs, sched.config.max_num_seqs = old
     gen0 = metric(server.url, "vllm:generation_tokens_total")
     r = client.responses.create(model="reasoning", input="hi")
     assert metric(server.url, "vllm:generation_tokens_total") == gen0 + r.usage.output_tokens

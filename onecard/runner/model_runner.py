@@ -55,6 +55,11 @@ class ModelRunner:
             from onecard.kernels.triton_common import set_pdl
 
             set_pdl(config.env.pdl_max_tokens)
+            paths = dispatch.init_paths(self.device)                      # grouped-GEMM probe, capability
+            if paths.get("emulated"):
+                logger.warning("ONECARD_EMULATE_CC: every kernel-path decision takes sm%s's branch on this sm%s "
+                               "card (tests and benchmarks only)", paths["capability"], paths["real_capability"])
+            logger.info("kernel paths: %s", paths)
         torch.manual_seed(config.model.seed)
         t0 = time.perf_counter()
         # the precompile's workers boot (seconds of imports) while the weights load; precompile() closes them

@@ -183,6 +183,7 @@ class ProbeReport:
     gpus: list[GpuInfo] = field(default_factory=list)
     steps: list[Step] = field(default_factory=list)
     cpu_backends: dict[str, str] = field(default_factory=dict)
+    structured_outputs: str | None = None  # the grammar backend and its version ("xgrammar 0.2.9")
     host_memory_total_gib: float | None = None
     host_memory_available_gib: float | None = None      # room for a host KV tier (--kv-offloading-size)
     verdict: str = ""
@@ -205,7 +206,8 @@ class ProbeReport:
         lines = [f"mode: {self.mode}", (f"torch {self.torch_version} (CUDA runtime {self.torch_cuda_runtime}), "
                  f"arch list {' '.join(self.torch_arch_list) or '(empty)'}"),
                  f"driver {self.driver_version or '-'} (supports CUDA {self.driver_cuda_version or '-'})",
-                 f"triton {self.triton_version or '-'}"]
+                 f"triton {self.triton_version or '-'}",
+                 f"structured outputs: {self.structured_outputs or 'unavailable (xgrammar is not installed)'}"]
         for g in self.gpus:
             lines.append(f"GPU {g.index}: {g.name}  sm{g.compute_capability.replace('.', '')}  "
                          f"{g.total_memory_gib:.2f} GiB total, "
@@ -313,9 +315,20 @@ def _triton_step(report: ProbeReport, device_index: int | None, cc: tuple[int, i
     return Step("triton", "ok", f"test kernel compiled and ran on {sm(cc)} (results checked)")
 
 
+def structured_outputs_backend() -> str | None:
+    """The structured-outputs (grammar) backend and its version, e.g. "xgrammar 0.2.9"; None if absent."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"xgrammar {version('xgrammar')}"
+    except PackageNotFoundError:
+        return None
+
+
 def probe() -> ProbeReport:
     """Inspect this machine. Never raises: every problem becomes a failed step."""
     r = ProbeReport()
+    r.structured_outputs = structured_outputs_backend()
     mem = host_memory()
     if mem is not None:
         r.host_memory_total_gib, r.host_memory_available_gib = mem.total_bytes / 2**30, mem.available_gib

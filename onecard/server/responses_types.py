@@ -7,7 +7,8 @@ function calls (and the assistant text before them) form one assistant turn, so 
 one turn and their outputs as consecutive tool messages. ``chat_tools()`` gives OpenAI chat tools,
 ``chat_tool_choice()`` the chat form of ``tool_choice``. What onecard does not do raises ``ValueError``
 naming the field (a 400): ``previous_response_id`` (the API is stateless: send the whole conversation),
-``text.format`` json_schema/json_object (no structured outputs yet), non-function tools, non-text inputs.
+non-function tools, non-text inputs. ``response_format()`` is ``text.format`` in chat's form (structured
+outputs: json_schema / json_object).
 """
 from __future__ import annotations
 
@@ -56,10 +57,14 @@ class ResponsesRequest(_Base):
         if self.previous_response_id is not None:
             raise ValueError("previous_response_id is not supported: onecard's /v1/responses is stateless "
                              "(nothing is stored); send the whole conversation in `input`.")
-        fmt = (self.text or {}).get("format") or {}
-        if fmt.get("type", "text") != "text":
-            raise ValueError(f"text.format type {fmt.get('type')!r} is not supported yet: onecard has no "
-                             "structured outputs (guided decoding). Leave text.format unset or {\"type\": \"text\"}.")
+
+    def response_format(self) -> dict[str, Any] | None:
+        """``text.format`` in chat's ``response_format`` form, for the structured-outputs machinery."""
+        fmt = dict((self.text or {}).get("format") or {})
+        kind = fmt.pop("type", "text")
+        if kind == "json_schema":          # Responses flattens chat's {"json_schema": {name, schema, strict}}
+            return {"type": "json_schema", "json_schema": fmt}
+        return {"type": kind, **fmt}
 
     # ------------------------------------------------------------------ tools
     def chat_tools(self) -> list[dict[str, Any]] | None:

@@ -1,9 +1,10 @@
 """POST /v1/chat/completions, streamed (SSE) and not, with reasoning and tool-call parsing.
 
 Contract: ``create_chat_completion(state, body, request)`` renders the messages with the chat template
-(tools, chat_template_kwargs), writes the tool-choice prefill (named / required) into the assistant turn,
-generates ``n`` choices and returns OpenAI's ``chat.completion`` or a stream of ``chat.completion.chunk``
-events (role first, then content / reasoning / tool-call deltas, finish_reason, optional usage, [DONE]).
+(tools, chat_template_kwargs), compiles the request's output constraint before queueing it (response_format,
+structured_outputs / guided_*, tool_choice required / named / strict tools: ``frontend.constraints``; a bad
+one is a 400 naming the field), generates ``n`` choices and returns OpenAI's ``chat.completion`` or a stream
+of ``chat.completion.chunk`` events (role first, then content / reasoning / tool-call deltas, finish_reason, optional usage, [DONE]).
 The request → prompt ids → parsers step is ``chat_prompt.prepare_chat`` (shared with /v1/responses and
 /v1/messages); the text → message step lives in ``chat_parsing.ChoiceParser``.
 """
@@ -39,7 +40,7 @@ async def create_chat_completion(state, body: ChatCompletionRequest, request: Re
         tool_choice=_tool_choice_value(body.tool_choice), parallel_tool_calls=body.parallel_tool_calls is not False,
         add_generation_prompt=body.add_generation_prompt, continue_final_message=body.continue_final_message,
         chat_template=body.chat_template, chat_template_kwargs=body.chat_template_kwargs,
-        add_special_tokens=body.add_special_tokens)
+        add_special_tokens=body.add_special_tokens, params=params, constraint_fields=body.constraint_fields())
     prompt_ids = prepared.prompt_ids
     new_parser = prepared.new_parser
     rid = random_id("chatcmpl")

@@ -30,7 +30,7 @@ from onecard.server.streaming import sse_response, start_stream
 __all__ = ["CountTokensRequest", "MessagesRequest", "count_tokens", "create_message"]
 
 
-async def _prepare(state, body: CountTokensRequest, counting: bool = False) -> PreparedChat:
+async def _prepare(state, body: CountTokensRequest, params=None, counting: bool = False) -> PreparedChat:
     try:
         messages = body.to_chat_messages()
         tools = body.chat_tools()
@@ -40,7 +40,7 @@ async def _prepare(state, body: CountTokensRequest, counting: bool = False) -> P
     if counting and tool_choice == "auto":
         tool_choice = "none"      # same prompt; counting needs no tool parser configured
     return await prepare_chat(state, messages, tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel,
-                              refuse_too_long=not counting)
+                              refuse_too_long=not counting, params=params)
 
 
 async def count_tokens(state, body: CountTokensRequest, request: Request) -> Response:
@@ -75,7 +75,7 @@ async def create_message(state, body: MessagesRequest, request: Request) -> Resp
     name = state.model_name(body.model)
     params = body.to_sampling_params(state.settings.default_sampling)     # a bad field is a 400 before any work
     state.engine.check_available(params.n)                                # loading, dead or full: answered now
-    prepared = await _prepare(state, body)
+    prepared = await _prepare(state, body, params)
     mid = f"msg_{uuid.uuid4().hex}"
     gen = state.engine.generate_n(mid, prepared.prompt_ids, params)
     message = {"id": mid, "type": "message", "role": "assistant", "model": name, "content": [],

@@ -9,8 +9,9 @@ length limit ended it. Streaming sends the Responses event sequence with ``seque
 ``response.created``, ``response.in_progress``, per item ``response.output_item.added`` → deltas
 (``response.reasoning_text.delta``, ``response.content_part.added`` + ``response.output_text.delta``,
 ``response.function_call_arguments.delta``) → their ``.done`` events → ``response.output_item.done``, and
-``response.completed`` (or ``response.incomplete``) with usage. ``previous_response_id`` is refused with a
-400: nothing is stored.
+``response.completed`` (or ``response.incomplete``) with usage. ``text.format`` json_schema / json_object
+and ``tool_choice`` required / named go through structured outputs (``frontend.constraints``), as chat's.
+``previous_response_id`` is refused with a 400: nothing is stored.
 """
 from __future__ import annotations
 
@@ -84,7 +85,7 @@ class _Shaper:
                 "usage": usage, "user": b.user, "metadata": b.metadata or {}}
 
 
-async def _prepare(state, body: ResponsesRequest) -> PreparedChat:
+async def _prepare(state, body: ResponsesRequest, params) -> PreparedChat:
     try:
         body.check_supported()
         messages = body.to_chat_messages()
@@ -94,14 +95,16 @@ async def _prepare(state, body: ResponsesRequest) -> PreparedChat:
         raise BadRequest(str(e)) from None
     return await prepare_chat(state, messages, tools=tools, tool_choice=tool_choice,
                         parallel_tool_calls=body.parallel_tool_calls is not False,
-                        chat_template_kwargs=body.chat_template_kwargs)
+                        chat_template_kwargs=body.chat_template_kwargs, params=params,
+                        constraint_fields={"response_format": body.response_format()},
+                        response_format_param="text.format")
 
 
 async def create_response(state, body: ResponsesRequest, request: Request) -> Response:
     name = state.model_name(body.model)
     params = body.to_sampling_params(state.settings.default_sampling)     # a bad field is a 400 before any work
     state.engine.check_available(params.n)                                # loading, dead or full: answered now
-    prepared = await _prepare(state, body)
+    prepared = await _prepare(state, body, params)
     shaper = _Shaper(body, name)
     gen = state.engine.generate_n(shaper.id, prepared.prompt_ids, params)
     if body.stream:

@@ -37,9 +37,10 @@ THINK = "<think>\nThe user wants a number.\n</think>\n\nThe answer is 42."
 STOPPY = "alpha beta STOP gamma delta"
 LONG = " ".join(f"word{i}" for i in range(120))
 PLAIN = "plain answer"
-# constrained tool choice: the prompt already holds the call's opening (hermes prefill), the model writes the rest
-NAMED_REST = '{"city": "Rome"}}\n</tool_call>'
-REQUIRED_REST = "<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>"
+# constrained tool choice (structured outputs' grammar makes the model write the whole call; the scripted
+# source writes it as the grammar would, in the configured hermes form)
+NAMED_REST = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
+REQUIRED_REST = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
 
 REPLIES = [("<tool_response>", FINAL), ("XMLCALL", XML_TWO), ("HERMESCALL", HERMES), ("THINK", THINK),
            ("STOPPY", STOPPY), ("LONG", LONG), ("NAMEDCALL", NAMED_REST), ("ANYCALL", REQUIRED_REST)]

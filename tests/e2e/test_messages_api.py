@@ -196,7 +196,7 @@ def test_queue_full_is_529_overloaded_and_metrics_move(client, server):
     ({"type": "tool", "name": "get_weather"}, "NAMEDCALL", [("get_weather", {"city": "Rome"})]),
     ({"type": "any"}, "ANYCALL", [("get_weather", {"city": "Oslo"})])])
 def test_tool_choice_tool_and_any(client, choice, trigger, calls):
-    """``tool`` / ``any`` take chat's named / required path: the call's opening is written into the prompt."""
+    """``tool`` / ``any`` take chat's named / required path (structured outputs' grammar)."""
     m = client.messages.create(model="coder", max_tokens=100, tools=ANTHROPIC_TOOLS, tool_choice=choice,
                                messages=_user(trigger))
     assert m.stop_reason == "tool_use" and _tool_uses(m.content) == calls

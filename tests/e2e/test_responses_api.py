@@ -149,8 +149,8 @@ def test_errors(client, server):
         client.responses.create(model="coder", input="hi", previous_response_id="resp_123")
     assert "previous_response_id" in e.value.message
     with pytest.raises(openai.BadRequestError) as e:
-        client.responses.create(model="coder", input="hi", text={"format": {"type": "json_object"}})
-    assert "text.format" in e.value.message
+        client.responses.create(model="coder", input="hi", text={"format": {"type": "xml"}})
+    assert e.value.body["param"] == "text.format" and "xml" in e.value.message
     with pytest.raises(openai.BadRequestError) as e:
         client.responses.create(model="coder", input="hi", tools=[{"type": "web_search"}])
     assert "web_search" in e.value.message
@@ -203,8 +203,20 @@ def test_queue_full_is_503_and_metrics_move(client, server):
     ({"type": "function", "name": "get_weather"}, "NAMEDCALL", [("get_weather", {"city": "Rome"})]),
     ("required", "ANYCALL", [("get_weather", {"city": "Oslo"})])])
 def test_tool_choice_named_and_required(client, choice, trigger, calls):
-    """Named / required take chat's path: the call's opening is written into the prompt."""
+    """Named / required take chat's path (structured outputs' grammar)."""
     r = client.responses.create(model="coder", input=trigger, tools=RESPONSES_TOOLS, tool_choice=choice)
     assert _calls(r.output) == calls
     _, final = _stream(client, model="coder", input=trigger, tools=RESPONSES_TOOLS, tool_choice=choice)
     assert _calls(final.output) == calls
+
+
+def test_text_format_json_schema_goes_through_structured_outputs(client, server):
+    """text.format json_schema is compiled by the structured-outputs machinery (chat's response_format path):
+    accepted, attached to the request; a schema that is not a schema is a 400 naming text.format."""
+    fmt = {"type": "json_schema", "name": "answer", "strict": True,
+           "schema": {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}
+    r = client.responses.create(model="coder", input="hi", text={"format": fmt})
+    assert r.status == "completed" and r.text.format.type == "json_schema"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(model="coder", input="hi", text={"format": {**fmt, "schema": {"type": 5}}})
+    assert e.value.body["param"] == "text.format"

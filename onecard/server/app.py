@@ -34,8 +34,8 @@ from onecard.server import serving_chat, serving_completion
 from onecard.server.errors import error_response, install_error_handlers, model_not_found
 from onecard.server.guard import GuardSettings, RequestGuard
 from onecard.server.metrics import ServerMetrics
-from onecard.server.openapi import install_openapi
 from onecard.server.openai_types import DetokenizeRequest, TokenizeRequest
+from onecard.server.openapi import install_openapi
 
 ENGINE_DEAD_EXIT_DELAY_S = 1.5   # between the engine's death and the server's exit: probes see /health 503
 LOG_STATS_INTERVAL_S = 10.0      # the periodic throughput line (vLLM's VLLM_LOG_STATS_INTERVAL)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import httpx
 import pytest
 import schemathesis
-from schemathesis import GenerationMode
 from hypothesis import HealthCheck, given, settings
+from schemathesis import GenerationMode
 from schemathesis.checks import positive_data_acceptance
 
 from onecard.server.launch import make_state, settings_from

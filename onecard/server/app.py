@@ -29,6 +29,7 @@ from fastapi.responses import JSONResponse, Response
 
 import onecard
 from onecard.frontend.async_engine import AsyncEngine, EngineRequestError
+from onecard.frontend.grammar import GrammarService, StructuredOutputsConfig
 from onecard.frontend.tokenizer import encode_prompt, render_chat
 from onecard.server import serving_chat, serving_completion
 from onecard.server.errors import error_response, install_error_handlers, model_not_found
@@ -54,6 +55,7 @@ class ServerSettings:
     enable_auto_tool_choice: bool = False
     chat_template: str | None = None      # resolved template text (--chat-template), None = tokenizer's
     default_sampling: dict[str, Any] = field(default_factory=dict)   # from generation_config.json
+    structured_outputs: StructuredOutputsConfig = field(default_factory=StructuredOutputsConfig)
     max_body_bytes: int = 8 << 20         # --max-request-body-bytes (413 beyond it)
     log_requests: bool = True             # access log line per request (--disable-log-requests turns it off)
     log_stats: bool = True                # periodic throughput line (--disable-log-stats turns it off)
@@ -67,6 +69,7 @@ class ServerState:
     tokenizer: Any
     metrics: ServerMetrics
     created: int = field(default_factory=lambda: int(time.time()))
+    grammar: GrammarService | None = None     # structured outputs: compiles constraints (frontend/grammar.py)
     on_fatal: Callable[[str], None] | None = None
     started_at: float = field(default_factory=time.perf_counter)
     executor: ThreadPoolExecutor | None = None
@@ -141,6 +144,8 @@ def build_app(state: ServerState) -> FastAPI:
     async def lifespan(app: FastAPI):
         state.engine.on_dead.append(lambda why: _on_engine_dead(state, why))
         state._start_task = asyncio.create_task(_start_engine(state), name="onecard-engine-start")
+        if state.grammar is not None:
+            state.grammar.warm()
         stats_task = asyncio.create_task(_log_stats(state)) if state.settings.log_stats else None
         try:
             yield

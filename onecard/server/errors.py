@@ -87,7 +87,7 @@ def to_api_error(exc: BaseException) -> APIError:
     if isinstance(exc, EngineNotReadyError):
         return ServiceUnavailable(f"the engine is not ready: {exc}")
     if isinstance(exc, ValueError):
-        return BadRequest(str(exc))
+        return BadRequest(str(exc), param=getattr(exc, "param", None))   # e.g. ConstraintError names its field
     logger.error("internal error while serving a request", exc_info=exc)
     return APIError("Internal server error; see the server log.", status=500)
 

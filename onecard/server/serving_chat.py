@@ -1,8 +1,9 @@
 """POST /v1/chat/completions, streamed (SSE) and not, with reasoning and tool-call parsing.
 
 Contract: ``create_chat_completion(state, body, request)`` renders the messages with the chat template
-(tools, chat_template_kwargs), writes the tool-choice prefill (named / required) into the assistant turn,
-generates ``n`` choices and returns OpenAI's ``chat.completion`` or a stream of ``chat.completion.chunk``
+(tools, chat_template_kwargs), compiles the request's output constraint before queueing it (response_format,
+structured_outputs / guided_*, tool_choice required / named / strict tools: ``frontend.constraints``; a bad
+one is a 400 naming the field), generates ``n`` choices and returns OpenAI's ``chat.completion`` or a stream of ``chat.completion.chunk``
 events (role first, then content / reasoning / tool-call deltas, finish_reason, optional usage, [DONE]).
 The text → message step lives in ``chat_parsing.ChoiceParser``.
 """
@@ -14,9 +15,10 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from onecard.frontend.constraints import constraint_for_request
 from onecard.frontend.tokenizer import ChatTemplateError, encode_prompt, render_chat, surely_too_long
 from onecard.parsers import prompt_opens_think
-from onecard.server.chat_parsing import ChoiceParser, tool_prefill
+from onecard.server.chat_parsing import ChoiceParser
 from onecard.server.errors import BadRequest
 from onecard.server.openai_types import ChatCompletionRequest, NamedToolChoice, now, random_id
 from onecard.server.streaming import DONE, logprob_entries, sse, sse_response, start_stream, usage
@@ -45,6 +47,11 @@ def _tool_choice_value(choice: Any) -> Any:
     return choice
 
 
+def _tool_format(state) -> str:
+    """The format tool calls are constrained to: the configured parser's (hermes when none is set)."""
+    return state.settings.tool_call_parser or "hermes"
+
+
 async def create_chat_completion(state, body: ChatCompletionRequest, request: Request) -> Response:
     name = state.model_name(body.model)
     s = state.settings
@@ -54,9 +61,13 @@ async def create_chat_completion(state, body: ChatCompletionRequest, request: Re
     messages = [m.model_dump(exclude_none=True) for m in body.messages]
     params = body.to_sampling_params(s.default_sampling)     # a bad field is a 400 before any work
     state.engine.check_available(params.n)                   # loading, dead or full: answered now
+    # the output constraint: its fields are checked here (a 400 before any work), compiled below
+    constraint = constraint_for_request(
+        **body.constraint_fields(), tools=tools if body.tool_choice != "none" else None,
+        tool_choice=_tool_choice_value(body.tool_choice), tool_format=_tool_format(state) if tools else None,
+        parallel_tool_calls=body.parallel_tool_calls is not False)
+    # tool_choice required / named: the grammar makes the model write the call (no prefill in the prompt)
     prefill = ""
-    if parse_tools and body.tool_choice != "auto":
-        prefill = tool_prefill(_tool_choice_value(body.tool_choice), tool_parser)
 
     def prompt() -> tuple[str, list[int]]:
         # On the text threads: templates and tokenizers are CPU work that must not stall the event loop.
@@ -76,6 +87,7 @@ async def create_chat_completion(state, body: ChatCompletionRequest, request: Re
     prompt_text, prompt_ids = await state.run_blocking(prompt)
     thinking = s.reasoning_parser is not None and kwargs.get("enable_thinking", True) is not False
     opened_think = thinking and prompt_opens_think(prompt_text)
+    await state.grammar.attach(params, constraint, thinking=thinking, prompt_opened_think=opened_think)
     rid = random_id("chatcmpl")
     created = now()
 

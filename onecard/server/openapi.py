@@ -51,13 +51,13 @@ _OK: dict[tuple[str, str], tuple[str, dict[str, Any] | None]] = {
         "type": "object", "required": ["object", "data"],
         "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": _MODEL_CARD}}})),
     ("/v1/models/{model_id}", "get"): ("One served model.", _json(_MODEL_CARD)),
-    ("/v1/chat/completions", "post"): ("A chat.completion, or with stream=true a stream of "
-                                       "chat.completion.chunk events ending in [DONE].", {
+    ("/v1/chat/completions", "post"): (("A chat.completion, or with stream=true a stream of "
+                                        "chat.completion.chunk events ending in [DONE]."), {
         **_json({"type": "object", "required": ["id", "object", "created", "model", "choices"],
                  "properties": {"object": {"const": "chat.completion"}, "choices": _CHOICES, "usage": _USAGE}}),
         **_SSE}),
-    ("/v1/completions", "post"): ("A text_completion, or with stream=true a stream of events ending in "
-                                  "[DONE].", {
+    ("/v1/completions", "post"): (("A text_completion, or with stream=true a stream of events ending in "
+                                   "[DONE]."), {
         **_json({"type": "object", "required": ["id", "object", "created", "model", "choices"],
                  "properties": {"object": {"const": "text_completion"}, "choices": _CHOICES,
                                 "usage": _USAGE}}),

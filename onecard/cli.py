@@ -230,13 +230,13 @@ def serve(argv: list[str]) -> int:
         check_parser_flags(ns)
         config = engine_args_from_namespace(ns).create_config()
         _run_preflight(config)
-        from onecard.server.launch import prepare_server
+        from onecard.server.launch import exit_after_fatal, prepare_server
 
         server = prepare_server(config, ns)
     except ConfigError as e:
         print(f"onecard serve: error: {e}", file=sys.stderr)
         return 2
-    return server.run()
+    return exit_after_fatal(server.run())
 
 
 def main(argv: list[str] | None = None) -> int:

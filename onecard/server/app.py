@@ -8,8 +8,9 @@ event naming it), ``/health`` answers 503 and, ``ENGINE_DEAD_EXIT_DELAY_S`` late
 ``state.on_fatal`` ends the server with a non-zero status. ``state.end_in_flight(why)`` fails every request
 still running (shutdown deadline: streams end with an error event and [DONE]). On shutdown the engine core is
 stopped. Routes: GET /health, /version, /metrics, /v1/models, /v1/models/{id}, /openapi.json; POST
-/v1/chat/completions, /v1/completions, /tokenize, /detokenize. Every route sits behind ``guard.RequestGuard``
-(API key on /v1/*, body-size limit, disconnect abort, access log). Templating and tokenizing run in
+/v1/chat/completions, /v1/completions, /v1/responses, /v1/messages, /v1/messages/count_tokens, /tokenize,
+/detokenize. Every route sits behind ``guard.RequestGuard`` (API key on /v1/*, as ``Authorization: Bearer``
+or ``x-api-key``; body-size limit, disconnect abort, access log). Templating and tokenizing run in
 ``state.executor`` (``run_blocking``), never on the event loop.
 """
 from __future__ import annotations
@@ -31,7 +32,7 @@ import onecard
 from onecard.frontend.async_engine import AsyncEngine, EngineRequestError
 from onecard.frontend.grammar import GrammarService, StructuredOutputsConfig
 from onecard.frontend.tokenizer import encode_prompt, render_chat
-from onecard.server import serving_chat, serving_completion
+from onecard.server import serving_chat, serving_completion, serving_messages, serving_responses
 from onecard.server.errors import error_response, install_error_handlers, model_not_found
 from onecard.server.guard import GuardSettings, RequestGuard
 from onecard.server.metrics import ServerMetrics
@@ -232,6 +233,18 @@ def build_app(state: ServerState) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(body: serving_completion.CompletionRequest, request: Request) -> Response:
         return await serving_completion.create_completion(state, body, request)
+
+    @app.post("/v1/responses")
+    async def responses(body: serving_responses.ResponsesRequest, request: Request) -> Response:
+        return await serving_responses.create_response(state, body, request)
+
+    @app.post("/v1/messages")
+    async def messages(body: serving_messages.MessagesRequest, request: Request) -> Response:
+        return await serving_messages.create_message(state, body, request)
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(body: serving_messages.CountTokensRequest, request: Request) -> Response:
+        return await serving_messages.count_tokens(state, body, request)
 
     def _tokenize(body: TokenizeRequest) -> dict[str, Any]:
         if body.messages is not None:

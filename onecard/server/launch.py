@@ -165,3 +165,19 @@ def _limit_api_torch_threads() -> None:
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.set_num_threads(1)
+
+
+def exit_after_fatal(code: int) -> int:
+    """After ``Server.run()``: a non-zero status (the engine died or never started) ends the process at once.
+    The graceful part is over by then (in-flight requests answered, the engine stopped, logs flushed here); the
+    interpreter's own teardown (a final collection over torch and transformers) took 10+ s on a busy 2-core box,
+    and an orchestrator should see the exit now. Status 0 returns normally."""
+    if code != 0:
+        import os
+        import sys
+
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code

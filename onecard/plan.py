@@ -8,7 +8,8 @@ Arithmetic (bytes; "A" = serving-dtype bytes, T = --max-num-batched-tokens, S = 
   weights   GPTQ qweight/qzeros as stored (int32), scales at fp16, g_idx only with desc_act (the loader drops
             a trivial g_idx), float tensors at the serving dtype (bf16 served as fp16 = same bytes, fp32 served
             as fp16 = half), other tensors as stored.
-  kv/token  2 x layers x kv_heads x head_dim x kv-dtype bytes.
+  kv/token  2 x layers x kv_heads x head_dim x kv-dtype bytes (kv_dtype.bytes_per_token: 1 for fp8_e5m2 /
+            fp8_e4m3, 2 for fp16 / bf16, 4 for fp32).
   activations  T x [4H (residual, hidden, normed, layer out) + (Hq + 2Hkv) D + Hq D (qkv, attn out)] x A
             + MoE: T x top_k x (3 I_moe + H) x A + T x E x 4 (router) + T x top_k x 8 (ids, weights)
               or dense MLP: T x 3 I x A
@@ -19,6 +20,8 @@ Arithmetic (bytes; "A" = serving-dtype bytes, T = --max-num-batched-tokens, S = 
             + 0.75 GiB fixed: CUDA context, cuBLAS/Triton workspaces, CUDA graph pool, allocator slack.
   budget    total x --gpu-memory-utilization (as vLLM); KV = budget - weights - activations, or
             --kv-cache-memory-bytes when given; blocks = KV // (block_size x kv/token).
+  concurrency  sequences at once at --max-model-len and at a typical agent context (AGENT_CONTEXT_TOKENS,
+            capped at --max-model-len): KV blocks // blocks per sequence.
   fits      the weights and activations fit the budget and the KV cache holds at least one --max-model-len
             sequence (vLLM's start-up rule); otherwise ``reasons`` names the largest max_model_len and the
             largest max_num_seqs that would fit (or that the weights alone do not).
@@ -40,11 +43,14 @@ from typing import Any
 from onecard.checkpoint_meta import FLOAT_DTYPES, CheckpointMeta, read_checkpoint_meta
 from onecard.config import ConfigError, EngineArgs
 from onecard.hardware import decide, normalize_dtype, sm
+from onecard.kv_dtype import bytes_per_token_hf
+from onecard.kv_dtype import resolve as resolve_kv_dtype
 
 GIB = 2**30
 FIXED_OVERHEAD = int(0.75 * GIB)
 GROUPED_MOE_MIN_TOKENS = 256      # kernels/fused_moe/grouped.GROUPED_MIN_TOKENS (not imported: no torch here)
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
+AGENT_CONTEXT_TOKENS = 32768      # a coding agent's typical resent conversation (issue 23)
 
 
 @dataclass(slots=True)
@@ -128,6 +134,8 @@ class PlanReport:
     kv_capacity_tokens: int | None = None
     num_blocks: int | None = None
     max_concurrent_at_max_len: int | None = None
+    agent_context_tokens: int = AGENT_CONTEXT_TOKENS
+    max_concurrent_at_agent_context: int | None = None
     fits: bool | None = None
     allowed: bool = True
     refusal: str | None = None
@@ -166,6 +174,9 @@ class PlanReport:
             (f"at --max-model-len {self.max_model_len}: "
             f"{'-' if self.max_concurrent_at_max_len is None else self.max_concurrent_at_max_len} sequence(s) at once "
             f"(--max-num-seqs {self.max_num_seqs})"),
+            (f"at a {self.agent_context_tokens:,}-token agent context: "
+            f"{'-' if self.max_concurrent_at_agent_context is None else self.max_concurrent_at_agent_context} "
+            "sequence(s) at once"),
             f"verdict    {self.verdict()}",
         ]
         lines += [f"  - {r}" for r in self.reasons]
@@ -201,14 +212,6 @@ def weight_bytes(meta: CheckpointMeta, dtype: str, device: str = "cuda") -> tupl
         else:
             out["other"] += t.nbytes
     return sum(out.values()), out
-
-
-def kv_bytes_per_token(hf_config: dict[str, Any], kv_bytes: int) -> int:
-    c = hf_config
-    heads = int(c["num_attention_heads"])
-    kv_heads = int(c.get("num_key_value_heads") or heads)
-    head_dim = int(c.get("head_dim") or int(c["hidden_size"]) // heads)
-    return 2 * int(c["num_hidden_layers"]) * kv_heads * head_dim * kv_bytes
 
 
 def activation_bytes(meta: CheckpointMeta, tokens: int, seqs: int, act_bytes: int,
@@ -261,7 +264,10 @@ def plan_from_meta(meta: CheckpointMeta, settings: PlanSettings, total_memory: i
         reasons.append(decision.refusal)
     if arch_why:
         reasons.insert(0, arch_why)
-    kv_dt = dtype if s.kv_cache_dtype == "auto" else (normalize_dtype(s.kv_cache_dtype) or dtype)
+    try:
+        kv_dt = resolve_kv_dtype(s.kv_cache_dtype, dtype)
+    except ValueError:
+        kv_dt = dtype                                   # the decision above names the unknown value
     max_pos = int(c.get("max_position_embeddings", 4096))
     max_len = int(s.max_model_len or max_pos)
     if max_len > max_pos and not c.get("rope_scaling"):
@@ -271,7 +277,7 @@ def plan_from_meta(meta: CheckpointMeta, settings: PlanSettings, total_memory: i
     tokens = s.max_num_batched_tokens or (8192 if s.enable_chunked_prefill else max(max_len, 2048))
     w_total, w_parts = weight_bytes(meta, dtype)
     try:
-        kv_tok = kv_bytes_per_token(c, DTYPE_BYTES.get(kv_dt, 1))
+        kv_tok = bytes_per_token_hf(c, kv_dt)
         a_total, a_parts = activation_bytes(meta, tokens, s.max_num_seqs, DTYPE_BYTES.get(dtype, 2), cc)
     except KeyError as e:
         raise ConfigError(f"{meta.path / 'config.json'} lacks {e.args[0]!r}; cannot size the KV cache "
@@ -304,6 +310,8 @@ def _fit(r: PlanReport, total_memory: int, max_pos: int, vocab: int, kv_override
     r.num_blocks = kv // block_bytes
     r.kv_capacity_tokens = r.num_blocks * r.block_size
     r.max_concurrent_at_max_len = r.num_blocks // blocks_per_seq
+    r.agent_context_tokens = min(AGENT_CONTEXT_TOKENS, r.max_model_len)
+    r.max_concurrent_at_agent_context = r.num_blocks // math.ceil(r.agent_context_tokens / r.block_size)
     where = f"{r.gpu or 'the card'} ({total_memory / GIB:.2f} GiB x {r.gpu_memory_utilization} = {budget / GIB:.2f} GiB)"
     if r.weights_bytes + r.activation_bytes > budget:
         r.fits = False

@@ -4,7 +4,8 @@ Contract: ``load_model(config, device, dtype) -> model`` with ``model.weights_by
 device). Float tensors are cast to ``dtype``; GPTQ tensors stay packed (``GPTQWeight``; v1 zeros are
 converted to true zeros, a trivial g_idx becomes None). Which modules are quantized is read from the
 tensors present (``.qweight`` vs ``.weight``), so GPTQModel's ``dynamic`` overrides and ``-:`` exclusions
-are honoured as written; group sizes come from the scales' shapes. Experts are stacked per layer into
+are honoured as written; group sizes come from the scales' shapes. FP8 KV-cache scales (k_scale / v_scale /
+kv_scale / k_proj.output_scale ..., as vLLM reads them) set the attention layers' k_scale / v_scale. Experts are stacked per layer into
 [E, ...] tensors (float as [E, K, N]); q/k/v (and dense gate/up) are fused when their formats agree.
 Host memory holds at most the tensors of the shard being read plus one layer's pending experts.
 Every problem raises ``LoadError`` (a ConfigError) naming the tensor or option.
@@ -32,6 +33,8 @@ logger = logging.getLogger(__name__)
 GPTQ_PARTS = ("qweight", "qzeros", "scales", "g_idx")
 _DIRECT_COPY_MIN_BYTES = 256 << 10    # experts' parts at least this big go to the device one by one
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+# FP8 KV-cache scales, under every name vLLM's maybe_remap_kv_scale_name reads (kv_scale: one for both)
+_KV_SCALE = re.compile(r"^self_attn\.(?:attn\.|k_proj\.|v_proj\.)?(k|v|kv)_scale$|^self_attn\.(k|v)_proj\.output_scale$")
 _EXPERT = re.compile(r"^mlp\.experts\.(\d+)\.(gate|up|down)_proj\.(\w+)$")
 
 
@@ -244,6 +247,15 @@ class _Loader:
             # transformers 5 fused layout: gate_up [E, 2I, H], down [E, H, I] (nn.Linear style [N, K])
             pending_experts[i][rest] = t
             self.maybe_finish_experts(model, i, pending_experts)
+        elif sm := _KV_SCALE.match(rest):
+            # per-layer (a per-head vector is reduced to its max: no head overflows); used by fp8 KV caches
+            which = sm.group(1) or sm.group(2)
+            value = float(t.float().max())
+            if not value > 0 or value != value:
+                raise LoadError(f"tensor {key} = {value}: a KV-cache scale must be positive and finite.")
+            for kv in ("k", "v") if which == "kv" else (which,):
+                setattr(layer.self_attn, f"{kv}_scale", value)
+                layer.self_attn.kv_scales_from_checkpoint.add(kv)
         elif rest.startswith(("self_attn.", "mlp.")):
             mod, part = rest.rsplit(".", 1)
             pending_linear[f"model.layers.{i}.{mod}"][part] = t

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU facts, kernel checks, tiny-checkpoint engine checks, the full-size benchmark.
 # Usage (repo root, on the H200): OUT=/some/dir bash bench/run_h200.sh [parts...]
-# parts: probe kernels checks full asyncab kvdtype loadab nopdl pdl16 gputests startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
+# parts: probe kernels checks full asyncab kvdtype capab hosttier loadab nopdl pdl16 gputests startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
 set -u
 export PYTHONPATH="$PWD${EXTRA_PYTHONPATH:+:$EXTRA_PYTHONPATH}" TOKENIZERS_PARALLELISM=false
 OUT="${OUT:-/tmp/onecard_out}"; mkdir -p "$OUT"
@@ -22,6 +22,13 @@ for p in $parts; do
     kvdtype) log kvdtype  # KV tokens at util 0.9, decode bs1/bs16 and prefill 4k: fp16 vs fp8_e5m2 (and fp8_e4m3 on sm89+)
           [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30
           timeout 540 python3 bench/kv_dtype.py /tmp/q30 "$OUT/kv_dtype.json" ;;
+    hosttier) log hosttier  # TTFT of a 32k-token prompt cold vs from the host KV tier (--kv-offloading-size)
+          [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30
+          timeout 400 python3 bench/host_tier.py /tmp/q30 "$OUT/host_tier.json" ;;
+    capab) log capab  # issue 29: decode measured three ways (lead's t2-t1, warmed, arrival) native / fp16 prefill / sm80
+          [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30
+          timeout 200 python3 bench/capability_ab.py /tmp/q30 "$OUT/cap_native.json"
+          timeout 120 python3 bench/capability_ab.py /tmp/q30 "$OUT/cap_emu80.json" --emulate 80 ;;
     loadab) log loadab  # weight loading, committed loader vs .ab/loader_old.py (when carried), alternating
           [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30
           for i in 1 2; do

@@ -81,6 +81,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     g.add_argument("--enable-prefix-caching", action=bool_opt, default=True,
                    help="reuse KV blocks of shared prompt prefixes (default on)")
     g.add_argument("--num-gpu-blocks-override", type=int, default=None, help="testing: a fixed KV block count")
+    g.add_argument("--kv-offloading-size", "--kv-offload-gib", type=_fraction, default=None, metavar="GIB",
+                   help="GiB of host memory that keeps prefix blocks the GPU cache evicts, copied back on a hit "
+                        "instead of recomputed (default off)")
+    g.add_argument("--kv-offloading-backend", default="native", choices=["native", "lmcache"],
+                   help="host tier implementation: native (onecard's; lmcache is not supported)")
 
     g = parser.add_argument_group("scheduler")
     g.add_argument("--max-num-seqs", type=int, default=256, help="maximum concurrent sequences per step")
@@ -151,7 +156,8 @@ def engine_args_from_namespace(ns: argparse.Namespace) -> EngineArgs:
         enable_chunked_prefill=ns.enable_chunked_prefill, enable_prefix_caching=ns.enable_prefix_caching,
         block_size=ns.block_size, seed=ns.seed, enforce_eager=ns.enforce_eager, chat_template=ns.chat_template,
         max_num_queued_reqs=ns.max_num_queued_reqs, device=ns.device,
-        num_gpu_blocks_override=ns.num_gpu_blocks_override, async_scheduling=ns.async_scheduling)
+        num_gpu_blocks_override=ns.num_gpu_blocks_override, async_scheduling=ns.async_scheduling,
+        kv_offloading_size=ns.kv_offloading_size, kv_offloading_backend=ns.kv_offloading_backend)
 
 
 def check_parser_flags(ns: argparse.Namespace) -> None:

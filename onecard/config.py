@@ -48,6 +48,13 @@ class Env:
 
 
 # ---------------------------------------------------------------- config pieces
+def host_tier_blocks(kv_offloading_size_gib: float | None, block_bytes: int) -> int:
+    """KV blocks a host tier of ``--kv-offloading-size`` GiB holds (the runner allocates it, the plan reports it)."""
+    if not kv_offloading_size_gib or block_bytes <= 0:
+        return 0
+    return int(kv_offloading_size_gib * 2**30) // block_bytes
+
+
 @dataclass(slots=True)
 class QuantConfig:
     """GPTQ settings read from quantize_config.json or config.json's quantization_config."""
@@ -107,6 +114,8 @@ class CacheConfig:
     kv_cache_memory_bytes: int | None = None   # overrides the profiled size
     enable_prefix_caching: bool = True
     num_gpu_blocks: int | None = None          # set by the runner after profiling (or tests)
+    kv_offloading_size: float | None = None    # GiB of host memory for evicted prefix blocks (None = off)
+    kv_offloading_backend: str = "native"
 
 
 @dataclass(slots=True)
@@ -157,6 +166,8 @@ class EngineArgs:
     device: str = "auto"                       # "auto" | "cuda" | "cpu"
     num_gpu_blocks_override: int | None = None  # tests: a tiny KV pool to force preemption
     async_scheduling: bool = False
+    kv_offloading_size: float | None = None    # GiB: host-memory tier for prefix blocks the GPU evicts
+    kv_offloading_backend: str = "native"      # vLLM's names; onecard has only its own ("native")
 
     def create_config(self) -> EngineConfig:
         from onecard.models.resolve import DEFAULT_MODEL_NAME, default_model_path, resolve_model
@@ -177,6 +188,8 @@ class EngineArgs:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ConfigError(f"--kv-cache-dtype={self.kv_cache_dtype} is unknown; use one of "
                               f"{', '.join(KV_CACHE_DTYPES)}.")
+
+        self._check_offloading()
 
         if self.model is None:
             path, given = default_model_path(), DEFAULT_MODEL_NAME
@@ -232,7 +245,8 @@ class EngineArgs:
             block_size=self.block_size, kv_cache_dtype=self.kv_cache_dtype,
             gpu_memory_utilization=self.gpu_memory_utilization,
             kv_cache_memory_bytes=self.kv_cache_memory_bytes,
-            enable_prefix_caching=self.enable_prefix_caching, num_gpu_blocks=self.num_gpu_blocks_override)
+            enable_prefix_caching=self.enable_prefix_caching, num_gpu_blocks=self.num_gpu_blocks_override,
+            kv_offloading_size=self.kv_offloading_size, kv_offloading_backend=self.kv_offloading_backend)
         sched = SchedulerConfig(
             max_num_seqs=self.max_num_seqs, max_num_batched_tokens=batched, max_model_len=max_model_len,
             long_prefill_token_threshold=self.long_prefill_token_threshold,
@@ -240,6 +254,25 @@ class EngineArgs:
             async_scheduling=self.async_scheduling)
         return EngineConfig(model=model, cache=cache, scheduler=sched, device=device,
                             enforce_eager=self.enforce_eager, env=env)
+
+    def _check_offloading(self) -> None:
+        size = self.kv_offloading_size
+        if self.kv_offloading_backend != "native":
+            raise ConfigError(f"--kv-offloading-backend={self.kv_offloading_backend} is not supported; onecard has "
+                              "its own host tier: use --kv-offloading-backend=native.")
+        if size is None:
+            return
+        if not size > 0:
+            raise ConfigError(f"--kv-offloading-size={size:g} must be a positive number of GiB (omit it for no "
+                              "host tier).")
+        if not self.enable_prefix_caching:
+            raise ConfigError(f"--kv-offloading-size={size:g} keeps evicted prefix-cache blocks in host memory; it "
+                              "needs prefix caching: drop --no-enable-prefix-caching.")
+        from onecard.hardware import host_memory, host_tier_refusal
+
+        why = host_tier_refusal(int(size * 2**30), host_memory())      # before any weight loads
+        if why is not None:
+            raise ConfigError(why)
 
     def _resolve_dtype(self, hf_config: dict, quant: QuantConfig | None, device: str) -> str:
         aliases = {"half": "float16", "fp16": "float16", "float16": "float16", "bf16": "bfloat16",

@@ -10,6 +10,8 @@ Contract:
   fp8 / fp8_e4m3 on sm89+); GPTQ runs fp16 on a GPU (bf16 refused, as in vLLM); sm < 7.0 refused.
   ``probe() -> ProbeReport`` inspects GPUs, driver, torch and Triton (never raises); ``main_probe(as_json)``
   prints it and returns 0, or 1 when a check failed (``failed_step`` names it). No GPU = CPU mode, exit 0.
+  ``host_memory() -> HostMemory | None``: this machine's RAM (total, available now), the room for a host KV tier
+  (``--kv-offloading-size``); the probe reports it and the runner refuses a tier larger than what is available.
 """
 from __future__ import annotations
 
@@ -136,6 +138,36 @@ def allowed_dtypes(cc: tuple[int, int] | None) -> dict[str, str]:
     return out
 
 
+# ------------------------------------------------------------------ host memory (the host KV tier)
+@dataclass(slots=True)
+class HostMemory:
+    total_bytes: int
+    available_bytes: int            # MemAvailable: what can be allocated (and pinned) without swapping
+
+    @property
+    def available_gib(self) -> float:
+        return self.available_bytes / 2**30
+
+
+def host_memory(meminfo: str = "/proc/meminfo") -> HostMemory | None:
+    """RAM of this machine from /proc/meminfo; None where it cannot be read (not Linux)."""
+    try:
+        with open(meminfo) as f:
+            fields = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f if line.strip()}
+        return HostMemory(fields["MemTotal"], fields.get("MemAvailable", fields.get("MemFree", 0)))
+    except (OSError, KeyError, ValueError, IndexError):
+        return None
+
+
+def host_tier_refusal(requested_bytes: int, mem: HostMemory | None) -> str | None:
+    """Why a host KV tier of ``requested_bytes`` cannot be allocated here (None when it can, or is unknown)."""
+    if mem is None or requested_bytes <= mem.available_bytes:
+        return None
+    return (f"--kv-offloading-size={requested_bytes / 2**30:g} GiB is more than this machine's available host "
+            f"memory ({mem.available_gib:.1f} GiB of {mem.total_bytes / 2**30:.1f} GiB); use at most "
+            f"{int(mem.available_gib)} (or free memory).")
+
+
 # ------------------------------------------------------------------ probe
 @dataclass(slots=True)
 class GpuInfo:
@@ -169,6 +201,8 @@ class ProbeReport:
     gpus: list[GpuInfo] = field(default_factory=list)
     steps: list[Step] = field(default_factory=list)
     cpu_backends: dict[str, str] = field(default_factory=dict)
+    host_memory_total_gib: float | None = None
+    host_memory_available_gib: float | None = None      # room for a host KV tier (--kv-offloading-size)
     verdict: str = ""
 
     @property
@@ -203,6 +237,9 @@ class ProbeReport:
             lines.append("no GPU visible: CPU mode")
             for op, b in self.cpu_backends.items():
                 lines.append(f"  {op:<11} {b}")
+        if self.host_memory_available_gib is not None:
+            lines.append(f"host memory: {self.host_memory_total_gib:.1f} GiB, {self.host_memory_available_gib:.1f} "
+                         "GiB available for a host KV tier (--kv-offloading-size GiB, off by default)")
         lines.append("checks:")
         for s in self.steps:
             lines.append(f"  [{s.status:^7}] {s.name}: {s.detail}")
@@ -297,6 +334,9 @@ def _triton_step(report: ProbeReport, device_index: int | None, cc: tuple[int, i
 def probe() -> ProbeReport:
     """Inspect this machine. Never raises: every problem becomes a failed step."""
     r = ProbeReport()
+    mem = host_memory()
+    if mem is not None:
+        r.host_memory_total_gib, r.host_memory_available_gib = mem.total_bytes / 2**30, mem.available_gib
     try:
         import torch
     except Exception as e:  # noqa: BLE001

@@ -4,18 +4,22 @@ Contract: engine args use vLLM's names (``onecard.config.EngineArgs``). ``genera
 a list of them, token-id lists, or ``{"prompt_token_ids": [...]}`` / ``{"prompt": ...}`` dicts, and one
 ``SamplingParams`` or one per prompt; it returns one ``RequestOutput`` per prompt, in order. The engine core
 runs in this process and thread (no server); ``n`` > 1 fans out into child requests that share the
-prompt's KV blocks through the prefix cache. Stop strings are applied by the incremental detokenizer.
+prompt's KV blocks through the prefix cache. The output side (detokenizer, stop strings with ``min_tokens``,
+``n`` children, logprob strings, finish reasons) is ``onecard.frontend.output_processor``, the one the server
+uses, so ``LLM`` and the server give the same outputs for the same requests.
 """
 from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Sequence
 
 from onecard.config import EngineArgs
-from onecard.outputs import CompletionOutput, Logprob, RequestOutput
-from onecard.protocol import EngineOutput, EngineRequest, FinishReason
+from onecard.frontend.output_processor import EngineRequestError, RequestOutputState, fan_out, offline_logprobs
+from onecard.frontend.tokenizer import load_tokenizer, resolve_chat_template
+from onecard.outputs import CompletionOutput, RequestOutput
+from onecard.protocol import EngineOutput, EngineRequest, TokenLogprobs
 from onecard.sampling_params import SamplingParams
 
 
@@ -23,19 +27,14 @@ from onecard.sampling_params import SamplingParams
 class _Child:
     parent: int
     index: int
-    detok: Any
-    params: SamplingParams
-    token_ids: list[int]
-    logprobs: list[dict[int, Logprob]] | None
-    cumulative: float | None
-    finish: str | None = None
-    stop_reason: int | str | None = None
+    output: RequestOutputState
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprobs] | None = None
+    text: list[str] = field(default_factory=list)
 
 
 class LLM:
     def __init__(self, model: str | None = None, **kwargs: Any):
-        from transformers import AutoTokenizer
-
         from onecard.core.engine_core import EngineCore
 
         names = {f.name for f in fields(EngineArgs)}
@@ -44,12 +43,11 @@ class LLM:
             raise TypeError(f"unknown engine argument(s): {sorted(unknown)}; known: {sorted(names)}")
         self.engine_args = EngineArgs(model=model, **kwargs)
         self.config = self.engine_args.create_config()
-        self.tokenizer = AutoTokenizer.from_pretrained(self.config.model.tokenizer)
-        if self.config.model.chat_template:
-            from pathlib import Path
-
-            ct = self.config.model.chat_template
-            self.tokenizer.chat_template = Path(ct).read_text() if Path(ct).exists() else ct
+        # the server's loader: local files only (onecard never downloads), --chat-template read the same way
+        self.tokenizer = load_tokenizer(self.config.model.tokenizer)
+        chat_template = resolve_chat_template(self.config.model.chat_template)
+        if chat_template:
+            self.tokenizer.chat_template = chat_template
         self.engine = EngineCore(self.config)
         self._ids = itertools.count()
 
@@ -101,70 +99,46 @@ class LLM:
         return out
 
     def _run(self, items, params) -> list[RequestOutput]:
-        from onecard.frontend.detokenizer import IncrementalDetokenizer
-
         results: list[RequestOutput] = []
         children: dict[str, _Child] = {}
         eos = self.config.model.eos_token_ids
         for i, ((text, ids), sp) in enumerate(zip(items, params)):
             results.append(RequestOutput(request_id=str(next(self._ids)), prompt=text, prompt_token_ids=ids))
-            for j in range(sp.n):
-                child_sp = sp.clone(n=1)
-                if sp.seed is not None and sp.n > 1:
-                    child_sp.seed = sp.seed + j
-                rid = f"{results[-1].request_id}-{j}"
-                detok = IncrementalDetokenizer(self.tokenizer, ids, sp.skip_special_tokens,
-                                               sp.spaces_between_special_tokens, list(sp.stop or []),
-                                               sp.include_stop_str_in_output)
-                children[rid] = _Child(i, j, detok, child_sp, [], [] if sp.logprobs is not None else None,
-                                       0.0 if sp.logprobs is not None else None)
+            for j, rid, child_sp in fan_out(results[-1].request_id, sp):
+                children[rid] = _Child(i, j, RequestOutputState(self.tokenizer, ids, child_sp),
+                                       logprobs=[] if sp.logprobs is not None else None)
                 err = self.engine.add_request(EngineRequest(rid, ids, child_sp, time.monotonic(), eos))
                 if err is not None:
                     raise ValueError(err.error)
         pending = set(children)
         while pending:
             for out in self.engine.step():
-                if out.request_id in pending:
-                    if self._absorb(children[out.request_id], out, results):
-                        pending.discard(out.request_id)
-        for rid, ch in children.items():
-            res = results[ch.parent]
-            res.outputs.append(CompletionOutput(
-                index=ch.index, text=ch.detok.text, token_ids=ch.token_ids,
-                cumulative_logprob=ch.cumulative, logprobs=ch.logprobs, finish_reason=ch.finish,
-                stop_reason=ch.stop_reason))
+                if out.request_id in pending and self._absorb(out.request_id, children[out.request_id], out,
+                                                              results):
+                    pending.discard(out.request_id)
+        for ch in children.values():
+            lps = None if ch.logprobs is None else offline_logprobs(self.tokenizer, ch.logprobs)
+            results[ch.parent].outputs.append(CompletionOutput(
+                index=ch.index, text="".join(ch.text), token_ids=ch.token_ids,
+                cumulative_logprob=None if ch.logprobs is None else sum((t.logprob for t in ch.logprobs), 0.0),
+                logprobs=lps, finish_reason=ch.output.finish_reason, stop_reason=ch.output.stop_reason))
         for res in results:
             res.outputs.sort(key=lambda c: c.index)
             res.finished = True
         return results
 
-    def _absorb(self, ch: _Child, out: EngineOutput, results: list[RequestOutput]) -> bool:
-        if out.error:
-            raise RuntimeError(out.error)
+    def _absorb(self, rid: str, ch: _Child, out: EngineOutput, results: list[RequestOutput]) -> bool:
+        """Fold one engine output into a child; True once it is finished."""
         if out.num_cached_tokens and ch.index == 0:
             results[ch.parent].num_cached_tokens = out.num_cached_tokens
-        new = out.new_token_ids
-        if new:
-            ch.token_ids.extend(new)
-            if ch.logprobs is not None and out.new_logprobs:
-                for tl in out.new_logprobs:
-                    d = {tid: Logprob(lp, rank=r + 1, decoded_token=self.tokenizer.decode([tid]))
-                         for r, (tid, lp) in enumerate(sorted(tl.top.items(), key=lambda kv: -kv[1]))}
-                    d[tl.token_id] = Logprob(tl.logprob, rank=tl.rank,
-                                             decoded_token=self.tokenizer.decode([tl.token_id]))
-                    ch.logprobs.append(d)
-                    ch.cumulative = (ch.cumulative or 0.0) + tl.logprob
-            upd = ch.detok.update(new)
-            stop_str = upd[1] if isinstance(upd, tuple) else getattr(upd, "stop_string", None)
-            if stop_str is not None:
-                # the stop string ends the request: drop the tokens B may still produce
-                self.engine.abort([out.request_id])
-                ch.finish, ch.stop_reason = "stop", stop_str
-                return True
-        if out.finish_reason is not None:
-            ch.detok.flush()
-            ch.finish = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length",
-                         FinishReason.ABORT: "abort", FinishReason.ERROR: "error"}[out.finish_reason]
-            ch.stop_reason = out.stop_reason
-            return True
-        return False
+        try:
+            delta, abort = ch.output.process(out)
+        except EngineRequestError as e:
+            raise RuntimeError(e.message) from None
+        if abort:
+            self.engine.abort([rid])
+        ch.token_ids.extend(delta.token_ids)
+        ch.text.append(delta.text)
+        if ch.logprobs is not None and delta.logprobs:
+            ch.logprobs.extend(delta.logprobs)
+        return ch.output.finished

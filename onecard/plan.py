@@ -20,11 +20,14 @@ Arithmetic (bytes; "A" = serving-dtype bytes, T = --max-num-batched-tokens, S = 
             + 0.75 GiB fixed: CUDA context, cuBLAS/Triton workspaces, CUDA graph pool, allocator slack.
   budget    total x --gpu-memory-utilization (as vLLM); KV = budget - weights - activations, or
             --kv-cache-memory-bytes when given; blocks = KV // (block_size x kv/token).
-  concurrency  sequences at once at --max-model-len and at a typical agent context (AGENT_CONTEXT_TOKENS,
-            capped at --max-model-len): KV blocks // blocks per sequence.
   fits      the weights and activations fit the budget and the KV cache holds at least one --max-model-len
             sequence (vLLM's start-up rule); otherwise ``reasons`` names the largest max_model_len and the
             largest max_num_seqs that would fit (or that the weights alone do not).
+  concurrency  sequences at once at --max-model-len and at a typical coding-agent context (AGENT_CONTEXT
+            tokens, or --max-model-len if shorter): KV blocks // blocks per sequence.
+  host tier  --kv-offloading-size GiB holds GiB // (block_size x kv/token) blocks of evicted prefixes
+            (config.host_tier_blocks, as the runner allocates it); this machine's available memory is reported
+            beside it (the plan may be for another machine, so it only warns).
 CLI: ``add_plan_arguments(parser)`` adds --gpu / --gpu-memory-gib / --json to a parser that already has the
 serve flags (the CLI passes ``onecard.cli.add_serve_arguments``); ``main_plan(argv)`` builds that parser
 itself, so every serve flag is accepted and those that do not change memory are ignored. Exit 0 = fits and
@@ -41,8 +44,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from onecard.checkpoint_meta import FLOAT_DTYPES, CheckpointMeta, read_checkpoint_meta
-from onecard.config import ConfigError, EngineArgs
-from onecard.hardware import decide, normalize_dtype, sm
+from onecard.config import ConfigError, EngineArgs, host_tier_blocks
+from onecard.hardware import decide, host_memory, normalize_dtype, sm
 from onecard.kv_dtype import bytes_per_token_hf
 from onecard.kv_dtype import resolve as resolve_kv_dtype
 
@@ -50,7 +53,7 @@ GIB = 2**30
 FIXED_OVERHEAD = int(0.75 * GIB)
 GROUPED_MOE_MIN_TOKENS = 256      # kernels/fused_moe/grouped.GROUPED_MIN_TOKENS (not imported: no torch here)
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
-AGENT_CONTEXT_TOKENS = 32768      # a coding agent's typical resent conversation (issue 23)
+AGENT_CONTEXT = 32768             # tokens of a typical coding-agent conversation (issue 23)
 
 
 @dataclass(slots=True)
@@ -99,6 +102,7 @@ class PlanSettings:
     block_size: int = 16
     kv_cache_memory_bytes: int | None = None
     enable_chunked_prefill: bool = True
+    kv_offloading_size: float | None = None
 
     @staticmethod
     def from_args(args: Any) -> PlanSettings:
@@ -134,8 +138,12 @@ class PlanReport:
     kv_capacity_tokens: int | None = None
     num_blocks: int | None = None
     max_concurrent_at_max_len: int | None = None
-    agent_context_tokens: int = AGENT_CONTEXT_TOKENS
+    agent_context: int | None = None                  # AGENT_CONTEXT, or --max-model-len if shorter
     max_concurrent_at_agent_context: int | None = None
+    kv_offloading_size_gib: float | None = None
+    host_tier_blocks: int = 0
+    host_tier_tokens: int = 0                          # cached prefix tokens the host tier holds
+    host_memory_available_gib: float | None = None     # on the machine running the plan
     fits: bool | None = None
     allowed: bool = True
     refusal: str | None = None
@@ -174,11 +182,19 @@ class PlanReport:
             (f"at --max-model-len {self.max_model_len}: "
             f"{'-' if self.max_concurrent_at_max_len is None else self.max_concurrent_at_max_len} sequence(s) at once "
             f"(--max-num-seqs {self.max_num_seqs})"),
-            (f"at a {self.agent_context_tokens:,}-token agent context: "
-            f"{'-' if self.max_concurrent_at_agent_context is None else self.max_concurrent_at_agent_context} "
-            "sequence(s) at once"),
-            f"verdict    {self.verdict()}",
         ]
+        if self.agent_context is not None and self.max_concurrent_at_agent_context is not None:
+            lines.append(f"at a {self.agent_context}-token agent context: {self.max_concurrent_at_agent_context} "
+                         "sequence(s) at once")
+        here = ("-" if self.host_memory_available_gib is None else f"{self.host_memory_available_gib:.1f} GiB")
+        if self.kv_offloading_size_gib:
+            lines.append(f"host tier  --kv-offloading-size {self.kv_offloading_size_gib:g} GiB = "
+                         f"{self.host_tier_tokens:,} cached prefix tokens ({self.host_tier_blocks:,} blocks); "
+                         f"this machine has {here} available")
+        else:
+            lines.append(f"host tier  off (--kv-offloading-size GiB); this machine has {here} of host memory "
+                         "available")
+        lines.append(f"verdict    {self.verdict()}")
         lines += [f"  - {r}" for r in self.reasons]
         return "\n".join(lines)
 
@@ -290,11 +306,25 @@ def plan_from_meta(meta: CheckpointMeta, settings: PlanSettings, total_memory: i
         kv_bytes_per_token=kv_tok, activation_bytes=a_total, activation_breakdown=a_parts, max_model_len=max_len,
         max_num_seqs=s.max_num_seqs, max_num_batched_tokens=tokens, block_size=s.block_size,
         allowed=refusal is None, refusal=refusal, backends=decision.backends, reasons=reasons)
+    _host_tier(r, s.kv_offloading_size)
     if total_memory is None:
         reasons.append("no card given and no GPU here: pass --gpu NAME or --gpu-memory-gib N for the KV capacity.")
         return r
     _fit(r, total_memory, max_pos, int(c.get("vocab_size", 0)), s.kv_cache_memory_bytes)
     return r
+
+
+def _host_tier(r: PlanReport, size_gib: float | None) -> None:
+    mem = host_memory()
+    r.host_memory_available_gib = None if mem is None else mem.available_gib
+    if not size_gib:
+        return
+    r.kv_offloading_size_gib = float(size_gib)
+    r.host_tier_blocks = host_tier_blocks(size_gib, r.block_size * r.kv_bytes_per_token)
+    r.host_tier_tokens = r.host_tier_blocks * r.block_size
+    if mem is not None and size_gib * GIB > mem.available_bytes:
+        r.reasons.append(f"note: --kv-offloading-size={size_gib:g} GiB is more than this machine's available "
+                         f"host memory ({mem.available_gib:.1f} GiB); the serving machine needs that much free.")
 
 
 def _fit(r: PlanReport, total_memory: int, max_pos: int, vocab: int, kv_override: int | None) -> None:
@@ -310,8 +340,8 @@ def _fit(r: PlanReport, total_memory: int, max_pos: int, vocab: int, kv_override
     r.num_blocks = kv // block_bytes
     r.kv_capacity_tokens = r.num_blocks * r.block_size
     r.max_concurrent_at_max_len = r.num_blocks // blocks_per_seq
-    r.agent_context_tokens = min(AGENT_CONTEXT_TOKENS, r.max_model_len)
-    r.max_concurrent_at_agent_context = r.num_blocks // math.ceil(r.agent_context_tokens / r.block_size)
+    r.agent_context = min(AGENT_CONTEXT, r.max_model_len)
+    r.max_concurrent_at_agent_context = r.num_blocks // math.ceil(r.agent_context / r.block_size)
     where = f"{r.gpu or 'the card'} ({total_memory / GIB:.2f} GiB x {r.gpu_memory_utilization} = {budget / GIB:.2f} GiB)"
     if r.weights_bytes + r.activation_bytes > budget:
         r.fits = False

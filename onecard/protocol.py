@@ -71,6 +71,11 @@ class EngineStats:
     prefix_cache_queries: int = 0                 # tokens looked up (cumulative)
     prefix_cache_hits: int = 0                    # tokens found (cumulative)
     num_preemptions: int = 0                      # cumulative
+    external_prefix_cache_queries: int = 0        # host KV tier: tokens looked up (cumulative)
+    external_prefix_cache_hits: int = 0           # host KV tier: tokens found there, not recomputed (cumulative)
+    kv_bytes_to_host: int = 0                     # host KV tier: bytes copied GPU -> host (cumulative)
+    kv_bytes_from_host: int = 0                   # host KV tier: bytes copied host -> GPU (cumulative)
+    host_kv_cache_usage: float = 0.0              # host KV tier: fraction of its slots in use, 0..1
 
 
 @dataclass(slots=True)
@@ -91,3 +96,4 @@ class EngineInfo:
     kv_bytes_per_token: int = 0                   # kv_dtype.bytes_per_token
     gpu_memory_utilization: float = 0.9
     enable_prefix_caching: bool = True
+    num_host_blocks: int = 0                      # host KV tier (--kv-offloading-size), 0 = off

@@ -45,7 +45,11 @@ class EngineCore:
         self.runner.initialize_kv_cache(num_blocks)
         if config.device == "cuda" and not config.enforce_eager and hasattr(self.runner, "capture_graphs"):
             self.runner.capture_graphs()
-        self.scheduler = Scheduler(config.scheduler, config.cache, num_blocks)
+        num_host_blocks = 0
+        if config.cache.kv_offloading_size and hasattr(self.runner, "initialize_host_tier"):
+            num_host_blocks = self.runner.initialize_host_tier()
+        self.scheduler = Scheduler(config.scheduler, config.cache, num_blocks, num_host_blocks=num_host_blocks,
+                                   kv_block_bytes=int(getattr(self.runner, "block_bytes", 0)))
         self.async_scheduling = config.scheduler.async_scheduling and hasattr(self.runner, "submit")
         self._in_flight = None                   # (SchedulerOutput, PendingOutput) submitted, not yet updated
         bs = config.cache.block_size
@@ -60,12 +64,15 @@ class EngineCore:
             device=config.device, load_seconds=time.perf_counter() - t0, kv_cache_dtype=kv_format,
             kv_bytes_per_token=kv_dtype.bytes_per_token(m.num_layers, m.num_kv_heads, m.head_dim, kv_format),
             gpu_memory_utilization=config.cache.gpu_memory_utilization,
-            enable_prefix_caching=config.cache.enable_prefix_caching)
+            enable_prefix_caching=config.cache.enable_prefix_caching, num_host_blocks=num_host_blocks)
         gc.collect()
         gc.freeze()  # start-up objects never die: keep them out of the collector's scans (tail latency)
         logger.info("engine ready: %d KV blocks (%d tokens, %s at %d B/token), %.2f GiB weights, %.1f s",
                     num_blocks, capacity, kv_format, self.info.kv_bytes_per_token, self.info.weights_bytes / 2**30,
                     self.info.load_seconds)
+        if num_host_blocks:
+            logger.info("host KV tier: %d blocks (%d prefix tokens) in %.2f GiB of host memory", num_host_blocks,
+                        num_host_blocks * bs, config.cache.kv_offloading_size)
 
     def add_request(self, er: EngineRequest) -> EngineOutput | None:
         sp = er.sampling_params

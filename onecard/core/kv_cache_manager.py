@@ -15,12 +15,21 @@ Contract:
 - ``free(request)`` drops one reference per block, in reverse order, so a request's tail is evicted first.
   Free blocks form an LRU queue (least recently freed at the head; uncached blocks go to the head at once);
   a free block keeps its hash until it is reused, so a later request can revive it.
+- Host tier (``num_host_blocks > 0``, prefix caching on): a cached block evicted for reuse is booked into the
+  host tier (core/host_tier.py) and a copy (gpu block, host slot) is queued; the lookup goes on past a GPU miss
+  into the host tier, and such a hit (``HostHit``) in ``new_computed_blocks`` gets a fresh block, registered in
+  the prefix cache at once, with a copy (gpu block, host slot) queued back. ``take_transfers()`` (once per
+  scheduled step) returns ``KVTransfers``: the copies to host, then from host, in that order (a block evicted
+  and refilled in one step is saved first), and ``wait``: whether any of their GPU blocks was freed since the
+  last ``take_transfers()``, so a step still in flight may use it and the copies must queue behind that step.
 """
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import dataclass, field
 
 from onecard.core.block_hash import HashFn, hash_block, update_block_hashes
+from onecard.core.host_tier import HostKVTier
 from onecard.core.request import Request
 
 
@@ -39,9 +48,32 @@ class KVBlock:
         return f"KVBlock(id={self.block_id}, ref={self.ref_cnt}, cached={self.block_hash is not None})"
 
 
+class HostHit:
+    """A block of a request's prefix found in the host tier (a GPU miss): loaded back at allocation."""
+
+    __slots__ = ("block_hash", "slot", "token_ids")
+
+    def __init__(self, slot: int, block_hash: int, token_ids: tuple[int, ...]) -> None:
+        self.slot = slot
+        self.block_hash = block_hash
+        self.token_ids = token_ids
+
+    def __repr__(self) -> str:
+        return f"HostHit(slot={self.slot})"
+
+
+@dataclass(slots=True)
+class KVTransfers:
+    """One step's copies between the GPU pool and the host tier, as (gpu block, host slot) pairs."""
+
+    to_host: list[tuple[int, int]] = field(default_factory=list)
+    from_host: list[tuple[int, int]] = field(default_factory=list)
+    wait: bool = False                   # a GPU block here may be used by the step in flight: queue behind it
+
+
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool,
-                 hash_fn: HashFn = hash_block) -> None:
+                 hash_fn: HashFn = hash_block, num_host_blocks: int = 0) -> None:
         if num_blocks < 2:
             raise ValueError(f"num_blocks={num_blocks}: the KV cache needs at least 2 blocks (block 0 is reserved).")
         if block_size < 1:
@@ -60,6 +92,14 @@ class KVCacheManager:
         self._req_num_cached: dict[str, int] = {}       # leading blocks already registered in the cache
         self.prefix_cache_queries = 0                   # tokens looked up at admission (cumulative)
         self.prefix_cache_hits = 0                      # tokens found (cumulative)
+        self.host: HostKVTier | None = (HostKVTier(num_host_blocks)
+                                        if num_host_blocks > 0 and enable_prefix_caching else None)
+        self._transfers = KVTransfers()
+        self._freed_since_take: set[int] = set()        # block ids freed since the last take_transfers()
+        self.host_queries = 0                           # tokens looked up with the host tier on (cumulative)
+        self.host_hits = 0                              # tokens found in the host tier (cumulative)
+        self.blocks_to_host = 0                         # blocks copied GPU -> host (cumulative)
+        self.blocks_from_host = 0                       # blocks copied host -> GPU (cumulative)
 
     # ------------------------------------------------------------------ queries
     @property
@@ -81,8 +121,9 @@ class KVCacheManager:
         return len(self._cached)
 
     # ------------------------------------------------------------------ prefix cache
-    def get_computed_blocks(self, request: Request) -> tuple[list[KVBlock], int]:
-        """Longest run of cached full blocks equal to the request's leading tokens (never all its tokens)."""
+    def get_computed_blocks(self, request: Request) -> tuple[list[KVBlock | HostHit], int]:
+        """Longest run of cached full blocks equal to the request's leading tokens (never all its tokens);
+        with a host tier each block is looked up on the GPU first, then on the host (``HostHit``)."""
         if not self.enable_prefix_caching:
             return [], 0
         bs = self.block_size
@@ -92,13 +133,20 @@ class KVCacheManager:
         hashes = update_block_hashes(request, bs, hash_fn=self.hash_fn)
         tokens = request.all_token_ids
         cached = self._cached
-        hits: list[KVBlock] = []
+        host = self.host
+        hits: list[KVBlock | HostHit] = []
         for i in range(max_blocks):
-            block = cached.get(hashes[i])
+            h = hashes[i]
+            block = cached.get(h)
+            toks = tuple(tokens[i * bs:(i + 1) * bs])
             # A hash hit is trusted only if the tokens match too (defence against collisions).
-            if block is None or block.token_ids != tuple(tokens[i * bs:(i + 1) * bs]):
+            if block is not None and block.token_ids == toks:
+                hits.append(block)
+                continue
+            slot = None if host is None or block is not None else host.lookup(h, toks)
+            if slot is None:
                 break
-            hits.append(block)
+            hits.append(HostHit(slot, h, toks))
         return hits, len(hits) * bs
 
     def reset_prefix_cache(self) -> bool:
@@ -109,11 +157,28 @@ class KVCacheManager:
             block.block_hash = None
             block.token_ids = None
         self._cached.clear()
+        if self.host is not None:
+            self.host.reset()
         return True
+
+    # ------------------------------------------------------------------ host tier
+    def take_transfers(self) -> KVTransfers:
+        """This step's copies (see the module docstring); the next step starts with none."""
+        t = self._transfers
+        if self.host is not None:
+            freed = self._freed_since_take
+            if freed:
+                t.wait = any(g in freed for g, _ in t.to_host) or any(g in freed for g, _ in t.from_host)
+                freed.clear()
+            self.host.unpin_all()
+            self.blocks_to_host += len(t.to_host)
+            self.blocks_from_host += len(t.from_host)
+            self._transfers = KVTransfers()
+        return t
 
     # ------------------------------------------------------------------ allocation
     def allocate_slots(self, request: Request, num_new_tokens: int,
-                       new_computed_blocks: list[KVBlock] | None = None) -> list[int] | None:
+                       new_computed_blocks: list[KVBlock | HostHit] | None = None) -> list[int] | None:
         rid = request.request_id
         ids = self._req_block_ids.get(rid)
         if ids is not None and not new_computed_blocks:
@@ -125,7 +190,8 @@ class KVCacheManager:
                 return ids[:]
         return self._allocate(request, num_new_tokens, new_computed_blocks or ())
 
-    def _allocate(self, request: Request, num_new_tokens: int, computed: list[KVBlock] | tuple) -> list[int] | None:
+    def _allocate(self, request: Request, num_new_tokens: int,
+                  computed: list[KVBlock | HostHit] | tuple) -> list[int] | None:
         rid = request.request_id
         bs = self.block_size
         blocks = self._req_blocks.get(rid)
@@ -133,8 +199,9 @@ class KVCacheManager:
         held = len(blocks) if blocks is not None else 0
         num_new_blocks = -(-num_total // bs) - held - len(computed)
         free = self._free
-        num_revived = sum(1 for b in computed if b.ref_cnt == 0)
-        if max(num_new_blocks, 0) + num_revived > len(free):
+        num_host = sum(1 for b in computed if type(b) is HostHit)
+        num_revived = sum(1 for b in computed if type(b) is KVBlock and b.ref_cnt == 0)
+        if max(num_new_blocks, 0) + num_revived + num_host > len(free):
             return None
 
         first = blocks is None
@@ -145,28 +212,66 @@ class KVCacheManager:
             self._req_num_cached[rid] = len(computed)
             if self.enable_prefix_caching:
                 self.prefix_cache_queries += request.num_tokens
-                self.prefix_cache_hits += len(computed) * bs
+                self.prefix_cache_hits += (len(computed) - num_host) * bs
+                if self.host is not None:
+                    self.host_queries += request.num_tokens
+                    self.host_hits += num_host * bs
         else:
             ids = self._req_block_ids[rid]
-        for block in computed:
-            if block.ref_cnt == 0:
-                del free[block.block_id]
-            block.ref_cnt += 1
-            blocks.append(block)
-            ids.append(block.block_id)
+        if num_host:
+            host = self.host
+            for b in computed:                         # before any eviction below can book a slot
+                if type(b) is HostHit:
+                    host.pin(b.slot)
+                    host.touch(b.block_hash)
+            # GPU hits leave the free queue first, so the fresh blocks below never evict one of them
+            for block in computed:
+                if type(block) is KVBlock:
+                    if block.ref_cnt == 0:
+                        del free[block.block_id]
+                    block.ref_cnt += 1
+            from_host = self._transfers.from_host
+            for b in computed:
+                if type(b) is HostHit:
+                    block = self._pop_free()
+                    block.block_hash = b.block_hash
+                    block.token_ids = b.token_ids
+                    self._cached[b.block_hash] = block
+                    from_host.append((block.block_id, b.slot))
+                else:
+                    block = b
+                blocks.append(block)
+                ids.append(block.block_id)
+        else:
+            for block in computed:
+                if block.ref_cnt == 0:
+                    del free[block.block_id]
+                block.ref_cnt += 1
+                blocks.append(block)
+                ids.append(block.block_id)
         for _ in range(num_new_blocks):
-            _, block = free.popitem(last=False)
-            if block.block_hash is not None:            # evict: the least recently freed cached block
-                if self._cached.get(block.block_hash) is block:
-                    del self._cached[block.block_hash]
-                block.block_hash = None
-                block.token_ids = None
-            block.ref_cnt = 1
+            block = self._pop_free()
             blocks.append(block)
             ids.append(block.block_id)
         if self.enable_prefix_caching and num_total // bs > self._req_num_cached[rid]:
             self._cache_full_blocks(request, blocks, num_total)
         return list(ids)
+
+    def _pop_free(self) -> KVBlock:
+        """The least recently freed block, evicted from the prefix cache (to the host tier, if any)."""
+        _, block = self._free.popitem(last=False)
+        h = block.block_hash
+        if h is not None:
+            if self._cached.get(h) is block:
+                del self._cached[h]
+                if self.host is not None:
+                    slot = self.host.store(h, block.token_ids)
+                    if slot is not None:
+                        self._transfers.to_host.append((block.block_id, slot))
+            block.block_hash = None
+            block.token_ids = None
+        block.ref_cnt = 1
+        return block
 
     def _cache_full_blocks(self, request: Request, blocks: list[KVBlock], num_total: int) -> None:
         bs = self.block_size
@@ -195,10 +300,13 @@ class KVCacheManager:
         if not blocks:
             return
         free = self._free
+        freed = self._freed_since_take if self.host is not None else None
         for block in reversed(blocks):
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
                 free[block.block_id] = block           # tail = most recently freed
+                if freed is not None:
+                    freed.add(block.block_id)
                 if block.block_hash is None:
                     # Nothing to revive: hand it out before any cached block, which keeps hits alive longer.
                     free.move_to_end(block.block_id, last=False)

@@ -4,6 +4,9 @@ Contract: the runner computes ``num_new_tokens`` tokens for each scheduled reque
 ``num_computed_tokens`` (its token ids are ``request.all_token_ids[start:start + n]``), writing their KV
 through ``block_ids``. It samples a next token only for requests where ``samples`` is True (the chunk
 reaches the end of the known tokens). Request objects are shared in-process (B owns both sides).
+With a host KV tier the step also carries copies as (gpu block, host slot) pairs: ``kv_to_host`` first, then
+``kv_from_host``, all done before attention reads any block of the step; with ``kv_transfer_wait`` they must
+also queue behind the step still in flight (one of their GPU blocks was freed since it was scheduled).
 """
 from __future__ import annotations
 
@@ -28,6 +31,9 @@ class SchedulerOutput:
     total_num_scheduled_tokens: int
     finished_request_ids: set[str] = field(default_factory=set)   # ended since last step: drop runner state
     preempted_request_ids: set[str] = field(default_factory=set)
+    kv_to_host: list[tuple[int, int]] = field(default_factory=list)     # (gpu block, host slot): evicted, saved
+    kv_from_host: list[tuple[int, int]] = field(default_factory=list)   # (gpu block, host slot): host hits
+    kv_transfer_wait: bool = False
 
     @property
     def is_empty(self) -> bool:

@@ -24,6 +24,10 @@ Contract:
   come in the next ``SchedulerOutput.finished_request_ids``; ``preempted_request_ids`` are this step's
   preemptions (never scheduled in the same step). Both mean: drop the runner's per-request state (a
   preempted request comes back later with entirely new block ids). Block 0 is never handed out.
+- Host KV tier (``num_host_blocks > 0``): admission looks a prefix up on the GPU, then in host memory; host hits
+  count as computed tokens (they are not recomputed) and each step's output carries the copies the runner makes
+  before attention (``SchedulerOutput.kv_to_host`` / ``kv_from_host``, core/kv_cache_manager.py). Blocks come
+  back only for requests admitted in that step. ``kv_block_bytes`` turns block counts into /metrics bytes.
 """
 from __future__ import annotations
 
@@ -46,12 +50,15 @@ _FINISHED = RequestStatus.FINISHED
 
 
 class Scheduler:
-    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, num_blocks: int) -> None:
+    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, num_blocks: int,
+                 num_host_blocks: int = 0, kv_block_bytes: int = 0) -> None:
         self.config = scheduler_config
         self.max_model_len = scheduler_config.max_model_len
         self.block_size = cache_config.block_size
+        self.kv_block_bytes = kv_block_bytes
         self.kv_cache_manager = KVCacheManager(num_blocks, cache_config.block_size,
-                                               cache_config.enable_prefix_caching)
+                                               cache_config.enable_prefix_caching,
+                                               num_host_blocks=num_host_blocks)
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []                 # sorted by arrival (admission sequence)
@@ -215,7 +222,11 @@ class Scheduler:
         finished, self._finished_ids = self._finished_ids, set()
         decodes.extend(prefills)
         total = sum(sr.num_new_tokens for sr in decodes)
-        return SchedulerOutput(decodes, total, finished, preempted)
+        out = SchedulerOutput(decodes, total, finished, preempted)
+        if kv.host is not None:
+            t = kv.take_transfers()
+            out.kv_to_host, out.kv_from_host, out.kv_transfer_wait = t.to_host, t.from_host, t.wait
+        return out
 
     def _admit_waiting(self, budget: int, decodes: list[ScheduledRequest],
                        prefills: list[ScheduledRequest]) -> None:
@@ -325,6 +336,12 @@ class Scheduler:
 
     def stats(self) -> EngineStats:
         kv = self.kv_cache_manager
+        host = kv.host
         return EngineStats(num_running=len(self.running), num_waiting=len(self.waiting),
                            kv_cache_usage=kv.usage, prefix_cache_queries=kv.prefix_cache_queries,
-                           prefix_cache_hits=kv.prefix_cache_hits, num_preemptions=self.num_preemptions)
+                           prefix_cache_hits=kv.prefix_cache_hits, num_preemptions=self.num_preemptions,
+                           external_prefix_cache_queries=kv.host_queries,
+                           external_prefix_cache_hits=kv.host_hits,
+                           kv_bytes_to_host=kv.blocks_to_host * self.kv_block_bytes,
+                           kv_bytes_from_host=kv.blocks_from_host * self.kv_block_bytes,
+                           host_kv_cache_usage=host.usage if host is not None else 0.0)

@@ -3,52 +3,35 @@
 Contract: ``AsyncEngine(core, tokenizer, model_config)``; ``await start()`` runs the core's start-up in a
 thread (``CoreClient.start`` + ``wait_ready``) and then one output-dispatch task that routes every
 ``EngineOutput`` to its request's queue. ``generate(request_id, prompt_token_ids, params)`` is an async
-iterator of ``GenerationDelta`` (new text, new token ids, logprobs, finish); it detokenizes incrementally,
-matches stop strings (on a match it aborts the engine request and finishes with ``"stop"``) and raises
+iterator of ``GenerationDelta`` (new text, new token ids, logprobs, finish); the output side (detokenizer,
+stop strings with ``min_tokens``, finish reasons) is ``output_processor.RequestOutputState``, the same one
+offline ``LLM`` uses; on a stop-string match the engine request is aborted. It raises
 ``EngineRequestError`` when the engine rejects the request. Leaving the iterator early (client gone,
 cancelled) aborts the engine request, which frees its KV blocks. ``generate_n`` fans ``n`` out into child
-requests ``f"{id}-{i}"`` (seed + i) and merges them as ``(index, delta)``.
+requests (``output_processor.fan_out``) and merges them as ``(index, delta)``.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from onecard.config import ModelConfig
 from onecard.frontend.core_client import CoreClient
-from onecard.protocol import EngineInfo, EngineOutput, EngineRequest, EngineStats, FinishReason, TokenLogprobs
+from onecard.frontend.output_processor import (EngineRequestError, GenerationDelta, RequestOutputState, fan_out,
+                                               merge_streams)
+from onecard.protocol import EngineInfo, EngineOutput, EngineRequest, EngineStats
 from onecard.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
 
-class EngineRequestError(Exception):
-    """The engine rejected or failed a request; ``status`` is the HTTP status it maps to."""
-
-    def __init__(self, message: str, status: int = 400):
-        super().__init__(message)
-        self.message = message
-        self.status = status
-
-
 class EngineDeadError(RuntimeError):
     """The engine core stopped (start-up failed or the output loop died)."""
-
-
-@dataclass(slots=True)
-class GenerationDelta:
-    text: str
-    token_ids: list[int]
-    logprobs: list[TokenLogprobs] | None
-    finish_reason: str | None            # "stop" | "length" | "abort" | None while running
-    stop_reason: int | str | None
-    num_prompt_tokens: int
-    num_cached_tokens: int
-    num_output_tokens: int               # cumulative for the request
 
 
 class MetricsSink(Protocol):
@@ -57,18 +40,9 @@ class MetricsSink(Protocol):
                   e2e_seconds: float) -> None: ...
 
 
-def _make_detokenizer(tokenizer, prompt_ids: list[int], params: SamplingParams):
-    from onecard.frontend.detokenizer import IncrementalDetokenizer
-
-    return IncrementalDetokenizer(tokenizer, prompt_ids, params.skip_special_tokens,
-                                  params.spaces_between_special_tokens, list(params.stop or []),
-                                  params.include_stop_str_in_output, min_tokens=params.min_tokens)
-
-
 @dataclass(slots=True)
 class _Tracked:
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
-    finished: bool = False
 
 
 class AsyncEngine:
@@ -146,12 +120,11 @@ class AsyncEngine:
             raise EngineDeadError(self.error or "the engine is not ready")
         if request_id in self._requests:
             raise EngineRequestError(f"request id {request_id!r} is already in use.", 400)
-        detok = _make_detokenizer(self.tokenizer, prompt_ids, params)
+        output = RequestOutputState(self.tokenizer, prompt_ids, params)
         tracked = _Tracked()
         self._requests[request_id] = tracked
         start = time.perf_counter()
         first_token_at: float | None = None
-        num_out = 0
         self.core.add_request(self._engine_request(request_id, prompt_ids, params))
         try:
             while True:
@@ -159,100 +132,46 @@ class AsyncEngine:
                 if isinstance(item, Exception):
                     raise EngineDeadError(str(item))
                 out: EngineOutput = item
-                if out.finish_reason == FinishReason.ERROR:
-                    tracked.finished = True
-                    raise EngineRequestError(out.error or "the engine rejected the request", out.error_status)
                 if out.new_token_ids and first_token_at is None:
                     first_token_at = time.perf_counter()
                     if self.metrics:
                         self.metrics.on_first_token(first_token_at - start)
-                num_out += len(out.new_token_ids)
-                text, stop_str = detok.update(out.new_token_ids) if out.new_token_ids else ("", None)
-                finish: str | None = None
-                stop_reason: int | str | None = None
-                if stop_str is not None:
-                    finish, stop_reason = FinishReason.STOP.value, stop_str
-                    if not out.finished:
-                        self.core.abort([request_id])
-                elif out.finished:
-                    finish, stop_reason = out.finish_reason.value, out.stop_reason
-                if finish is not None:
-                    if stop_str is None:
-                        text += detok.flush() or ""
-                    tracked.finished = True
-                    if self.metrics:
-                        self.metrics.on_finish(prompt_tokens=out.num_prompt_tokens or len(prompt_ids),
-                                               output_tokens=num_out, finish_reason=finish,
-                                               e2e_seconds=time.perf_counter() - start)
-                yield GenerationDelta(text=text, token_ids=list(out.new_token_ids), logprobs=out.new_logprobs,
-                                      finish_reason=finish, stop_reason=stop_reason,
-                                      num_prompt_tokens=out.num_prompt_tokens or len(prompt_ids),
-                                      num_cached_tokens=out.num_cached_tokens, num_output_tokens=num_out)
-                if finish is not None:
+                delta, abort = output.process(out)     # raises EngineRequestError on a rejection
+                if abort:
+                    self.core.abort([request_id])
+                if delta.finish_reason is not None and self.metrics:
+                    self.metrics.on_finish(prompt_tokens=delta.num_prompt_tokens,
+                                           output_tokens=delta.num_output_tokens,
+                                           finish_reason=delta.finish_reason,
+                                           e2e_seconds=time.perf_counter() - start)
+                yield delta
+                if delta.finish_reason is not None:
                     return
         finally:
-            if not tracked.finished:
+            if not output.finished:
                 self.core.abort([request_id])
                 if self.metrics:
-                    self.metrics.on_finish(prompt_tokens=len(prompt_ids), output_tokens=num_out,
+                    self.metrics.on_finish(prompt_tokens=len(prompt_ids), output_tokens=output.num_output_tokens,
                                            finish_reason="abort", e2e_seconds=time.perf_counter() - start)
             self._requests.pop(request_id, None)
 
     async def generate_n(self, request_id: str, prompt_ids: list[int],
                          params: SamplingParams) -> AsyncIterator[tuple[int, GenerationDelta]]:
         """``params.n`` children merged in arrival order; any child's error ends the whole stream."""
-        n = params.n
-        if n == 1:
+        children = fan_out(request_id, params)
+        if len(children) == 1:
             async for d in self.generate(request_id, prompt_ids, params):
                 yield 0, d
             return
-        merged: asyncio.Queue = asyncio.Queue()
-        done = object()
 
-        async def pump(i: int, child: SamplingParams) -> None:
-            try:
-                async for d in self.generate(f"{request_id}-{i}", prompt_ids, child):
-                    await merged.put((i, d))
-            except Exception as e:  # noqa: BLE001 - forwarded to the consumer
-                await merged.put((i, e))
-            finally:
-                await merged.put((i, done))
+        async def indexed(i: int, rid: str, child: SamplingParams) -> AsyncIterator[tuple[int, GenerationDelta]]:
+            async for d in self.generate(rid, prompt_ids, child):
+                yield i, d
 
-        tasks = []
-        for i in range(n):
-            seed = None if params.seed is None else params.seed + i
-            tasks.append(asyncio.create_task(pump(i, params.clone(n=1, seed=seed))))
-        remaining = n
-        try:
-            while remaining:
-                i, item = await merged.get()
-                if item is done:
-                    remaining -= 1
-                elif isinstance(item, Exception):
-                    raise item
-                else:
-                    yield i, item
-        finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        # aclosing: a consumer that leaves early cancels every child now (their aborts free KV blocks)
+        async with contextlib.aclosing(merge_streams([indexed(i, rid, c) for i, rid, c in children])) as merged:
+            async for item in merged:
+                yield item
 
 
-def decode_token(tokenizer, token_id: int) -> str:
-    """The text of one token as logprobs show it (vLLM: the token decoded alone)."""
-    return tokenizer.decode([token_id])
-
-
-def logprob_entries(tokenizer, logprobs: list[TokenLogprobs], top_n: int) -> list[dict[str, Any]]:
-    """OpenAI chat ``logprobs.content`` entries for generated tokens."""
-    out = []
-    for lp in logprobs:
-        tok = decode_token(tokenizer, lp.token_id)
-        top = sorted(lp.top.items(), key=lambda kv: -kv[1])[:top_n]
-        out.append({
-            "token": tok, "logprob": max(lp.logprob, -9999.0), "bytes": list(tok.encode("utf-8", "replace")),
-            "top_logprobs": [
-                {"token": (t := decode_token(tokenizer, tid)), "logprob": max(v, -9999.0),
-                 "bytes": list(t.encode("utf-8", "replace"))} for tid, v in top],
-        })
-    return out
+__all__ = ["AsyncEngine", "EngineDeadError", "EngineRequestError", "GenerationDelta", "MetricsSink"]

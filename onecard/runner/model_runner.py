@@ -13,6 +13,9 @@ when it ``samples``, and returns without waiting for the GPU; ``PendingOutput.re
 sync (its sampled ids). ``execute(sched)`` is ``submit(sched).result()``. A step may be submitted while the
 previous one is in flight (async scheduling): a request's token that the previous step samples is read from
 that step's sampled ids on the device (input ids, and the output counts of penalties).
+``initialize_host_tier()`` (with ``--kv-offloading-size``) allocates the host KV tier's memory after the KV cache
+and returns its size in blocks (refused when the machine has less memory available); each step then first makes
+the copies its SchedulerOutput lists (runner/kv_offload.py), before its forward.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ import numpy as np
 import torch
 
 from onecard import kv_dtype
-from onecard.config import ConfigError, EngineConfig
+from onecard.config import ConfigError, EngineConfig, host_tier_blocks
 from onecard.core.outputs import RunnerOutput, SchedulerOutput
 from onecard.kernels import dispatch
 from onecard.runner.attn_metadata import AttentionMetadata
@@ -86,6 +89,7 @@ class ModelRunner:
         self.vocab_size = int(config.model.hf_config["vocab_size"])
         self.graphs = None  # CUDAGraphRunner, set by capture_graphs()
         self.precompile_summary: dict | None = None
+        self.host_pool = None  # HostKVPool, set by initialize_host_tier()
 
     def _check_kv_scales(self) -> None:
         """fp8_e4m3 needs scales to use its range; vLLM warns and uses 1.0 where the checkpoint has none."""
@@ -199,6 +203,24 @@ class ModelRunner:
     def kv_cache_bytes(self) -> int:
         return self.num_blocks * self.block_bytes
 
+    def initialize_host_tier(self) -> int:
+        """Allocate the host KV tier (``--kv-offloading-size`` GiB, after ``initialize_kv_cache``); its blocks."""
+        from onecard.hardware import host_memory, host_tier_refusal
+        from onecard.runner.kv_offload import HostKVPool
+
+        size = self.config.cache.kv_offloading_size
+        if not size:
+            return 0
+        num_slots = host_tier_blocks(size, self.block_bytes)
+        if num_slots < 1:
+            raise ConfigError(f"--kv-offloading-size={size} GiB holds no KV block ({self.block_bytes} bytes "
+                              "each); give it more.")
+        why = host_tier_refusal(num_slots * self.block_bytes, host_memory())
+        if why is not None:
+            raise ConfigError(why)
+        self.host_pool = HostKVPool(self.kv_caches, num_slots, self.device)
+        return num_slots
+
     # ------------------------------------------------------------------ one step
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:
         return self.submit(sched, async_copy=False).result()
@@ -210,6 +232,8 @@ class ModelRunner:
             self.block_tables.pop(rid, None)
         for rid in sched.preempted_request_ids:
             self.block_tables.pop(rid, None)
+        if self.host_pool is not None:
+            self.host_pool.transfer(sched.kv_to_host, sched.kv_from_host, sched.kv_transfer_wait)
         if sched.is_empty:
             return PendingOutput.ready(RunnerOutput(sampled_token_ids={}))
         inputs = build_inputs(sched, self.block_size, self.block_tables, self._last_rows)

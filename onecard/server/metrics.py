@@ -2,8 +2,10 @@
 
 Contract: ``ServerMetrics(model_name, stats_fn)`` owns its own ``CollectorRegistry`` (several servers can
 live in one test process). Request-level series are observed by the AsyncEngine through ``on_first_token``
-/ ``on_finish``; engine-level ones (running, waiting, KV usage, prefix-cache queries/hits, preemptions)
-are read from ``stats_fn()`` (the latest ``EngineStats``) at scrape time; once the engine is up, ``info_fn()``
+/ ``on_finish``; engine-level ones (running, waiting, KV usage, prefix-cache queries/hits, preemptions, and the
+host KV tier's lookups/hits as vLLM's "external" prefix cache, its bytes copied each way as vLLM's offload
+``kv_offload_total_bytes{transfer_type}`` and its usage as ``cpu_cache_usage_perc``) are read from ``stats_fn()``
+(the latest ``EngineStats``) at scrape time; once the engine is up, ``info_fn()``
 (its ``EngineInfo``) adds vLLM's ``vllm:cache_config_info`` (labels: block_size, cache_dtype, num_gpu_blocks,
 ...) and ``onecard:kv_cache_capacity_tokens`` / ``onecard:kv_cache_bytes_per_token`` (the KV pool in tokens). ``render()`` returns the text
 exposition and its content type. Every series carries ``model_name`` (the first served name) and
@@ -57,6 +59,19 @@ class _EngineStatsCollector(Collector):
                       s.prefix_cache_hits)
         yield counter("vllm:num_preemptions", "Cumulative number of preemptions from the engine.",
                       s.num_preemptions)
+        yield counter("vllm:external_prefix_cache_queries",
+                      "External (host KV tier) prefix cache queries, in terms of number of queried tokens.",
+                      s.external_prefix_cache_queries)
+        yield counter("vllm:external_prefix_cache_hits",
+                      "External (host KV tier) prefix cache hits, in terms of number of cached tokens.",
+                      s.external_prefix_cache_hits)
+        offload = CounterMetricFamily("vllm:kv_offload_total_bytes", "Bytes of KV cache copied to/from the host tier.",
+                                      labels=names + ["transfer_type"])
+        offload.add_metric(values + ["GPU_to_CPU"], s.kv_bytes_to_host)
+        offload.add_metric(values + ["CPU_to_GPU"], s.kv_bytes_from_host)
+        yield offload
+        yield gauge("vllm:cpu_cache_usage_perc", "Host KV tier usage. 1 means 100 percent usage.",
+                    s.host_kv_cache_usage)
         info = self.info_fn() if self.info_fn is not None else None
         if info is not None:
             yield from self._cache_info(info, gauge)

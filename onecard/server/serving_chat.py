@@ -14,13 +14,12 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from onecard.frontend.async_engine import logprob_entries
 from onecard.frontend.tokenizer import ChatTemplateError, encode_prompt, render_chat
 from onecard.parsers import prompt_opens_think
 from onecard.server.chat_parsing import ChoiceParser, tool_prefill
 from onecard.server.errors import BadRequest
 from onecard.server.openai_types import ChatCompletionRequest, NamedToolChoice, now, random_id
-from onecard.server.streaming import DONE, sse, sse_response, start_stream, usage
+from onecard.server.streaming import DONE, logprob_entries, sse, sse_response, start_stream, usage
 
 __all__ = ["ChatCompletionRequest", "create_chat_completion"]
 

@@ -13,9 +13,10 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from onecard.frontend.output_processor import merge_streams
 from onecard.server.errors import BadRequest
 from onecard.server.openai_types import CompletionRequest, now, random_id
-from onecard.server.streaming import DONE, CompletionLogprobs, merge, sse, sse_response, start_stream, usage
+from onecard.server.streaming import DONE, CompletionLogprobs, sse, sse_response, start_stream, usage
 
 __all__ = ["CompletionRequest", "create_completion"]
 
@@ -41,7 +42,7 @@ async def create_completion(state, body: CompletionRequest, request: Request) ->
     created = now()
     streams = [_indexed(state.engine.generate_n(f"{rid}-{pi}" if len(prompts) > 1 else rid, ids, params), pi * n)
                for pi, ids in enumerate(prompts)]
-    merged = merge(streams)
+    merged = merge_streams(streams)
     top_n = params.logprobs
 
     if body.stream:

@@ -1,21 +1,20 @@
-"""Helpers shared by the chat and completion routes: SSE framing, merging streams, usage, logprobs.
+"""Helpers shared by the HTTP routes: SSE framing, usage, logprob shaping.
 
-Contract: ``sse(obj)`` frames one server-sent event; ``merge(streams)`` interleaves async iterators of
-``(index, GenerationDelta)`` (the first error ends all); ``start_stream(agen)`` awaits the first item
-before any byte is sent, so an engine rejection (prompt too long, queue full) still becomes a proper error
-status; ``sse_response(events)`` wraps an async iterator of SSE strings, closing the source when the client
-goes away (which aborts the engine requests).
+Contract: ``sse(obj)`` frames one server-sent event; ``logprob_entries`` / ``CompletionLogprobs`` shape
+logprobs for chat and completions; ``start_stream(agen)`` awaits the first item before any byte is sent,
+so an engine rejection (prompt too long, queue full) still becomes a proper error status;
+``sse_response(events)`` wraps an async iterator of SSE strings, closing the source when the client goes away
+(which aborts the engine requests).
 """
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi.responses import StreamingResponse
 
-from onecard.frontend.async_engine import GenerationDelta, decode_token
+from onecard.frontend.output_processor import decode_token
 from onecard.protocol import TokenLogprobs
 from onecard.server.errors import error_body, to_api_error
 
@@ -24,40 +23,6 @@ DONE = "data: [DONE]\n\n"
 
 def sse(obj: dict[str, Any]) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
-
-
-async def merge(streams: list[AsyncIterator[tuple[int, GenerationDelta]]]) -> AsyncIterator[tuple[int, GenerationDelta]]:
-    if len(streams) == 1:
-        async for item in streams[0]:
-            yield item
-        return
-    q: asyncio.Queue = asyncio.Queue()
-    done = object()
-
-    async def pump(s: AsyncIterator) -> None:
-        try:
-            async for item in s:
-                await q.put(item)
-        except Exception as e:  # noqa: BLE001 - forwarded
-            await q.put(e)
-        finally:
-            await q.put(done)
-
-    tasks = [asyncio.create_task(pump(s)) for s in streams]
-    left = len(tasks)
-    try:
-        while left:
-            item = await q.get()
-            if item is done:
-                left -= 1
-            elif isinstance(item, Exception):
-                raise item
-            else:
-                yield item
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def start_stream(agen: AsyncIterator) -> AsyncIterator:
@@ -127,3 +92,18 @@ class CompletionLogprobs:
         for k, v in part.items():
             self.data[k].extend(v)
         return part
+
+
+def logprob_entries(tokenizer, logprobs: list[TokenLogprobs], top_n: int) -> list[dict[str, Any]]:
+    """OpenAI chat ``logprobs.content`` entries for generated tokens."""
+    out = []
+    for lp in logprobs:
+        tok = decode_token(tokenizer, lp.token_id)
+        top = sorted(lp.top.items(), key=lambda kv: -kv[1])[:top_n]
+        out.append({
+            "token": tok, "logprob": max(lp.logprob, -9999.0), "bytes": list(tok.encode("utf-8", "replace")),
+            "top_logprobs": [
+                {"token": (t := decode_token(tokenizer, tid)), "logprob": max(v, -9999.0),
+                 "bytes": list(t.encode("utf-8", "replace"))} for tid, v in top],
+        })
+    return out

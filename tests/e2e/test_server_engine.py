@@ -120,3 +120,50 @@ def test_metrics_and_kv_back_to_zero(server, client):
     assert metric(server.url, "vllm:kv_cache_usage_perc") == 0.0
     assert metric(server.url, "vllm:prefix_cache_queries_total") > 0
     assert httpx.get(server.url + "/health").status_code == 200
+
+
+def _parity_cases(llm, prompt):
+    """Requests for the LLM-vs-server parity test: greedy with logprobs; a stop string the output reaches at
+    its second token, without and with ``min_tokens`` (which must let it run past); n=2 seeded sampling."""
+    tok = llm.get_tokenizer()
+    base = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))[0].outputs[0]
+    first = tok.decode(base.token_ids[:1])
+    stop = tok.decode(base.token_ids[:2])[len(first):]
+    assert stop.strip(), "the second token must print something for the stop case to mean anything"
+    return base, stop, [
+        dict(temperature=0, max_tokens=10, logprobs=2),
+        dict(temperature=0, max_tokens=16, ignore_eos=True, stop=[stop]),
+        dict(temperature=0, max_tokens=16, ignore_eos=True, stop=[stop], min_tokens=4, logprobs=1),
+        dict(temperature=0.8, seed=7, n=2, max_tokens=8, ignore_eos=True, logprobs=1),
+    ]
+
+
+def test_llm_and_server_give_identical_outputs(client, llm):
+    """One output processor (issue 26): text, finish reason, stop reason and logprob strings/values agree."""
+    prompt = "def parse(data):\n"
+    base, stop, cases = _parity_cases(llm, prompt)
+    results = {}
+    for kw in cases:
+        ref = llm.generate(prompt, SamplingParams(**kw))[0].outputs
+        extra = {k: kw[k] for k in ("ignore_eos", "min_tokens") if k in kw}
+        std = {k: v for k, v in kw.items() if k not in extra}
+        r = client.completions.create(model="coder", prompt=prompt, extra_body=extra, **std)
+        assert len(r.choices) == len(ref)
+        for choice, out in zip(sorted(r.choices, key=lambda c: c.index), ref):
+            assert choice.text == out.text
+            assert choice.finish_reason == out.finish_reason
+            assert choice.model_extra["stop_reason"] == out.stop_reason
+            if kw.get("logprobs"):
+                lp = choice.logprobs
+                assert lp.tokens == [d[t].decoded_token for d, t in zip(out.logprobs, out.token_ids)]
+                assert lp.token_logprobs == pytest.approx(
+                    [d[t].logprob for d, t in zip(out.logprobs, out.token_ids)], abs=1e-4)
+                for top, d in zip(lp.top_logprobs, out.logprobs):
+                    ref_top = {v.decoded_token: v.logprob for v in d.values() if v.rank <= kw["logprobs"]}
+                    assert top == pytest.approx(ref_top, abs=1e-4)
+        results[len(results)] = ref[0]
+    # the stop cases mean something: without min_tokens the stop ends the text at once, with it the output
+    # runs past the first match
+    assert results[1].finish_reason == "stop" and results[1].stop_reason == stop
+    assert results[1].text == base.text[:base.text.index(stop)]
+    assert len(results[2].token_ids) > 4 and results[2].text.startswith(base.text[:base.text.index(stop) + 1])

@@ -71,6 +71,8 @@ def test_model_positional_and_flag_must_agree():
     ("--enable-auto-tool-choice", "--enable-auto-tool-choice requires --tool-call-parser"),
     ("--block-size=7", "--block-size=7"),
     ("--gpu-memory-utilization=1.5", "--gpu-memory-utilization=1.5"),
+    ("--kv-offloading-size=0", "--kv-offloading-size=0"),
+    ("--kv-offloading-backend=lmcache", "--kv-offloading-backend=lmcache"),
 ])
 def test_bad_values_fail_at_start_naming_the_flag(tiny_tokenizer_dir, tiny_moe_gptq_dir, flag, named, capsys):
     rc = cli.main(["serve", str(tiny_moe_gptq_dir), "--device=cpu", flag])
@@ -88,3 +90,12 @@ def test_help_is_grouped(capsys):
     assert "--served-model-name" in out and "--tool-call-parser" in out
     assert cli.main([]) == 2 and cli.main(["--help"]) == 0
     assert cli.main(["frobnicate"]) == 2
+
+
+def test_kv_offloading_flags_parse():
+    """vLLM's --kv-offloading-size (GiB, float) and the issue's --kv-offload-gib spelling; off by default."""
+    parse = cli.build_serve_parser().parse_args
+    assert cli.engine_args_from_namespace(parse([])).kv_offloading_size is None
+    for argv in (["--kv-offloading-size", "2.5"], ["--kv-offload-gib=2.5"]):
+        ea = cli.engine_args_from_namespace(parse(argv + ["--kv-offloading-backend", "native"]))
+        assert (ea.kv_offloading_size, ea.kv_offloading_backend) == (2.5, "native")

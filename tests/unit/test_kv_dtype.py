@@ -12,7 +12,7 @@ import pytest
 
 from onecard import kv_dtype
 from onecard.config import ConfigError, EngineArgs
-from onecard.plan import AGENT_CONTEXT_TOKENS, PlanSettings, find_gpu, plan_from_meta
+from onecard.plan import AGENT_CONTEXT, PlanSettings, find_gpu, plan_from_meta
 from tests.unit._sparse_ckpt import qwen3_coder_30b
 
 CODER = {"num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
@@ -73,11 +73,11 @@ def test_plan_v100_fp8_e5m2_twice_the_tokens(coder_meta):
     assert fp8.kv_capacity_bytes == fp16.kv_capacity_bytes
     assert fp8.kv_capacity_tokens in (2 * fp16.kv_capacity_tokens, 2 * fp16.kv_capacity_tokens + 16)
     assert fp8.max_concurrent_at_max_len >= 2 * fp16.max_concurrent_at_max_len
-    blocks_32k = math.ceil(AGENT_CONTEXT_TOKENS / 16)
-    assert fp8.agent_context_tokens == AGENT_CONTEXT_TOKENS
+    blocks_32k = math.ceil(AGENT_CONTEXT / 16)
+    assert fp8.agent_context == AGENT_CONTEXT
     assert fp8.max_concurrent_at_agent_context == fp8.num_blocks // blocks_32k
     assert fp8.max_concurrent_at_agent_context >= 2 * fp16.max_concurrent_at_agent_context >= 2
-    assert f"{AGENT_CONTEXT_TOKENS:,}-token agent context: {fp8.max_concurrent_at_agent_context}" in fp8.render()
+    assert f"{AGENT_CONTEXT}-token agent context: {fp8.max_concurrent_at_agent_context}" in fp8.render()
 
 
 def test_plan_e4m3_by_card(coder_meta):

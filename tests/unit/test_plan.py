@@ -217,3 +217,26 @@ def test_plan_reads_no_tensor_data(coder_bf16, tmp_path):
     t0 = time.perf_counter()
     plan(str(coder_bf16), None, gpu_name="H200")
     assert time.perf_counter() - t0 < 5
+
+
+def test_plan_reports_agent_concurrency_and_the_host_tier(capsys, coder_gptq):
+    """Issue 23's plan line: tokens on the GPU, sequences at max-model-len and at a 32k agent context, and the
+    cached prefix tokens a --kv-offloading-size tier holds (whatever the KV dtype's bytes per token are)."""
+    args = [coder_gptq, *V100, "--max-model-len", 65536, "--max-num-seqs", 16]
+    code, off = run_plan(capsys, *args)
+    assert code == 0 and off["host_tier_tokens"] == 0 and off["kv_offloading_size_gib"] is None
+    assert off["agent_context"] == 32768
+    assert off["max_concurrent_at_agent_context"] == off["num_blocks"] // (32768 // 16) >= 1
+    assert off["max_concurrent_at_agent_context"] >= off["max_concurrent_at_max_len"]
+    for flag in ("--kv-offloading-size", "--kv-offload-gib"):
+        _, on = run_plan(capsys, *args, flag, 64)
+        block = 16 * on["kv_bytes_per_token"]
+        assert on["host_tier_blocks"] == 64 * 2**30 // block and on["host_tier_tokens"] == 16 * on["host_tier_blocks"]
+        assert on["kv_capacity_tokens"] == off["kv_capacity_tokens"]            # the GPU side is unchanged
+        assert on["host_memory_available_gib"] is not None
+    code = main_plan([str(coder_gptq), *V100, "--max-model-len", "65536", "--kv-offloading-size", "64"])
+    text = capsys.readouterr().out
+    assert code == 0 and "32768-token agent context" in text and "cached prefix tokens" in text
+    # with the 8-bit KV dtype the same line reports what the plan's bytes per token give (refused until it lands)
+    _, fp8 = run_plan(capsys, *args, "--kv-cache-dtype", "fp8_e5m2", "--kv-offloading-size", 64)
+    assert fp8["host_tier_tokens"] == 16 * (64 * 2**30 // (16 * fp8["kv_bytes_per_token"]))

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -35,6 +36,15 @@ def test_main_probe_json_parses(capsys):
     assert d["mode"] == "cpu" and d["ok"] is True and d["failed_step"] is None
     assert d["torch_version"] == torch.__version__ and d["triton_version"]
     assert isinstance(d["steps"], list) and d["verdict"]
+
+
+def test_probe_reports_host_memory_for_the_host_tier():
+    """Total RAM as the kernel's sysinfo counts it (sysconf), available at most that; the text names the flag."""
+    r = probe()
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert abs(r.host_memory_total_gib * 2**30 - total) < 2**20
+    assert 0 < r.host_memory_available_gib <= r.host_memory_total_gib
+    assert "--kv-offloading-size" in r.render()
 
 
 @pytest.mark.gpu

@@ -142,8 +142,8 @@ def cases(quick: bool):
             q = torch.randn(b, HQ, D, device=DEV, dtype=torch.float16)
             s = 1 / math.sqrt(D)
             yield (f"paged_attn decode B={b} ctx={ctx} kv={name}",
-                   lambda q=q, k8=k8, v8=v8, md=md, ks=ks, vs=vs: at_t.paged_attention(q, k8, v8, md, s, ks, vs),
-                   lambda q=q, kd=kd, vd=vd, md=md: at_r.paged_attention(q, kd, vd, md, s), b * ctx * HKV * D * 2)
+                   lambda q=q, k8=k8, v8=v8, md=md, ks=ks, vs=vs, s=s: at_t.paged_attention(q, k8, v8, md, s, ks, vs),
+                   lambda q=q, kd=kd, vd=vd, md=md, s=s: at_r.paged_attention(q, kd, vd, md, s), b * ctx * HKV * D * 2)
     kc, vc, md, _, _ = make_paged_batch([2048, 1024], [512, 1024], HKV, D, 16, dtype=torch.float16)
     kc, vc = kc.to(DEV), vc.to(DEV)
     md = type(md)(md.slot_mapping.to(DEV), md.query_start_loc.to(DEV), md.seq_lens.to(DEV),

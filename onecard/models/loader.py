@@ -251,7 +251,7 @@ class _Loader:
             # per-layer (a per-head vector is reduced to its max: no head overflows); used by fp8 KV caches
             which = sm.group(1) or sm.group(2)
             value = float(t.float().max())
-            if not value > 0 or value != value:
+            if not 0 < value < float("inf"):                              # also refuses NaN
                 raise LoadError(f"tensor {key} = {value}: a KV-cache scale must be positive and finite.")
             for kv in ("k", "v") if which == "kv" else (which,):
                 setattr(layer.self_attn, f"{kv}_scale", value)

@@ -16,7 +16,8 @@ from onecard.frontend.core_client import make_core_client
 from onecard.server.launch import make_state, settings_from
 from tests.e2e.harness import metric, start_server
 
-ARGS = dict(served_model_name=["coder"], max_model_len=256, device="cpu", seed=0, kv_cache_memory_bytes=4 << 20)
+ARGS = {"served_model_name": ["coder"], "max_model_len": 256, "device": "cpu", "seed": 0,
+        "kv_cache_memory_bytes": 4 << 20}
 
 
 def _server(path, kv: str):

@@ -62,7 +62,7 @@ def coder_meta(tmp_path_factory):
 
 def _plan(meta, gpu: str, kv: str):
     spec = find_gpu(gpu)
-    flags = dict(max_model_len=65536, max_num_seqs=16, max_num_batched_tokens=8192, kv_cache_dtype=kv)
+    flags = {"max_model_len": 65536, "max_num_seqs": 16, "max_num_batched_tokens": 8192, "kv_cache_dtype": kv}
     return plan_from_meta(meta, PlanSettings(**flags), int(spec.memory_gib * 2**30), spec.cc, spec.name)
 
 

@@ -96,7 +96,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     g.add_argument("--enable-chunked-prefill", action=bool_opt, default=True,
                    help="split long prompts across steps (default on)")
     g.add_argument("--max-num-queued-reqs", type=int, default=None,
-                   help="waiting requests beyond which new ones get 503 (default unbounded)")
+                   help="waiting requests beyond which new ones get 503 + Retry-After at once (default: "
+                        "4 x --max-num-seqs, at least 64)")
     g.add_argument("--async-scheduling", action=bool_opt, default=False,
                    help="schedule the next step while the GPU runs this one (hides host time; default off)")
 
@@ -116,10 +117,21 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                    choices=["debug", "info", "warning", "error", "critical", "trace"])
     g.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="seconds to let in-flight requests finish on SIGTERM")
-    g.add_argument("--disable-log-requests", action="store_true", help="accepted for compatibility")
+    g.add_argument("--disable-log-requests", action="store_true",
+                   help="no access-log line per request")
+    g.add_argument("--disable-log-stats", action="store_true",
+                   help="no periodic throughput line (every 10 s while busy)")
+    g.add_argument("--max-request-body-bytes", type=human_int, default=None,
+                   help="larger request bodies get 413 before they are read (default 8Mi; e.g. 16M)")
+    g.add_argument("--api-threads", type=int, default=None,
+                   help="threads that template and tokenize requests off the event loop "
+                        "(default: ONECARD_API_THREADS, else min(4, CPUs))")
 
     g = parser.add_argument_group("runtime")
     g.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    g.add_argument("--engine-threads", type=int, default=None,
+                   help="torch CPU threads in the engine process (default: ONECARD_ENGINE_THREADS, else 1 on a "
+                        "GPU and half the CPUs on the CPU path)")
     g.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
     g.add_argument("--single-process", action="store_true",
                    help="run the engine core in a thread of the server process (tests, debugging)")
@@ -157,7 +169,8 @@ def engine_args_from_namespace(ns: argparse.Namespace) -> EngineArgs:
         block_size=ns.block_size, seed=ns.seed, enforce_eager=ns.enforce_eager, chat_template=ns.chat_template,
         max_num_queued_reqs=ns.max_num_queued_reqs, device=ns.device,
         num_gpu_blocks_override=ns.num_gpu_blocks_override, async_scheduling=ns.async_scheduling,
-        kv_offloading_size=ns.kv_offloading_size, kv_offloading_backend=ns.kv_offloading_backend)
+        engine_threads=ns.engine_threads, kv_offloading_size=ns.kv_offloading_size,
+        kv_offloading_backend=ns.kv_offloading_backend)
 
 
 def check_parser_flags(ns: argparse.Namespace) -> None:
@@ -179,6 +192,10 @@ def check_parser_flags(ns: argparse.Namespace) -> None:
         raise ServeArgsError("--enable-auto-tool-choice requires --tool-call-parser (hermes or qwen3_coder).")
     if ns.max_num_queued_reqs is not None and ns.max_num_queued_reqs < 0:
         raise ServeArgsError(f"--max-num-queued-reqs={ns.max_num_queued_reqs} must be >= 0.")
+    for flag, value in (("--engine-threads", ns.engine_threads), ("--api-threads", ns.api_threads),
+                        ("--max-request-body-bytes", ns.max_request_body_bytes)):
+        if value is not None and value < 1:
+            raise ServeArgsError(f"{flag}={value} must be at least 1.")
     if not 0 < ns.port < 65536:
         raise ServeArgsError(f"--port={ns.port} must be in 1..65535.")
 

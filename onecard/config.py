@@ -31,6 +31,9 @@ class Env:
     log_level: str
     precompile: bool = True        # ONECARD_PRECOMPILE=0: no parallel Triton precompile at start-up
     pdl_max_tokens: int = 1        # ONECARD_PDL_MAX_TOKENS: PDL (sm90) for launches of <= this many tokens; 0 off
+    engine_threads: int | None = None   # ONECARD_ENGINE_THREADS: torch threads in the engine (--engine-threads)
+    api_threads: int | None = None      # ONECARD_API_THREADS: templating/tokenizing threads in the API process
+    cpu_count: int = 1                  # CPUs this process may run on (sched_getaffinity)
 
     @staticmethod
     def read() -> "Env":
@@ -44,7 +47,45 @@ class Env:
             log_level=e.get("ONECARD_LOG_LEVEL", "INFO"),
             precompile=e.get("ONECARD_PRECOMPILE", "1") != "0",
             pdl_max_tokens=int(e.get("ONECARD_PDL_MAX_TOKENS", "1")),
+            engine_threads=_positive_int_env(e, "ONECARD_ENGINE_THREADS"),
+            api_threads=_positive_int_env(e, "ONECARD_API_THREADS"),
+            cpu_count=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1),
         )
+
+
+def _positive_int_env(environ, name: str) -> int | None:
+    value = environ.get(name)
+    if value in (None, ""):
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ConfigError(f"{name}={value!r} must be a positive integer (a thread count).")
+    return n
+
+
+def default_engine_threads(device: str, cpu_count: int) -> int:
+    """Torch intra-op threads for the engine: 1 on a GPU (the host only launches kernels; vLLM sets
+    OMP_NUM_THREADS=1 for the same reason), half the CPUs on the CPU path (measured on a busy 2-core box: a
+    20-token chat took 2.7-98 s with torch's default of every core, 0.45 s with one thread)."""
+    return 1 if device == "cuda" else max(1, cpu_count // 2)
+
+
+def default_api_threads(cpu_count: int) -> int:
+    """Threads that template and tokenize requests off the event loop (the GIL bounds their use)."""
+    return max(1, min(4, cpu_count))
+
+
+# Requests allowed to wait per --max-num-seqs slot when --max-num-queued-reqs is not given (documented in
+# README): beyond it new requests get 503 + Retry-After at once instead of minutes of queueing.
+DEFAULT_QUEUED_REQS_PER_SEQ = 4
+MIN_DEFAULT_QUEUED_REQS = 64
+
+
+def default_max_num_queued_reqs(max_num_seqs: int) -> int:
+    return max(MIN_DEFAULT_QUEUED_REQS, DEFAULT_QUEUED_REQS_PER_SEQ * max_num_seqs)
 
 
 # ---------------------------------------------------------------- config pieces
@@ -137,6 +178,7 @@ class EngineConfig:
     device: str                    # "cuda" | "cpu"
     enforce_eager: bool
     env: Env
+    engine_threads: int = 1        # torch intra-op threads in the engine (see default_engine_threads)
 
 
 # ---------------------------------------------------------------- engine args (vLLM names)
@@ -166,6 +208,7 @@ class EngineArgs:
     device: str = "auto"                       # "auto" | "cuda" | "cpu"
     num_gpu_blocks_override: int | None = None  # tests: a tiny KV pool to force preemption
     async_scheduling: bool = False
+    engine_threads: int | None = None          # None: ONECARD_ENGINE_THREADS, else default_engine_threads
     kv_offloading_size: float | None = None    # GiB: host-memory tier for prefix blocks the GPU evicts
     kv_offloading_backend: str = "native"      # vLLM's names; onecard has only its own ("native")
 
@@ -236,6 +279,14 @@ class EngineArgs:
             raise ConfigError(f"--max-num-seqs={self.max_num_seqs} must be at least 1.")
         if self.long_prefill_token_threshold < 0:
             raise ConfigError(f"--long-prefill-token-threshold={self.long_prefill_token_threshold} must be >= 0.")
+        if self.max_num_queued_reqs is not None and self.max_num_queued_reqs < 0:
+            raise ConfigError(f"--max-num-queued-reqs={self.max_num_queued_reqs} must be >= 0.")
+        queued = self.max_num_queued_reqs
+        if queued is None:
+            queued = default_max_num_queued_reqs(self.max_num_seqs)
+        threads = self.engine_threads or env.engine_threads or default_engine_threads(device, env.cpu_count)
+        if threads < 1:
+            raise ConfigError(f"--engine-threads={threads} must be at least 1.")
 
         model = ModelConfig(
             model=given, path=path, hf_config=hf_config, architecture=archs[0], dtype=dtype, quant=quant,
@@ -250,10 +301,10 @@ class EngineArgs:
         sched = SchedulerConfig(
             max_num_seqs=self.max_num_seqs, max_num_batched_tokens=batched, max_model_len=max_model_len,
             long_prefill_token_threshold=self.long_prefill_token_threshold,
-            enable_chunked_prefill=self.enable_chunked_prefill, max_num_queued_reqs=self.max_num_queued_reqs,
+            enable_chunked_prefill=self.enable_chunked_prefill, max_num_queued_reqs=queued,
             async_scheduling=self.async_scheduling)
         return EngineConfig(model=model, cache=cache, scheduler=sched, device=device,
-                            enforce_eager=self.enforce_eager, env=env)
+                            enforce_eager=self.enforce_eager, env=env, engine_threads=threads)
 
     def _check_offloading(self) -> None:
         size = self.kv_offloading_size

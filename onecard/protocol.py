@@ -55,6 +55,7 @@ class EngineOutput:
     num_cached_tokens: int = 0                    # prompt tokens served from the prefix cache
     error: str | None = None                      # set with FinishReason.ERROR (e.g. prompt too long)
     error_status: int = 400
+    scheduled_time: float | None = None           # time.monotonic() of first scheduling; on the first token
 
     @property
     def finished(self) -> bool:
@@ -71,6 +72,8 @@ class EngineStats:
     prefix_cache_queries: int = 0                 # tokens looked up (cumulative)
     prefix_cache_hits: int = 0                    # tokens found (cumulative)
     num_preemptions: int = 0                      # cumulative
+    num_steps: int = 0                            # engine steps run (cumulative)
+    last_step_tokens: int = 0                     # tokens (prompt + generated) computed by the latest step
     external_prefix_cache_queries: int = 0        # host KV tier: tokens looked up (cumulative)
     external_prefix_cache_hits: int = 0           # host KV tier: tokens found there, not recomputed (cumulative)
     kv_bytes_to_host: int = 0                     # host KV tier: bytes copied GPU -> host (cumulative)

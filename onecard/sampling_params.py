@@ -1,11 +1,22 @@
 """SamplingParams with vLLM's names, defaults and validation.
 
 Contract: a plain dataclass, no torch. ``validate()`` raises ``ValueError`` naming the field; the server
-maps that to a 400. ``top_k`` 0 or -1 means disabled (vLLM accepts both).
+maps that to a 400. ``top_k`` 0 or -1 means disabled (vLLM accepts both). Every value that reaches the
+runner is checked against the range the runner can hold (the bounds below are the one home of those
+ranges; the HTTP models import them): a request that passes ``validate()`` cannot fail a step.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+# torch.Generator.manual_seed takes [-2**63, 2**64): the API takes vLLM's int64 range and child request i of
+# n gets seed + i, which stays inside the generator's range.
+SEED_MIN, SEED_MAX = INT64_MIN, 2**64 - 1
+MAX_N = 128                     # choices per request (OpenAI's documented maximum)
+MAX_LOGPROBS = 20               # vLLM's default --max-logprobs
+TOP_K_MAX = INT64_MAX           # held as int64 on the device (clamped to the vocabulary there)
 
 
 @dataclass(slots=True)
@@ -53,8 +64,14 @@ class SamplingParams:
         def bad(name: str, why: str) -> ValueError:
             return ValueError(f"{name} {why}, got {getattr(self, name)!r}.")
 
-        if self.n < 1:
-            raise bad("n", "must be at least 1")
+        for name in ("presence_penalty", "frequency_penalty", "repetition_penalty", "temperature", "top_p",
+                     "min_p"):
+            if not math.isfinite(getattr(self, name)):
+                raise bad(name, "must be a finite number")
+        if not 1 <= self.n <= MAX_N:
+            raise bad("n", f"must be in [1, {MAX_N}]")
+        if self.seed is not None and not SEED_MIN <= self.seed <= SEED_MAX:
+            raise bad("seed", f"must be in [{SEED_MIN}, {SEED_MAX}]")
         if not -2.0 <= self.presence_penalty <= 2.0:
             raise bad("presence_penalty", "must be in [-2, 2]")
         if not -2.0 <= self.frequency_penalty <= 2.0:
@@ -65,8 +82,8 @@ class SamplingParams:
             raise bad("temperature", "must be non-negative")
         if not 0.0 < self.top_p <= 1.0:
             raise bad("top_p", "must be in (0, 1]")
-        if self.top_k < 0:
-            raise bad("top_k", "must be 0 or -1 (disabled) or a positive integer")
+        if not 0 <= self.top_k <= TOP_K_MAX:
+            raise bad("top_k", f"must be 0 or -1 (disabled) or a positive integer up to {TOP_K_MAX}")
         if not 0.0 <= self.min_p <= 1.0:
             raise bad("min_p", "must be in [0, 1]")
         if self.max_tokens is not None and self.max_tokens < 1:
@@ -77,8 +94,10 @@ class SamplingParams:
             raise bad("min_tokens", "must be less than or equal to max_tokens")
         if self.logprobs is not None and self.logprobs < 0:
             raise bad("logprobs", "must be non-negative")
-        if self.logprobs is not None and self.logprobs > 20:
-            raise bad("logprobs", "must be at most 20")
+        if self.logprobs is not None and self.logprobs > MAX_LOGPROBS:
+            raise bad("logprobs", f"must be at most {MAX_LOGPROBS}")
+        if any(type(t) is not int or not 0 <= t <= INT64_MAX for t in self.stop_token_ids or ()):
+            raise bad("stop_token_ids", "must be non-negative integers")
 
     def clone(self, **changes) -> "SamplingParams":
         values = {f: getattr(self, f) for f in self.__dataclass_fields__ if not f.startswith("_")}

@@ -52,6 +52,8 @@ class EngineCore:
                                    kv_block_bytes=int(getattr(self.runner, "block_bytes", 0)))
         self.async_scheduling = config.scheduler.async_scheduling and hasattr(self.runner, "submit")
         self._in_flight = None                   # (SchedulerOutput, PendingOutput) submitted, not yet updated
+        self.num_steps = 0
+        self.last_step_tokens = 0
         bs = config.cache.block_size
         capacity = self.scheduler.kv_cache_manager.num_usable_blocks * bs   # block 0 is the null block
         m = config.model
@@ -87,7 +89,13 @@ class EngineCore:
         return self.scheduler.has_unfinished() or self._in_flight is not None
 
     def stats(self) -> EngineStats:
-        return self.scheduler.stats()
+        s = self.scheduler.stats()
+        s.num_steps, s.last_step_tokens = self.num_steps, self.last_step_tokens
+        return s
+
+    def _count_step(self, sched) -> None:
+        self.num_steps += 1
+        self.last_step_tokens = sched.total_num_scheduled_tokens
 
     def step(self) -> list[EngineOutput]:
         if self.async_scheduling:
@@ -96,6 +104,7 @@ class EngineCore:
         if sched.is_empty:
             self._drop_ended(sched)
             return []
+        self._count_step(sched)
         try:
             result = self.runner.execute(sched)
         except Exception as e:  # fail this step's requests, keep serving
@@ -109,6 +118,7 @@ class EngineCore:
         if sched.is_empty:
             self._drop_ended(sched)
         else:
+            self._count_step(sched)
             try:
                 pending = self.runner.submit(sched)
             except Exception as e:

@@ -42,6 +42,7 @@ class Request:
     stop_reason: int | str | None = None
     num_preemptions: int = 0
     block_hashes: list[int] = field(default_factory=list)   # chained hashes of full blocks (prefix cache)
+    scheduled_time: float = 0.0          # time.monotonic() when first scheduled (queue-time metric)
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:

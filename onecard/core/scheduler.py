@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import time
 from collections import deque
 
 from onecard.config import CacheConfig, SchedulerConfig
@@ -111,6 +112,10 @@ class Scheduler:
         m = request.sampling_params.max_tokens
         if m is None:
             m = length - n
+        if m >= length:
+            # vLLM's wording for a max_tokens that no prompt could fit (no negative "maximum input length").
+            return (f"'max_tokens' or 'max_completion_tokens' is too large: {m}. This model's maximum context "
+                    f"length is {length} tokens and your request has {n} input tokens ({m} > {length} - {n})."), 400
         if n + m > length:
             return (f"You passed {n} input tokens and requested {m} output tokens. However, the model's "
                     f"context length is only {length} tokens, resulting in a maximum input length of "
@@ -125,7 +130,10 @@ class Scheduler:
             return (f"The prompt has {n} tokens, more than --max-num-batched-tokens="
                     f"{cfg.max_num_batched_tokens} with chunked prefill disabled; raise "
                     "--max-num-batched-tokens or pass --enable-chunked-prefill."), 400
-        if cfg.max_num_queued_reqs is not None and len(self.waiting) >= cfg.max_num_queued_reqs:
+        # Requests that free running slots will take at the next step are not queued: the bound counts the
+        # rest (as the API process's in-flight cap, --max-num-seqs + --max-num-queued-reqs, does).
+        free_slots = max(0, cfg.max_num_seqs - len(self.running))
+        if cfg.max_num_queued_reqs is not None and len(self.waiting) >= cfg.max_num_queued_reqs + free_slots:
             return (f"The server is overloaded: {len(self.waiting)} requests are already waiting "
                     f"(--max-num-queued-reqs={cfg.max_num_queued_reqs}). Try again later."), 503
         return None
@@ -258,6 +266,7 @@ class Scheduler:
                 req.num_output_placeholders = 1
             if req.num_cached_tokens < 0:
                 req.num_cached_tokens = num_hit
+                req.scheduled_time = time.monotonic()
             req.status = _RUNNING
             key = arrival[req.request_id]
             if not running or arrival[running[-1].request_id] < key:
@@ -305,8 +314,11 @@ class Scheduler:
                 reason = FinishReason.LENGTH
             lp = logprobs.get(rid) if logprobs else None
             cached = req.num_cached_tokens
-            outputs.append(EngineOutput(rid, [token], reason, stop_reason, None if lp is None else [lp],
-                                        len(req.prompt_token_ids), cached if cached > 0 else 0))
+            out = EngineOutput(rid, [token], reason, stop_reason, None if lp is None else [lp],
+                               len(req.prompt_token_ids), cached if cached > 0 else 0)
+            if num_out == 1:
+                out.scheduled_time = req.scheduled_time
+            outputs.append(out)
             if reason is not None:
                 self._finish(req, reason, stop_reason)
                 if status is _PREEMPTED:

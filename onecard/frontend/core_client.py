@@ -2,8 +2,15 @@
 
 Contract (``CoreClient``): ``start()`` begins loading in the background and returns at once;
 ``wait_ready()`` blocks until B has loaded the model (returns ``EngineInfo``) or raises the start-up error;
-``add_request`` / ``abort`` never block; ``get_outputs()`` awaits the next list of ``EngineOutput`` (from any
-requests); ``stats`` is the latest ``EngineStats``; ``shutdown()`` stops B. One client per engine.
+``add_request`` / ``abort`` never block (a writer thread owns the pipe, so a full or dead pipe cannot stall
+the event loop); ``get_outputs()`` awaits the next list of ``EngineOutput`` (from any requests) and raises
+``EngineDiedError`` once B is gone; ``dead`` is then the reason; ``stats`` is the latest ``EngineStats``;
+``shutdown()`` stops B. One client per engine.
+
+Watchdog: B's death is noticed at any time, not only during start-up: the process client's reader waits on
+B's pipe *and* its process sentinel (A closes its copies of B's pipe ends, so a dead B is an EOF), the thread
+client on its thread's exit. Either way ``get_outputs`` raises within milliseconds and ``on_dead`` callbacks
+run (on the reader thread).
 """
 from __future__ import annotations
 
@@ -17,13 +24,18 @@ from collections.abc import Callable
 from typing import Any
 
 from onecard.config import ConfigError, EngineConfig
-from onecard.protocol import Abort, EngineInfo, EngineOutput, EngineRequest, EngineStats
+from onecard.protocol import Abort, EngineInfo, EngineOutput, EngineRequest, EngineStats, FinishReason
 
 logger = logging.getLogger(__name__)
 
 
+class EngineDiedError(RuntimeError):
+    """The engine core (process B or its thread) stopped while serving; the message says how."""
+
+
 class CoreClient(abc.ABC):
     info: EngineInfo | None = None
+    dead: str | None = None
 
     @abc.abstractmethod
     def start(self) -> None: ...
@@ -91,13 +103,25 @@ def run_engine_loop(config: EngineConfig, recv: Callable[[float | None], Any], s
             if isinstance(msg, Abort):
                 outs.extend(core.abort(msg.request_ids))
             else:
-                err = core.add_request(msg)
+                err = _admit(core, msg)
                 if err is not None:
                     outs.append(err)
             msg = recv(0.0)
         if core.has_unfinished():
             outs.extend(core.step())
         send(("out", outs, core.stats()))
+
+
+def _admit(core: Any, request: EngineRequest) -> EngineOutput | None:
+    """Add one request; a fault while admitting it fails that request only (attributable), never the loop."""
+    try:
+        return core.add_request(request)
+    except Exception as e:  # noqa: BLE001 - reported to its request, with the traceback in the log
+        logger.exception("admitting request %s failed", getattr(request, "request_id", "?"))
+        rid = getattr(request, "request_id", "?")
+        status = 400 if isinstance(e, ValueError) else 500
+        return EngineOutput(rid, [], FinishReason.ERROR, error=f"the request could not be admitted: "
+                            f"{type(e).__name__}: {e}", error_status=status)
 
 
 class _ClientBase(CoreClient):
@@ -112,6 +136,10 @@ class _ClientBase(CoreClient):
         self._aq: asyncio.Queue | None = None
         self._early: list[list[EngineOutput]] = []
         self._started = False
+        self._stopping = False
+        self.dead: str | None = None
+        self.on_dead: list[Callable[[str], None]] = []
+        self.stats_listeners: list[Callable[[EngineStats], None]] = []   # called on the reader thread
 
     def _first_start(self) -> bool:
         """True once: start() is idempotent (the launcher starts B early, AsyncEngine.start calls it again)."""
@@ -132,16 +160,38 @@ class _ClientBase(CoreClient):
             self._ready.set()
         elif kind == "out":
             self._stats = msg[2]
+            for listener in self.stats_listeners:
+                listener(msg[2])
             if msg[1]:
                 self._emit(msg[1])
 
-    def _emit(self, outs: list[EngineOutput]) -> None:
+    def _emit(self, outs: list[EngineOutput] | EngineDiedError) -> None:
         with self._lock:
             if self._loop is None:
                 self._early.append(outs)
                 return
             loop, aq = self._loop, self._aq
-        loop.call_soon_threadsafe(aq.put_nowait, outs)
+        try:
+            loop.call_soon_threadsafe(aq.put_nowait, outs)
+        except RuntimeError:        # the event loop is closed (process exit): nobody is waiting
+            pass
+
+    def _died(self, why: str) -> None:
+        """B is gone (called once, from the thread that noticed). During start-up it is a start-up error."""
+        if self._stopping or self.dead is not None or self._error is not None:
+            return                          # a stop we asked for, or a start-up error already reported
+        if not self._ready.is_set():
+            self._error = (why, False)
+            self._ready.set()
+            return
+        self.dead = why
+        logger.error("the engine core died: %s", why)
+        self._emit(EngineDiedError(why))
+        for callback in list(self.on_dead):
+            try:
+                callback(why)
+            except Exception:  # noqa: BLE001 - one listener's fault must not hide the death from others
+                logger.exception("an on_dead callback failed")
 
     async def get_outputs(self) -> list[EngineOutput]:
         if self._aq is None:
@@ -151,7 +201,11 @@ class _ClientBase(CoreClient):
                 for item in self._early:
                     self._aq.put_nowait(item)
                 self._early.clear()
-        return await self._aq.get()
+        item = await self._aq.get()
+        if isinstance(item, EngineDiedError):
+            self._aq.put_nowait(item)       # every later call raises too
+            raise item
+        return item
 
     def wait_ready(self, timeout: float | None = None) -> EngineInfo:
         if not self._ready.wait(timeout):
@@ -195,9 +249,16 @@ class ThreadCoreClient(_ClientBase):
             except queue.Empty:
                 return None
 
-        self._thread = threading.Thread(target=run_engine_loop,
-                                        args=(self.config, recv, self._on_message, self._core_factory),
-                                        name="onecard-engine", daemon=True)
+        def main() -> None:
+            try:
+                run_engine_loop(self.config, recv, self._on_message, self._core_factory)
+            except BaseException as e:  # noqa: BLE001 - the loop's death is reported, not swallowed
+                logger.exception("the engine thread died")
+                self._died(f"the engine thread died: {type(e).__name__}: {e}")
+                return
+            self._died("the engine thread exited")
+
+        self._thread = threading.Thread(target=main, name="onecard-engine", daemon=True)
         self._thread.start()
 
     def add_request(self, request: EngineRequest) -> None:
@@ -207,17 +268,21 @@ class ThreadCoreClient(_ClientBase):
         self._in.put(Abort(list(request_ids)))
 
     def shutdown(self) -> None:
+        self._stopping = True
         self._in.put("stop")
         if self._thread is not None:
             self._thread.join(timeout=10)
 
 
-def _process_main(config: EngineConfig, conn_in, conn_out) -> None:
+def _process_main(config: EngineConfig, conn_in, conn_out, core_factory=None) -> None:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)    # A decides when B stops
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=config.env.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    set_engine_threads(config)
+    if core_factory is None:
+        import torch  # noqa: F401 - the runner needs it anyway; loaded now, with the thread count set
 
     def recv(timeout: float | None):
         if conn_in.poll(timeout):
@@ -227,44 +292,110 @@ def _process_main(config: EngineConfig, conn_in, conn_out) -> None:
                 return "stop"
         return None
 
-    run_engine_loop(config, recv, conn_out.send)
+    run_engine_loop(config, recv, conn_out.send, core_factory)
+
+
+def set_engine_threads(config: EngineConfig) -> None:
+    """Torch's intra-op threads in B (``--engine-threads``): oversubscribed spinning threads on a busy box
+    cost far more than they give (see config.default_engine_threads). B is a fresh process: the OpenMP
+    runtime reads this when torch loads."""
+    import os
+    import sys
+
+    os.environ["OMP_NUM_THREADS"] = str(config.engine_threads)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(config.engine_threads)
+
+
+def _exit_text(code: int | None) -> str:
+    import signal
+
+    if code is None:
+        return "its pipe closed"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+_STOP_WRITER = object()
 
 
 class ProcessCoreClient(_ClientBase):
-    """B in a spawned process, messages over two pipes (the default)."""
+    """B in a spawned process, messages over two pipes (the default).
 
-    def __init__(self, config: EngineConfig):
+    ``core_factory`` (a picklable top-level callable) replaces ``EngineCore`` in B (tests run a scripted
+    runner in a real process to kill it)."""
+
+    def __init__(self, config: EngineConfig, core_factory: Callable[[EngineConfig], Any] | None = None):
         super().__init__(config)
         ctx = mp.get_context("spawn")
         self._a_in, self._b_out = ctx.Pipe(duplex=False)    # B -> A
         self._b_in, self._a_out = ctx.Pipe(duplex=False)    # A -> B
-        self._proc = ctx.Process(target=_process_main, args=(config, self._b_in, self._b_out),
+        self._proc = ctx.Process(target=_process_main, args=(config, self._b_in, self._b_out, core_factory),
                                  name="onecard-engine", daemon=True)
-        self._send_lock = threading.Lock()
+        self._out: queue.SimpleQueue = queue.SimpleQueue()
         self._reader: threading.Thread | None = None
+        self._writer: threading.Thread | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid
 
     def start(self) -> None:
         if not self._first_start():
             return
         self._proc.start()
+        # Only B may hold its ends: with A's copies closed, B's death reads as EOF here (and a write to a dead
+        # B fails instead of blocking forever once the pipe buffer is full).
+        self._b_in.close()
+        self._b_out.close()
+        logger.info("engine core process started (pid %d)", self._proc.pid)
+        self._reader = threading.Thread(target=self._read, name="onecard-engine-reader", daemon=True)
+        self._writer = threading.Thread(target=self._write, name="onecard-engine-writer", daemon=True)
+        self._reader.start()
+        self._writer.start()
 
-        def read() -> None:
-            while True:
+    def _read(self) -> None:
+        from multiprocessing.connection import wait
+
+        sentinel = self._proc.sentinel
+        while True:
+            ready = wait([self._a_in, sentinel])
+            if self._a_in in ready:
                 try:
                     msg = self._a_in.recv()
                 except (EOFError, OSError):
-                    if not self._ready.is_set():
-                        self._error = ("the engine process exited during start-up", False)
-                        self._ready.set()
-                    return
+                    break
                 self._on_message(msg)
+                continue
+            # The process ended: deliver what it sent before dying, then report.
+            try:
+                while self._a_in.poll(0):
+                    self._on_message(self._a_in.recv())
+            except (EOFError, OSError):
+                pass
+            break
+        self._proc.join(timeout=1.0)
+        self._died(f"the engine core process (pid {self._proc.pid}) died: {_exit_text(self._proc.exitcode)}")
 
-        self._reader = threading.Thread(target=read, name="onecard-engine-reader", daemon=True)
-        self._reader.start()
+    def _write(self) -> None:
+        while True:
+            msg = self._out.get()
+            if msg is _STOP_WRITER:
+                return
+            if self.dead is not None:
+                continue                    # B is gone: drop (requests were failed by the watchdog)
+            try:
+                self._a_out.send(msg)
+            except (OSError, EOFError, ValueError) as e:
+                self._died(f"the engine core process stopped reading: {type(e).__name__}: {e}")
 
     def _send(self, msg: Any) -> None:
-        with self._send_lock:
-            self._a_out.send(msg)
+        self._out.put(msg)
 
     def add_request(self, request: EngineRequest) -> None:
         self._send(request)
@@ -273,13 +404,17 @@ class ProcessCoreClient(_ClientBase):
         self._send(Abort(list(request_ids)))
 
     def shutdown(self) -> None:
-        try:
-            self._send("stop")
-        except (OSError, BrokenPipeError):
-            pass
+        self._stopping = True
+        if not self._started:
+            return
+        self._send("stop")
+        self._send(_STOP_WRITER)
+        if self._writer is not None:
+            self._writer.join(timeout=5)
         self._proc.join(timeout=10)
         if self._proc.is_alive():
             self._proc.kill()
+            self._proc.join(timeout=5)
 
 
 def make_core_client(engine_config: EngineConfig, single_process: bool = False) -> CoreClient:

@@ -9,8 +9,10 @@ text; ``encode_prompt`` turns prompt text into token ids without adding special 
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
@@ -121,3 +123,23 @@ def render_chat(tokenizer, messages: list[dict[str, Any]], *, tools: list[dict] 
 
 def encode_prompt(tokenizer, text: str, add_special_tokens: bool = False) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+
+@functools.lru_cache(maxsize=8)
+def max_token_chars(tokenizer) -> int:
+    """The longest vocabulary entry, in characters (byte-level BPE: in bytes, which bounds characters)."""
+    vocab = tokenizer.get_vocab()
+    return max((len(t) for t in vocab), default=1) or 1
+
+
+# A text is refused as too long before tokenizing when even this many times the fewest tokens it could be
+# exceeds the context: normalizers (NFC) can merge a few code points, so the bound keeps a wide margin.
+_LENGTH_MARGIN = 4
+
+
+def surely_too_long(tokenizer, num_chars: int, max_model_len: int) -> int | None:
+    """The least number of tokens a text of ``num_chars`` characters needs when that alone makes it longer
+    than ``max_model_len`` by a wide margin (checked before tokenizing: a huge body costs nothing), else None.
+    Every token covers at most ``max_token_chars`` characters, so tokens >= chars / max_token_chars."""
+    least = math.ceil(num_chars / max_token_chars(tokenizer))
+    return least if least > _LENGTH_MARGIN * max_model_len else None

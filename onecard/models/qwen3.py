@@ -2,13 +2,15 @@
 
 Contract: ``forward(input_ids[T], positions[T], kv_caches, md) -> hidden[T, H]`` over a flattened
 variable-length batch (see runner/attn_metadata.py); ``compute_logits(hidden[B, H]) -> [B, V]`` fp32.
-Weights are placed by models/loader.py; this file only defines structure and arithmetic.
+Weights: ``weight_specs()`` declares which checkpoint tensor fills which parameter (names, shapes, fused q/k/v and
+gate/up, stacked experts; see models/weights.py); models/loader.py places them.
 Per layer: RMSNorm(+residual) → qkv → per-head q/k RMSNorm + RoPE, K/V into the cache → paged attention → o_proj →
 RMSNorm(+residual) → MLP (dense SiLU-gated, or sparse MoE: router → softmax → top-k → renormalise → experts; the
 MoE layer calls the norm and the experts as one op, ``norm_moe``, which its batch-1 kernels fuse).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -19,6 +21,7 @@ from onecard.kernels import dispatch as ops
 from onecard.kernels.types import MoEWeight
 from onecard.layers.linear import Linear
 from onecard.layers.rotary import rope_cache
+from onecard.models.weights import ExpertProj, ExpertsSpec, LinearSpec, Param, Spec
 from onecard.runner.attn_metadata import AttentionMetadata
 
 
@@ -132,11 +135,23 @@ def is_moe_layer(c: dict[str, Any], i: int) -> bool:
 class Qwen3ForCausalLM(nn.Module):
     """Also Qwen3-MoE: the layer type follows the config (``is_moe_layer``)."""
 
-    def __init__(self, c: dict[str, Any], max_positions: int, fuse_qkv: list[bool], fuse_mlp: list[bool]):
+    strict_prefixes = ("model.layers.", "lm_head.")     # checkpoint tensors here must be declared weights
+    # GPTQ's "true sequential" order within a layer: each group's inputs are recorded with the earlier ones quantized
+    sequential_modules = (("q_proj", "k_proj", "v_proj"), ("o_proj",), ("gate_proj", "up_proj"), ("down_proj",))
+
+    def __init__(self, c: dict[str, Any], max_positions: int,
+                 can_fuse: Callable[[list[str]], bool] = lambda modules: True):
+        """``can_fuse(checkpoint module names)``: may these be one Linear (the loader knows their formats)."""
         super().__init__()
         self.config = c
         self.num_layers = int(c["num_hidden_layers"])
-        self.layers = nn.ModuleList(DecoderLayer(c, i, fuse_qkv[i], fuse_mlp[i]) for i in range(self.num_layers))
+        layers = []
+        for i in range(self.num_layers):
+            a, m = f"model.layers.{i}.self_attn", f"model.layers.{i}.mlp"
+            fuse_qkv = can_fuse([f"{a}.q_proj", f"{a}.k_proj", f"{a}.v_proj"])
+            fuse_mlp = not is_moe_layer(c, i) and can_fuse([f"{m}.gate_proj", f"{m}.up_proj"])
+            layers.append(DecoderLayer(c, i, fuse_qkv, fuse_mlp))
+        self.layers = nn.ModuleList(layers)
         self.embed_tokens: torch.Tensor | None = None    # [V, H]
         self.norm: torch.Tensor | None = None             # [H]
         self.lm_head = Linear(int(c["hidden_size"]), int(c["vocab_size"]))  # the embedding when tied
@@ -158,6 +173,56 @@ class Qwen3ForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()                                # [B, V]
+
+    # ------------------------------------------------------------------ weights
+    def weight_specs(self) -> list[Spec]:
+        """Every checkpoint tensor this model reads (HF Qwen3 / Qwen3-MoE names), in declaration order."""
+        c = self.config
+        h, v = int(c["hidden_size"]), int(c["vocab_size"])
+        specs: list[Spec] = [Param("model.embed_tokens.weight", (v, h), self, "embed_tokens"),
+                             Param("model.norm.weight", (h,), self, "norm")]
+        for i, layer in enumerate(self.layers):
+            p, a = f"model.layers.{i}", layer.self_attn
+            specs += [Param(f"{p}.input_layernorm.weight", (h,), layer, "input_layernorm", i),
+                      Param(f"{p}.post_attention_layernorm.weight", (h,), layer, "post_attention_layernorm", i),
+                      Param(f"{p}.self_attn.q_norm.weight", (a.head_dim,), a, "q_norm", i),
+                      Param(f"{p}.self_attn.k_norm.weight", (a.head_dim,), a, "k_norm", i)]
+            qkv = [(f"{p}.self_attn.{n}_proj", size) for n, size in (("q", a.q_size), ("k", a.kv_size),
+                                                                       ("v", a.kv_size))]
+            specs += _linears([a.qkv_proj] if a.fuse_qkv else [a.q_proj, a.k_proj, a.v_proj], qkv, i)
+            specs.append(LinearSpec(a.o_proj, [f"{p}.self_attn.o_proj"], [h], i))
+            m = layer.mlp
+            if layer.is_moe:
+                inter = int(c["moe_intermediate_size"])
+                specs.append(Param(f"{p}.mlp.gate.weight", (m.num_experts, h), m, "gate", i))
+                projs = [ExpertProj("gate_proj", "w_gate", h, inter), ExpertProj("up_proj", "w_up", h, inter),
+                         ExpertProj("down_proj", "w_down", inter, h)]
+                fused = {"gate_up_proj": ("gate_proj", "up_proj"), "down_proj": ("down_proj",)}   # transformers 5
+                specs.append(ExpertsSpec(f"{p}.mlp.experts", m, m.num_experts, projs, fused, i))
+            else:
+                inter = int(c["intermediate_size"])
+                gu = [(f"{p}.mlp.gate_proj", inter), (f"{p}.mlp.up_proj", inter)]
+                specs += _linears([m.gate_up_proj] if m.fuse else [m.gate_proj, m.up_proj], gu, i)
+                specs.append(LinearSpec(m.down_proj, [f"{p}.mlp.down_proj"], [h], i))
+        specs.append(LinearSpec(self.lm_head, ["lm_head"], [v], hint=" (and tie_word_embeddings is false)"))
+        return specs
+
+    def tie_weights(self) -> None:
+        """lm_head = the embedding when the config ties them and the checkpoint has no lm_head."""
+        if self.lm_head.weight is None and self.lm_head.gptq is None and self.config.get("tie_word_embeddings"):
+            self.lm_head.weight = self.embed_tokens
+
+    def set_device(self, device: torch.device, dtype: torch.dtype) -> None:
+        """Where the loader puts the weights: the buffers follow."""
+        self.dtype = dtype
+        self.cos_sin = self.cos_sin.to(device)
+
+
+def _linears(linears: list[Linear], modules: list[tuple[str, int]], layer: int) -> list[LinearSpec]:
+    """One Linear for all ``modules`` (fused) or one each."""
+    if len(linears) == 1:
+        return [LinearSpec(linears[0], [n for n, _ in modules], [s for _, s in modules], layer)]
+    return [LinearSpec(lin, [n], [s], layer) for lin, (n, s) in zip(linears, modules)]
 
 
 Qwen3MoeForCausalLM = Qwen3ForCausalLM

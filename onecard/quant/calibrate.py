@@ -1,15 +1,14 @@
-"""Layer-by-layer GPTQ of a Qwen3 / Qwen3-MoE HF checkpoint (GPTQModel's "true sequential" order).
+"""Layer-by-layer GPTQ of a Qwen3 / Qwen3-MoE HF checkpoint (GPTQModel's "true sequential" order), run
+through onecard's own model (models/qwen3.py) on the reference kernels.
 
 Contract: ``quantize_model(model_dir, out_dir, spec, calibration, ...)`` tokenizes the calibration text into
-``num_samples`` windows of ``seq_len`` tokens, embeds them, and for every decoder layer in turn
-  1. records the inputs of q/k/v_proj, quantizes them;
-  2. reruns attention with the quantized q/k/v, records o_proj's input, quantizes it;
-  3. reruns attention fully quantized, records each expert's gate/up inputs (only the tokens routed to
-     that expert by the float router), quantizes them;
-  4. records each expert's down_proj input (from the quantized gate/up), quantizes it;
-  5. computes the layer output with every weight quantized: that is the next layer's input.
-Router gates, norms, embeddings and lm_head stay float (fp16 on disk). ``method="rtn"`` skips calibration
-and rounds every linear to nearest (the baseline). Writes the checkpoint via ``write_gptq_checkpoint``.
+``num_samples`` windows of ``seq_len`` tokens, embeds them, and for every decoder layer in turn fills the
+layer's declared weights (``weight_specs``) from the float checkpoint, then for each group of the model's
+``sequential_modules`` (q/k/v, o, gate/up, down) reruns the layer with the earlier groups quantized,
+records the group's inputs (experts: only the tokens the float router sends them, ``fused_moe.ref.expert_inputs``)
+and quantizes it; the layer's output with every weight quantized is the next layer's input. Router gates,
+norms, embeddings and lm_head stay float (fp16 on disk). ``method="rtn"`` skips calibration and rounds every
+linear to nearest (the baseline). Writes the checkpoint via ``write_gptq_checkpoint``.
 """
 from __future__ import annotations
 
@@ -20,31 +19,18 @@ from pathlib import Path
 
 import torch
 
+from onecard.kernels import dispatch as ops
+from onecard.kernels.fused_moe.ref import expert_inputs
+from onecard.models.registry import get_model_class
+from onecard.models.weights import ExpertsSpec, LinearSpec, Param, Spec
 from onecard.quant.checkpoint import FloatCheckpoint, write_gptq_checkpoint
 from onecard.quant.gptq import HessianAccumulator, gptq_quantize
-from onecard.quant.quantizer import QuantSpec, pack_result, rtn_quantize
-from onecard.quant.qwen3_forward import ArchInfo, attention_parts, dense_mlp, moe_parts, rms_norm, rotary
+from onecard.quant.quantizer import QuantSpec, quantize_rtn
+from onecard.runner.attn_metadata import AttentionMetadata
 
 log = logging.getLogger(__name__)
 
 _SUPPORTED = ("Qwen3MoeForCausalLM", "Qwen3ForCausalLM")
-
-
-def layer_linears(arch: ArchInfo, ckpt: FloatCheckpoint, i: int) -> list[list[str]]:
-    """The quantized linears of layer i, grouped by the stage that records their inputs."""
-    p = f"model.layers.{i}."
-    attn = p + "self_attn."
-    stages = [[attn + n for n in ("q_proj", "k_proj", "v_proj")], [attn + "o_proj"]]
-    if arch.moe_layers[i]:
-        ex = [f"{p}mlp.experts.{e}." for e in range(arch.num_experts)]
-        stages += [[e + n for e in ex for n in ("gate_proj", "up_proj")], [e + "down_proj" for e in ex]]
-    else:
-        stages += [[p + "mlp.gate_proj", p + "mlp.up_proj"], [p + "mlp.down_proj"]]
-    for names in stages:
-        for n in names:
-            if not ckpt.has(n + ".weight"):
-                raise ValueError(f"expected weight {n}.weight is missing from the checkpoint.")
-    return stages
 
 
 def read_calibration(path: Path, max_chars: int) -> str:
@@ -87,29 +73,136 @@ def calibration_tokens(model_dir: Path, calibration: Path, num_samples: int, seq
     return torch.stack([ids[s:s + seq_len] for s in starts.tolist()])
 
 
-class _LayerState:
-    """Float and quantized weights of the current layer, and the Hessians being recorded."""
+def layer_specs(model) -> dict[int, list[Spec]]:
+    """Decoder layer -> its declared weights."""
+    out: dict[int, list[Spec]] = {}
+    for s in model.weight_specs():
+        if s.layer is not None:
+            out.setdefault(s.layer, []).append(s)
+    return out
 
-    def __init__(self, ckpt: FloatCheckpoint, device: torch.device) -> None:
-        self.ckpt, self.device = ckpt, device
-        self.float_w: dict[str, torch.Tensor] = {}
-        self.quant_w: dict[str, torch.Tensor] = {}
-        self.bias: dict[str, torch.Tensor | None] = {}
+
+def _layer_modules(specs: list[Spec]) -> list[str]:
+    """The quantized linears of one layer (checkpoint module names), in declaration order."""
+    out: list[str] = []
+    for s in specs:
+        if isinstance(s, LinearSpec):
+            out += s.modules
+        elif isinstance(s, ExpertsSpec):
+            out += [f"{s.prefix}.{e}.{p.name}" for e in range(s.num_experts) for p in s.projs]
+    return out
+
+
+def prefill_metadata(batch: int, seq_len: int, device: torch.device) -> AttentionMetadata:
+    """``batch`` whole sequences of ``seq_len`` tokens, one cache block each (block b = sequence b)."""
+    t = batch * seq_len
+    return AttentionMetadata(
+        slot_mapping=torch.arange(t, device=device),
+        query_start_loc=torch.arange(0, t + 1, seq_len, dtype=torch.int32, device=device),
+        seq_lens=torch.full((batch,), seq_len, dtype=torch.int32, device=device),
+        block_table=torch.arange(batch, dtype=torch.int32, device=device).view(batch, 1),
+        max_query_len=seq_len, max_seq_len=seq_len)
+
+
+class CalibrationLayer:
+    """Decoder layer ``i`` of the model with float weights from the checkpoint; its linears' current weights
+    (float, then dequantized once quantized) and the Hessians recorded by forward pre-hooks."""
+
+    def __init__(self, model, specs: list[Spec], ckpt: FloatCheckpoint, device: torch.device):
+        self.model, self.layer, self.specs = model, model.layers[specs[0].layer], specs
+        self.linears = [s for s in specs if isinstance(s, LinearSpec)]
+        self.experts = [s for s in specs if isinstance(s, ExpertsSpec)]
+        for p in specs:
+            if isinstance(p, Param):
+                setattr(p.owner, p.attr, ckpt.get(p.key, device))
+        self.w: dict[str, torch.Tensor] = {}                                    # module -> [N, K]
+        for n in _layer_modules(specs):
+            if not ckpt.has(n + ".weight"):
+                raise ValueError(f"expected weight {n}.weight is missing from the checkpoint.")
+            self.w[n] = ckpt.get(n + ".weight", device)
+        self.float_w = dict(self.w)
+        for s in self.linears:
+            if ckpt.has(s.modules[0] + ".bias"):
+                s.linear.bias = torch.cat([ckpt.get(n + ".bias", device) for n in s.modules])
         self.acc: dict[str, HessianAccumulator] = {}
+        self.record_experts = False
+        attn = set(self.layer.self_attn.modules())
+        self.attn_modules = {n for s in self.linears if s.linear in attn for n in s.modules}
+        self.hooks = [s.linear.register_forward_pre_hook(self._hook(s.modules)) for s in self.linears]
+        self.install()
 
-    def load(self, names: list[str]) -> None:
-        for n in names:
-            self.float_w[n] = self.ckpt.get(n + ".weight", self.device)
-            self.bias[n] = self.ckpt.get(n + ".bias", self.device) if self.ckpt.has(n + ".bias") else None
+    def _hook(self, modules: list[str]):
+        def record(_module, args) -> None:
+            for acc in {id(a): a for a in (self.acc.get(n) for n in modules) if a is not None}.values():
+                acc.add(args[0])          # a fused Linear's modules share one input, so one Hessian
+        return record
 
-    def proj(self, name: str, x: torch.Tensor) -> torch.Tensor:
-        acc = self.acc.get(name)
-        if acc is not None:
-            acc.add(x)
-        w = self.quant_w.get(name, self.float_w[name])                       # [N, K]
-        y = x.float() @ w.t()
-        b = self.bias[name]
-        return y if b is None else y + b
+    def install(self) -> None:
+        """The current weights into the model: fused Linears concatenated, experts stacked [E, K, N]."""
+        for s in self.linears:
+            s.linear.weight = torch.cat([self.w[n] for n in s.modules])
+        for ex in self.experts:
+            for p in ex.projs:
+                w = [self.w[f"{ex.prefix}.{e}.{p.name}"].t() for e in range(ex.num_experts)]
+                setattr(ex.owner, p.attr, torch.stack(w))
+
+    def start(self, modules: list[str] | set[str], device: torch.device) -> None:
+        """Record the inputs of ``modules`` in the next forwards (modules of one Linear share a Hessian)."""
+        self.acc = {}
+        self.record_experts = False
+        modules = set(modules)
+        for s in self.linears:
+            mine = [n for n in s.modules if n in modules]
+            if mine:
+                acc = HessianAccumulator(s.linear.in_features, device)
+                self.acc.update(dict.fromkeys(mine, acc))
+        for ex in self.experts:
+            for p in ex.projs:
+                for e in range(ex.num_experts):
+                    n = f"{ex.prefix}.{e}.{p.name}"
+                    if n in modules:
+                        self.acc[n] = HessianAccumulator(p.in_features, device)
+                        self.record_experts = True
+
+    @torch.no_grad()
+    def attention(self, h: torch.Tensor, positions: torch.Tensor, kv, md: AttentionMetadata) -> torch.Tensor:
+        """h [T, H] -> h + attn (the residual stream after attention)."""
+        x, _ = ops.rms_norm(h, self.layer.input_layernorm, self.layer.eps)
+        return h + self.layer.self_attn(x, positions, self.model.cos_sin, kv, md)
+
+    @torch.no_grad()
+    def mlp(self, h2: torch.Tensor, output: bool = True) -> torch.Tensor | None:
+        """h2 [T, H] -> h2 + mlp: the layer's output (None when not ``output`` and the experts were recorded)."""
+        hn, _ = ops.rms_norm(h2, self.layer.post_attention_layernorm, self.layer.eps)
+        m = self.layer.mlp
+        if self.record_experts:
+            ex = self.experts[0]
+            takes = {"w_gate": 0, "w_up": 0, "w_down": 1}          # fused_moe's contract: gate/up read x, down h
+            for e, _, _, xe, mid in expert_inputs(hn, ops.moe_router(hn, m.gate), m.w_gate, m.w_up, m.top_k,
+                                                  m.renormalize):
+                for p in ex.projs:
+                    acc = self.acc.get(f"{ex.prefix}.{e}.{p.name}")
+                    if acc is not None:
+                        acc.add((xe, mid)[takes[p.attr]])
+            if not output:
+                return None
+        return h2 + m(hn)
+
+    def forward(self, h: torch.Tensor, positions: torch.Tensor, kv, md: AttentionMetadata) -> torch.Tensor:
+        """h [T, H] -> the layer's output, recording what ``start`` asked."""
+        return self.mlp(self.attention(h, positions, kv, md))
+
+    def drop(self) -> None:
+        for hk in self.hooks:
+            hk.remove()
+        for s in self.specs:
+            if isinstance(s, Param):
+                setattr(s.owner, s.attr, None)
+            elif isinstance(s, LinearSpec):
+                s.linear.weight = s.linear.bias = None
+            else:
+                for p in s.projs:
+                    setattr(s.owner, p.attr, None)
 
 
 def quantize_model(model_dir: Path, out_dir: Path, spec: QuantSpec, calibration: Path | None,
@@ -121,76 +214,71 @@ def quantize_model(model_dir: Path, out_dir: Path, spec: QuantSpec, calibration:
     ckpt = FloatCheckpoint(model_dir)
     archs = ckpt.config.get("architectures") or [
         {"qwen3_moe": "Qwen3MoeForCausalLM", "qwen3": "Qwen3ForCausalLM"}.get(ckpt.config.get("model_type"), "")]
-    if not any(a in _SUPPORTED for a in archs):
+    arch = next((a for a in archs if a in _SUPPORTED), None)
+    if arch is None:
         raise ValueError(f"architectures {archs}: the quantizer supports {', '.join(_SUPPORTED)}.")
-    arch = ArchInfo.from_config(ckpt.config)
+    model = get_model_class(arch)(ckpt.config, seq_len)                      # float: q/k/v and gate/up fused
+    model.set_device(device, torch.float32)
+    by_layer = layer_specs(model)
     packed: dict[str, dict[str, torch.Tensor]] = {}
     errors: dict[str, float] = {}
     t0 = time.time()
 
     if method == "rtn":
-        for i in range(arch.num_layers):
-            for names in layer_linears(arch, ckpt, i):
-                for n in names:
-                    packed[n] = pack_result(rtn_quantize(ckpt.get(n + ".weight", device), spec), spec.bits,
-                                            checkpoint_format)
+        for i in range(model.num_layers):
+            for n in _layer_modules(by_layer[i]):
+                if not ckpt.has(n + ".weight"):
+                    raise ValueError(f"expected weight {n}.weight is missing from the checkpoint.")
+                ql = quantize_rtn(ckpt.get(n + ".weight", device), spec.group_size, spec.sym, min_zero=1,
+                                  bits=spec.bits)
+                packed[n] = ql.disk_tensors(checkpoint_format)
         write_gptq_checkpoint(ckpt, out_dir, packed, spec, checkpoint_format, damp, method)
         return errors
     if calibration is None:
         raise ValueError("--calibration is required for GPTQ (use --rtn for round-to-nearest).")
 
     tokens = calibration_tokens(model_dir, calibration, num_samples, seq_len)    # [S, L]
-    log.info("calibration: %d samples x %d tokens", tokens.shape[0], tokens.shape[1])
+    s_len = tokens.shape[1]
+    log.info("calibration: %d samples x %d tokens", tokens.shape[0], s_len)
     embed = ckpt.get("model.embed_tokens.weight", device)
-    hidden = [embed[b.to(device)] for b in tokens.split(batch_size)]             # list of [b, L, H]
+    batches = [b.to(device) for b in tokens.split(batch_size)]                   # [b, L] each
+    hidden = [embed[b.reshape(-1)] for b in batches]                             # [b*L, H] each
     del embed
-    cos, sin = rotary(arch, tokens.shape[1], device)
+    mds = [prefill_metadata(b.shape[0], s_len, device) for b in batches]
+    positions = [torch.arange(s_len, device=device).repeat(b.shape[0]) for b in batches]
+    kv_shape = (batch_size, s_len, model.num_kv_heads, model.head_dim)           # block b = sequence b
+    kv = (torch.zeros(kv_shape, device=device), torch.zeros(kv_shape, device=device))
 
-    for i in range(arch.num_layers):
-        p = f"model.layers.{i}."
-        ln1 = ckpt.get(p + "input_layernorm.weight", device)
-        ln2 = ckpt.get(p + "post_attention_layernorm.weight", device)
-        small = {p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight", p + "mlp.gate.weight"}
-        w = {k: ckpt.get(k, device) for k in small if ckpt.has(k)}
-        attn_p, mlp_p = p + "self_attn.", p + "mlp."
-        st = _LayerState(ckpt, device)
-        stages = layer_linears(arch, ckpt, i)
-        for names in stages:
-            st.load(names)
-
-        def run_mlp(x: torch.Tensor, stage: str) -> torch.Tensor | None:
-            if arch.moe_layers[i]:
-                return moe_parts(arch, w, mlp_p, x, st.proj, stage)
-            return dense_mlp(mlp_p, x, st.proj, stage)
-
-        post_attn: list[torch.Tensor] = []
-        for s, names in enumerate(stages):
-            st.acc = {n: HessianAccumulator(st.float_w[n].shape[1], device) for n in names}
-            with torch.no_grad():
-                for bi, h in enumerate(hidden):
-                    if s == 0:
-                        attention_parts(arch, w, attn_p, rms_norm(h, ln1, arch.eps), cos, sin, st.proj, "qkv")
-                    elif s == 1:
-                        attention_parts(arch, w, attn_p, rms_norm(h, ln1, arch.eps), cos, sin, st.proj, "all")
-                    elif s == 2:
-                        h2 = h + attention_parts(arch, w, attn_p, rms_norm(h, ln1, arch.eps), cos, sin,
-                                                 st.proj, "all")
-                        post_attn.append(h2)
-                        run_mlp(rms_norm(h2, ln2, arch.eps), "gate_up")
-                    else:
-                        run_mlp(rms_norm(post_attn[bi], ln2, arch.eps), "all")
-            for n in names:
-                acc = st.acc[n]
-                res = gptq_quantize(st.float_w[n], acc.H, spec, damp, block_size)
-                wq = res.dequantize().t().contiguous()                          # [N, K]
-                errors[n] = _relative_output_error(acc.H, st.float_w[n], wq)
-                st.quant_w[n] = wq
-                packed[n] = pack_result(res, spec.bits, checkpoint_format)
-            st.acc = {}
-        with torch.no_grad():
-            hidden = [h2 + run_mlp(rms_norm(h2, ln2, arch.eps), "all") for h2 in post_attn]
-        log.info("layer %d/%d quantized (%.1fs); mean rel. output error %.4f", i + 1, arch.num_layers,
-                 time.time() - t0, _mean([errors[n] for names in stages for n in names]))
+    with ops.use_backend("ref"):
+        for i in range(model.num_layers):
+            layer = CalibrationLayer(model, by_layer[i], ckpt, device)
+            modules = _layer_modules(by_layer[i])
+            post: list[torch.Tensor | None] = [None] * len(hidden)           # h + attn per batch, while valid
+            for group in model.sequential_modules:
+                names = [n for n in modules if n.rsplit(".", 1)[1] in group]
+                attn_group = any(n in layer.attn_modules for n in names)
+                layer.start(names, device)
+                for bi, (h, pos, md) in enumerate(zip(hidden, positions, mds)):
+                    if attn_group or post[bi] is None:
+                        post[bi] = layer.attention(h, pos, kv, md)
+                    if not attn_group:
+                        layer.mlp(post[bi], output=False)
+                for n in names:
+                    acc = layer.acc[n]
+                    res = gptq_quantize(layer.float_w[n], acc.H, spec, damp, block_size)
+                    wq = res.dequant.t().contiguous()                          # [N, K]
+                    errors[n] = _relative_output_error(acc.H, layer.float_w[n], wq)
+                    layer.w[n] = wq
+                    packed[n] = res.disk_tensors(checkpoint_format)
+                layer.start([], device)
+                layer.install()
+                if attn_group:
+                    post = [None] * len(hidden)                                # attention's weights changed
+            hidden = [layer.mlp(h2 if h2 is not None else layer.attention(h, pos, kv, md))
+                      for h, h2, pos, md in zip(hidden, post, positions, mds)]
+            layer.drop()
+            log.info("layer %d/%d quantized (%.1fs); mean rel. output error %.4f", i + 1, model.num_layers,
+                     time.time() - t0, _mean([errors[n] for n in modules]))
     write_gptq_checkpoint(ckpt, out_dir, packed, spec, checkpoint_format, damp, method)
     return errors
 

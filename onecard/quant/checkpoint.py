@@ -8,7 +8,8 @@ Contract:
   ``write_gptq_checkpoint(src, out_dir, tensors, spec, ...)`` writes model.safetensors (packed linears +
   fp16 everything else), config.json, quantize_config.json, and copies tokenizer/generation files.
   ``load_gptq_as_float(model_dir) -> (config, state_dict)`` dequantizes a GPTQ checkpoint (v1 or v2, any
-  g_idx) to float32 nn.Linear weights [out, in] — for evaluation with HF classes and for tests.
+  g_idx; ``gptq_gemm.format.dequantize``) to float32 nn.Linear weights [out, in] — for evaluation with HF
+  classes and for tests.
 """
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from onecard.kernels.gptq_gemm.format import dequantize
+from onecard.quant.pack import read_safetensors_dir
 from onecard.quant.quantizer import QuantSpec
 
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "config.json", "pytorch_model.bin",
@@ -108,48 +111,19 @@ def write_gptq_checkpoint(src: FloatCheckpoint, out_dir: Path, packed: dict[str,
             shutil.copy2(f, out_dir / f.name)
 
 
-def _unpack(packed: torch.Tensor, dim: int) -> torch.Tensor:
-    shifts = torch.arange(0, 32, 4, dtype=torch.int32)
-    if dim == 0:
-        nib = (packed.unsqueeze(1) >> shifts.view(1, 8, 1)) & 0xF           # [R, 8, C]
-        return nib.reshape(packed.shape[0] * 8, packed.shape[1])
-    nib = (packed.unsqueeze(2) >> shifts.view(1, 1, 8)) & 0xF               # [R, C, 8]
-    return nib.reshape(packed.shape[0], packed.shape[1] * 8)
-
-
-def dequantize_linear(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
-                      g_idx: torch.Tensor | None, group_size: int, v1: bool) -> torch.Tensor:
-    """The documented unpacking -> float32 nn.Linear weight [N, K]."""
-    n = scales.shape[1]
-    q = _unpack(qweight, 0).float()                                          # [K', N]
-    k = g_idx.numel() if g_idx is not None else q.shape[0]
-    q = q[:k]
-    z = _unpack(qzeros, 1)[:, :n]                                            # [G, N]
-    if v1:
-        z = (z + 1) & 0xF
-    g = g_idx.long() if g_idx is not None else torch.arange(k) // (k if group_size == -1 else group_size)
-    w = (q - z[g].float()) * scales[g].float()                               # [K, N]
-    return w.t().contiguous()
-
-
 def load_gptq_as_float(model_dir: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     model_dir = Path(model_dir)
     cfg = json.loads((model_dir / "config.json").read_text())
     qcfg = cfg.get("quantization_config") or json.loads((model_dir / "quantize_config.json").read_text())
-    v1 = qcfg.get("checkpoint_format", "gptq") == "gptq"
+    fmt = qcfg.get("checkpoint_format", "gptq")
     group = int(qcfg.get("group_size", 128))
-    raw: dict[str, torch.Tensor] = {}
-    files = sorted(model_dir.glob("*.safetensors"))
-    for f in files:
-        with safe_open(f, "pt") as h:
-            for k in h.keys():
-                raw[k] = h.get_tensor(k)
+    raw = read_safetensors_dir(model_dir)
     out: dict[str, torch.Tensor] = {}
     for k, t in raw.items():
         if k.endswith(".qweight"):
             base = k.removesuffix(".qweight")
-            out[base + ".weight"] = dequantize_linear(t, raw[base + ".qzeros"], raw[base + ".scales"],
-                                                      raw.get(base + ".g_idx"), group, v1)
+            w = dequantize(t, raw[base + ".qzeros"], raw[base + ".scales"], raw.get(base + ".g_idx"), fmt, group)
+            out[base + ".weight"] = w.t().contiguous()                                    # [N, K]
         elif not k.endswith((".qzeros", ".scales", ".g_idx")):
             out[k] = t.float()
     return cfg, out

@@ -2,7 +2,7 @@
 
 Contract:
   ``HessianAccumulator(K).add(x)`` accumulates H = 2/n * sum x x^T over calibration inputs x [T, K].
-  ``gptq_quantize(weight [N, K], H [K, K], spec, damp, block_size) -> QuantResult`` quantizes the
+  ``gptq_quantize(weight [N, K], H [K, K], spec, damp, block_size) -> QuantizedLinear`` quantizes the
   nn.Linear weight column by column in Cholesky order of H^-1, with lazy batch updates of ``block_size``
   columns, per-group scale/zero computed on the fly from the error-updated weights, and optional act-order
   (desc_act: columns in decreasing diag(H), groups in that order, recorded in g_idx) - as in AutoGPTQ and
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from onecard.quant.quantizer import QuantResult, QuantSpec, find_params, quantize_codes, rtn_quantize
+from onecard.quant.quantizer import QuantizedLinear, QuantSpec, find_params, quantize_codes, quantize_rtn
 
 log = logging.getLogger(__name__)
 
@@ -61,13 +61,13 @@ def _inverse_cholesky_upper(H: torch.Tensor, damp: float) -> torch.Tensor:
 
 
 def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, spec: QuantSpec, damp: float = 0.01,
-                  block_size: int = 128) -> QuantResult:
+                  block_size: int = 128) -> QuantizedLinear:
     """weight: nn.Linear layout [N, K]; H: [K, K] from the layer's inputs. Returns codes in input order."""
     W = weight.detach().to(torch.float32).clone()                         # [N, K]
     H = H.detach().to(W.device, torch.float32).clone()                    # [K, K]
     n_out, k_in = W.shape
     if not bool(torch.any(torch.diag(H) > 0)):
-        return rtn_quantize(weight, spec)
+        return quantize_rtn(weight, spec.group_size, spec.sym, min_zero=1, bits=spec.bits)
     dead = torch.diag(H) == 0
     H[dead, dead] = 1.0
     W[:, dead] = 0.0
@@ -113,7 +113,7 @@ def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, spec: QuantSpec, damp: 
         invperm = torch.argsort(perm)
         Q = Q[:, invperm]
         g_idx = g_idx[invperm]
-    return QuantResult(Q.t().contiguous(), scales, zeros, g_idx.contiguous())
+    return QuantizedLinear(Q.t().contiguous(), scales.half(), zeros, g_idx.contiguous(), group)
 
 
 def build_parser() -> argparse.ArgumentParser:

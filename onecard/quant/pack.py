@@ -1,19 +1,11 @@
-"""Round-to-nearest GPTQ packer: float weights -> the exact on-disk GPTQ 4-bit tensors, and back.
+"""GPTQ (round-to-nearest) copies of float HF checkpoints, GPTQModel's ``dynamic`` rules, safetensors dirs.
 
-Contract (GPTQModel/AutoGPTQ layout, REFERENCE.md "GPTQ on disk"): for an nn.Linear weight w [N, K]
-(y = x @ w.T, K = in, N = out, G = ceil(K / group) groups):
-  qweight int32 [K/8, N]  nibble j (shift 4j) of row r holds q[8r + j, n]
-  qzeros  int32 [G, N/8]  nibble j of column c holds the stored zero of output 8c + j
-                          ("gptq" = v1 stores true zero - 1; "gptq_v2" stores the true zero)
-  scales  fp16  [G, N]
-  g_idx   int32 [K]       group of input row k: k // group, or (desc_act) the group of k's rank in the
-                          activation order ``desc_act_perm`` (a shuffled, non-monotonic g_idx)
-  W[k, n] = (q[k, n] - z[g_idx[k], n]) * s[g_idx[k], n].
-``quantize_rtn`` returns a ``QuantizedLinear`` (packed tensors with TRUE zeros, codes, exact dequantization);
-``.disk_tensors(fmt)`` applies the v1 zero convention (``to_v1``/``from_v1``); ``dequantize`` reads disk tensors. ``gptq_copy`` writes a
-GPTQ checkpoint from a float HF one (quantizing attention/MLP/expert projections; router, norms, embeddings
-and lm_head stay float), honouring ``dynamic`` overrides ("-:" = leave the module unquantized).
-``dynamic_override`` is the one implementation of GPTQModel's ``dynamic`` matching (the loader uses it too).
+Contract: ``gptq_copy`` writes a GPTQ checkpoint from a float HF one (quantizing attention/MLP/expert
+projections with ``quantizer.quantize_rtn``; router, norms, embeddings and lm_head stay float), honouring
+``dynamic`` overrides ("-:" = leave the module unquantized); the tensors are in the format of
+``onecard.kernels.gptq_gemm.format``. ``dynamic_override`` is the one implementation of GPTQModel's ``dynamic``
+matching. ``read_safetensors_dir`` / ``save_safetensors`` read and write a model
+directory's tensors (single file or index + shards).
 """
 from __future__ import annotations
 
@@ -23,145 +15,15 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from dataclasses import dataclass
-
 import torch
 
-BITS = 4
-MAXQ = (1 << BITS) - 1
-_SHIFTS = torch.arange(0, 32, 4, dtype=torch.int64)                     # [8] nibble j at bit 4j
+from onecard.kernels.gptq_gemm.format import BITS
+from onecard.quant.quantizer import QuantizedLinear, quantize_rtn
 
 # Module suffixes that GPTQModel quantizes in Qwen3 / Qwen3-MoE (the router `mlp.gate` is NOT among them).
 QUANTIZED_SUFFIXES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                       "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 _EXPERT_RE = re.compile(r"\.mlp\.experts\.\d+\.(gate|up|down)_proj$")
-
-
-# ---------------------------------------------------------------- bit packing
-def _to_int32(x: torch.Tensor) -> torch.Tensor:
-    """Unsigned 32-bit values held in int64 -> the same bits as int32 (two's complement)."""
-    return torch.where(x >= 2**31, x - 2**32, x).to(torch.int32)
-
-
-def pack_rows(q: torch.Tensor) -> torch.Tensor:
-    """int [R, C] codes in [0, 15] -> int32 [R/8, C]; row 8r + j goes to nibble j of packed row r."""
-    r, c = q.shape
-    if r % 8:
-        raise ValueError(f"packing needs a size divisible by 8, got {r}")
-    v = q.to(torch.int64).reshape(r // 8, 8, c)                             # [R/8, 8, C]
-    return _to_int32((v << _SHIFTS.view(1, 8, 1)).sum(dim=1))
-
-
-def pack_cols(z: torch.Tensor) -> torch.Tensor:
-    """int [R, C] codes in [0, 15] -> int32 [R, C/8]; column 8c + j goes to nibble j of packed column c."""
-    return pack_rows(z.t().contiguous()).t().contiguous()
-
-
-def unpack_rows(packed: torch.Tensor) -> torch.Tensor:
-    """int32 [R, C] -> int32 [8R, C] codes."""
-    v = packed.to(torch.int64).unsqueeze(1) >> _SHIFTS.view(1, 8, 1)       # [R, 8, C]
-    return (v & 0xF).reshape(-1, packed.shape[1]).to(torch.int32)
-
-
-def unpack_cols(packed: torch.Tensor) -> torch.Tensor:
-    """int32 [R, C] -> int32 [R, 8C] codes."""
-    return unpack_rows(packed.t().contiguous()).t().contiguous()
-
-
-# ---------------------------------------------------------------- v1 zeros
-def to_v1(qzeros: torch.Tensor) -> torch.Tensor:
-    """Packed TRUE zeros -> v1 (every nibble minus one, mod 16)."""
-    return pack_cols((unpack_cols(qzeros) - 1) % 16)
-
-
-def from_v1(qzeros: torch.Tensor) -> torch.Tensor:
-    """Packed v1 zeros -> TRUE zeros (every nibble plus one, mod 16)."""
-    return pack_cols((unpack_cols(qzeros) + 1) % 16)
-
-
-# ---------------------------------------------------------------- quantization
-def num_groups(in_features: int, group_size: int) -> int:
-    g = in_features if group_size in (-1, 0) else group_size
-    return (in_features + g - 1) // g
-
-
-def trivial_g_idx(in_features: int, group_size: int) -> torch.Tensor:
-    g = in_features if group_size in (-1, 0) else group_size
-    return (torch.arange(in_features) // g).to(torch.int32)
-
-
-@dataclass(slots=True)
-class QuantizedLinear:
-    """One RTN-quantized linear. ``qzeros`` holds TRUE zeros; ``disk_tensors(fmt)`` gives what is written."""
-
-    qweight: torch.Tensor      # int32 [K/8, N]
-    qzeros: torch.Tensor       # int32 [G, N/8] true zeros
-    scales: torch.Tensor       # fp16 [G, N]
-    g_idx: torch.Tensor        # int32 [K]
-    group_size: int            # K when asked for -1
-    q: torch.Tensor            # int32 [K, N] codes
-    zeros: torch.Tensor        # int32 [G, N] true zeros
-    dequant: torch.Tensor      # float32 [K, N] = (q - z[g]) * s[g], exactly what the packed tensors mean
-
-    def disk_tensors(self, fmt: str = "gptq") -> dict[str, torch.Tensor]:
-        if fmt not in ("gptq", "gptq_v2"):
-            raise ValueError(f"checkpoint format {fmt!r}: use 'gptq' (v1) or 'gptq_v2'.")
-        qz = to_v1(self.qzeros) if fmt == "gptq" else self.qzeros
-        return {"qweight": self.qweight, "qzeros": qz, "scales": self.scales, "g_idx": self.g_idx}
-
-    def __iter__(self):
-        """``qweight, qzeros, scales, g_idx = quantize_rtn(...)`` (true zeros)."""
-        return iter((self.qweight, self.qzeros, self.scales, self.g_idx))
-
-
-def quantize_rtn(w: torch.Tensor, group_size: int, sym: bool, desc_act_perm: torch.Tensor | None = None,
-                 min_zero: int = 0) -> QuantizedLinear:
-    """w [N, K] float (nn.Linear layout) -> a QuantizedLinear (round to nearest per group).
-
-    Groups are consecutive input rows in ``desc_act_perm`` order (identity when None); rows stay stored in
-    input order, so a permutation gives a shuffled g_idx. Scales are rounded to fp16 before the codes are
-    chosen, so the packed tensors dequantize exactly to ``dequant``. ``min_zero=1`` keeps asym zeros >= 1,
-    which v1 checkpoints need for other readers (AutoGPTQ/vLLM add 1 without wrapping mod 16).
-    """
-    n, k = w.shape
-    if k % 8 or n % 8:
-        raise ValueError(f"GPTQ 4-bit needs in/out features divisible by 8, got [{n}, {k}]")
-    gs = k if group_size in (-1, 0) else group_size
-    perm = torch.arange(k) if desc_act_perm is None else desc_act_perm.long()
-    g_idx = torch.empty(k, dtype=torch.int32)
-    g_idx[perm] = (torch.arange(k) // gs).to(torch.int32)
-    gl = g_idx.long()
-    ng = num_groups(k, group_size)
-    wt = w.detach().float().t().contiguous()                               # [K, N]
-    scales = torch.empty(ng, n)
-    zeros = torch.empty(ng, n)
-    for g in range(ng):
-        rows = wt[gl == g]                                                  # [rows, N]
-        xmin = rows.min(dim=0).values.clamp(max=0.0)                        # the range always holds 0
-        xmax = rows.max(dim=0).values.clamp(min=0.0)
-        if sym:
-            xmax = torch.maximum(xmin.abs(), xmax)
-            xmin = -xmax
-        span = torch.where(xmax - xmin > 0, xmax - xmin, torch.ones_like(xmax))   # dead column: any scale
-        s = (span / MAXQ).half().float()
-        s = torch.where(s > 0, s, torch.full_like(s, 2.0**-24))            # fp16 underflow guard
-        z = torch.full_like(s, (MAXQ + 1) // 2) if sym else torch.round(-xmin / s).clamp(min_zero, MAXQ)
-        scales[g], zeros[g] = s, z
-    q = torch.clamp(torch.round(wt / scales[gl]) + zeros[gl], 0, MAXQ).to(torch.int32)   # [K, N]
-    zi = zeros.to(torch.int32)
-    sc = scales.half()
-    dq = (q.long() - zi.long()[gl]).float() * sc.float()[gl]
-    return QuantizedLinear(pack_rows(q), pack_cols(zi), sc, g_idx, gs, q, zi, dq)
-
-
-def dequantize(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, g_idx: torch.Tensor | None,
-               fmt: str = "gptq_v2", group_size: int = -1) -> torch.Tensor:
-    """On-disk tensors -> float32 W [K, N] (y = x @ W); ``fmt="gptq"`` reads v1 zeros."""
-    q = unpack_rows(qweight).long()                                         # [K, N]
-    z = unpack_cols(from_v1(qzeros) if fmt == "gptq" else qzeros).long()   # [G, N]
-    k = q.shape[0]
-    g = (trivial_g_idx(k, group_size) if g_idx is None else g_idx).long()
-    return (q - z[g]).float() * scales.float()[g]
 
 
 # ---------------------------------------------------------------- dynamic overrides

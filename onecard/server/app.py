@@ -1,19 +1,26 @@
-"""The FastAPI application: routes, API-key check, start-up in the background.
+"""The FastAPI application: routes, the request guard, start-up in the background, the engine watchdog.
 
 Contract: ``build_app(state)`` returns the app for one ``ServerState`` (settings, the AsyncEngine, the
 tokenizer, metrics). Its lifespan starts loading the engine in the background and returns at once, so
 ``/health`` answers 503 while loading and 200 once ready; a start-up failure is logged and reported to
-``state.on_fatal`` (the CLI exits 1). On shutdown the engine core is stopped. Routes: GET /health, /version,
-/metrics, /v1/models, /v1/models/{id}; POST /v1/chat/completions, /v1/completions, /tokenize, /detokenize.
-With ``api_key`` set every /v1/* route needs ``Authorization: Bearer <key>`` (401 otherwise).
+``state.on_fatal`` (the CLI exits 1). When the engine dies later, in-flight requests fail (500 / an error
+event naming it), ``/health`` answers 503 and, ``ENGINE_DEAD_EXIT_DELAY_S`` later (so probes see the 503),
+``state.on_fatal`` ends the server with a non-zero status. ``state.end_in_flight(why)`` fails every request
+still running (shutdown deadline: streams end with an error event and [DONE]). On shutdown the engine core is
+stopped. Routes: GET /health, /version, /metrics, /v1/models, /v1/models/{id}, /openapi.json; POST
+/v1/chat/completions, /v1/completions, /tokenize, /detokenize. Every route sits behind ``guard.RequestGuard``
+(API key on /v1/*, body-size limit, disconnect abort, access log). Templating and tokenizing run in
+``state.executor`` (``run_blocking``), never on the event loop.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,12 +28,17 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 import onecard
-from onecard.frontend.async_engine import AsyncEngine
+from onecard.frontend.async_engine import AsyncEngine, EngineRequestError
 from onecard.frontend.tokenizer import encode_prompt, render_chat
 from onecard.server import serving_chat, serving_completion
 from onecard.server.errors import error_response, install_error_handlers, model_not_found
+from onecard.server.guard import GuardSettings, RequestGuard
 from onecard.server.metrics import ServerMetrics
+from onecard.server.openapi import install_openapi
 from onecard.server.openai_types import DetokenizeRequest, TokenizeRequest
+
+ENGINE_DEAD_EXIT_DELAY_S = 1.5   # between the engine's death and the server's exit: probes see /health 503
+LOG_STATS_INTERVAL_S = 10.0      # the periodic throughput line (vLLM's VLLM_LOG_STATS_INTERVAL)
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +54,10 @@ class ServerSettings:
     enable_auto_tool_choice: bool = False
     chat_template: str | None = None      # resolved template text (--chat-template), None = tokenizer's
     default_sampling: dict[str, Any] = field(default_factory=dict)   # from generation_config.json
+    max_body_bytes: int = 8 << 20         # --max-request-body-bytes (413 beyond it)
+    log_requests: bool = True             # access log line per request (--disable-log-requests turns it off)
+    log_stats: bool = True                # periodic throughput line (--disable-log-stats turns it off)
+    api_threads: int = 2                  # templating/tokenizing threads (--api-threads / ONECARD_API_THREADS)
 
 
 @dataclass(slots=True)
@@ -53,7 +69,20 @@ class ServerState:
     created: int = field(default_factory=lambda: int(time.time()))
     on_fatal: Callable[[str], None] | None = None
     started_at: float = field(default_factory=time.perf_counter)
+    executor: ThreadPoolExecutor | None = None
     _start_task: asyncio.Task | None = None
+
+    async def run_blocking(self, fn: Callable, *args: Any, **kwargs: Any) -> Any:
+        """Run CPU work (templating, tokenizing) on the text threads, keeping the event loop free."""
+        if self.executor is None:
+            self.executor = ThreadPoolExecutor(max_workers=self.settings.api_threads,
+                                               thread_name_prefix="onecard-text")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, functools.partial(fn, *args, **kwargs))
+
+    def end_in_flight(self, why: str) -> None:
+        """Fail every request still running with a 503 (streams get an error event and [DONE])."""
+        self.engine.fail_all(EngineRequestError(why, 503))
 
     def model_name(self, requested: str | None) -> str:
         """The served name a request addressed (None → the first); unknown names are a 404."""
@@ -90,40 +119,46 @@ async def _start_engine(state: ServerState) -> None:
     log_engine_info(state)
 
 
-class _APIKeyMiddleware:
-    """Plain ASGI (not BaseHTTPMiddleware) so streaming responses and client disconnects pass through."""
+def _on_engine_dead(state: ServerState, why: str) -> None:
+    logger.error("the engine core died (%s): in-flight requests failed, /health answers 503; the server exits "
+                 "in %.1f s with status 1 so that it can be restarted", why, ENGINE_DEAD_EXIT_DELAY_S)
+    if state.on_fatal is not None:
+        asyncio.get_running_loop().call_later(ENGINE_DEAD_EXIT_DELAY_S, state.on_fatal,
+                                              f"the engine core died: {why}")
 
-    def __init__(self, app, api_key: str):
-        self.app = app
-        self.expected = f"Bearer {api_key}".encode()
 
-    async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["method"] != "OPTIONS" and scope["path"].startswith("/v1"):
-            auth = dict(scope.get("headers") or []).get(b"authorization")
-            if auth != self.expected:
-                response = error_response("Unauthorized: a valid API key is required.", 401)
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
+async def _log_stats(state: ServerState) -> None:
+    while True:
+        await asyncio.sleep(LOG_STATS_INTERVAL_S)
+        if state.engine.ready:
+            line = state.metrics.throughput_line()
+            if line is not None:
+                logger.info("%s", line)
 
 
 def build_app(state: ServerState) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
+        state.engine.on_dead.append(lambda why: _on_engine_dead(state, why))
         state._start_task = asyncio.create_task(_start_engine(state), name="onecard-engine-start")
+        stats_task = asyncio.create_task(_log_stats(state)) if state.settings.log_stats else None
         try:
             yield
         finally:
-            if not state._start_task.done():
-                state._start_task.cancel()
+            for task in (state._start_task, stats_task):
+                if task is not None and not task.done():
+                    task.cancel()
             await state.engine.shutdown()
+            if state.executor is not None:
+                state.executor.shutdown(wait=False, cancel_futures=True)
 
-    app = FastAPI(title="onecard", version=onecard.__version__, lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="onecard", version=onecard.__version__, lifespan=lifespan, docs_url=None,
+                  redoc_url=None)
     app.state.onecard = state
     install_error_handlers(app)
-
-    if state.settings.api_key:
-        app.add_middleware(_APIKeyMiddleware, api_key=state.settings.api_key)
+    s = state.settings
+    app.add_middleware(RequestGuard, settings=GuardSettings(api_key=s.api_key, max_body_bytes=s.max_body_bytes,
+                                                            log_requests=s.log_requests))
 
     @app.get("/health")
     async def health() -> Response:
@@ -166,9 +201,7 @@ def build_app(state: ServerState) -> FastAPI:
     async def completions(body: serving_completion.CompletionRequest, request: Request) -> Response:
         return await serving_completion.create_completion(state, body, request)
 
-    @app.post("/tokenize")
-    async def tokenize(body: TokenizeRequest) -> JSONResponse:
-        state.model_name(body.model)   # 404 for an unknown model, as elsewhere
+    def _tokenize(body: TokenizeRequest) -> dict[str, Any]:
         if body.messages is not None:
             text = render_chat(state.tokenizer, [m.model_dump(exclude_none=True) for m in body.messages],
                                tools=[t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None,
@@ -182,7 +215,12 @@ def build_app(state: ServerState) -> FastAPI:
         out: dict[str, Any] = {"count": len(ids), "max_model_len": state.settings.max_model_len, "tokens": ids}
         if body.return_token_strs:
             out["token_strs"] = state.tokenizer.convert_ids_to_tokens(ids)
-        return JSONResponse(out)
+        return out
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> JSONResponse:
+        state.model_name(body.model)   # 404 for an unknown model, as elsewhere
+        return JSONResponse(await state.run_blocking(_tokenize, body))
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest) -> JSONResponse:
@@ -191,6 +229,7 @@ def build_app(state: ServerState) -> FastAPI:
         bad = [t for t in body.tokens if not 0 <= t < vocab]
         if bad:
             return error_response(f"token ids {bad[:5]} are outside the vocabulary [0, {vocab}).", 400, "tokens")
-        return JSONResponse({"prompt": state.tokenizer.decode(body.tokens)})
+        return JSONResponse({"prompt": await state.run_blocking(state.tokenizer.decode, body.tokens)})
 
+    install_openapi(app)
     return app

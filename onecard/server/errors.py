@@ -2,9 +2,11 @@
 
 Contract: route code raises ``APIError`` (or a subclass: ``BadRequest``, ``NotFound``, ``Unauthorized``,
 ``ServiceUnavailable``); ``install_error_handlers(app)`` turns those, FastAPI's request-validation errors
-(422 → 400), engine rejections (``EngineRequestError``, status from the engine), ``ValueError`` from
-parameter validation (400) and anything else (500, no traceback in the body) into
-``{"error": {"message", "type", "param", "code"}}``. ``error_body`` builds the same dict for SSE streams.
+(422 → 400), engine rejections (``EngineRequestError``, status from the engine), a dead engine
+(``EngineDeadError``: 500 naming the cause, as vLLM), a loading one (503), ``ValueError`` from parameter
+validation (400) and anything else (500, no traceback in the body) into
+``{"error": {"message", "type", "param", "code"}}``. Every 503 carries ``Retry-After``; Starlette's own
+errors keep their headers (405's ``Allow``). ``error_body`` builds the same dict for SSE streams.
 """
 from __future__ import annotations
 
@@ -16,12 +18,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from onecard.frontend.async_engine import EngineDeadError, EngineRequestError
+from onecard.frontend.async_engine import EngineDeadError, EngineNotReadyError, EngineRequestError
 
 logger = logging.getLogger(__name__)
 
 _TYPES = {400: "BadRequestError", 401: "AuthenticationError", 403: "PermissionDeniedError",
-          404: "NotFoundError", 405: "MethodNotAllowed", 413: "RequestTooLarge",
+          404: "NotFoundError", 405: "MethodNotAllowed", 413: "RequestTooLargeError",
           422: "UnprocessableEntityError", 429: "RateLimitError", 500: "InternalServerError",
           501: "NotImplementedError", 503: "ServiceUnavailableError"}
 
@@ -58,8 +60,15 @@ def error_body(message: str, status: int, param: str | None = None) -> dict[str,
                       "code": status}}
 
 
-def error_response(message: str, status: int, param: str | None = None) -> JSONResponse:
-    return JSONResponse(error_body(message, status, param), status_code=status)
+RETRY_AFTER_S = 1     # what a 503 asks clients to wait: the queue bound answers at once, so retry soon
+
+
+def error_response(message: str, status: int, param: str | None = None,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
+    headers = dict(headers or {})
+    if status == 503:
+        headers.setdefault("Retry-After", str(RETRY_AFTER_S))
+    return JSONResponse(error_body(message, status, param), status_code=status, headers=headers or None)
 
 
 def model_not_found(name: str) -> NotFound:
@@ -73,7 +82,10 @@ def to_api_error(exc: BaseException) -> APIError:
     if isinstance(exc, EngineRequestError):
         return APIError(exc.message, status=exc.status)
     if isinstance(exc, EngineDeadError):
-        return ServiceUnavailable(f"the engine is not available: {exc}")
+        return APIError(f"EngineDeadError: the engine core died, so this request failed ({exc}). The server "
+                        "is exiting so that it can be restarted.", status=500)
+    if isinstance(exc, EngineNotReadyError):
+        return ServiceUnavailable(f"the engine is not ready: {exc}")
     if isinstance(exc, ValueError):
         return BadRequest(str(exc))
     logger.error("internal error while serving a request", exc_info=exc)
@@ -103,7 +115,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error_response(str(exc.detail), exc.status_code)
+        return error_response(str(exc.detail), exc.status_code, headers=exc.headers)
 
     async def _mapped(_: Request, exc: Exception) -> JSONResponse:
         err = to_api_error(exc)
@@ -111,5 +123,5 @@ def install_error_handlers(app: FastAPI) -> None:
 
     # Known types are handled inside the app; the bare Exception handler runs in Starlette's outermost
     # middleware (which also logs the traceback) and answers 500 without one.
-    for exc_type in (APIError, EngineRequestError, EngineDeadError, ValueError, Exception):
+    for exc_type in (APIError, EngineRequestError, EngineDeadError, EngineNotReadyError, ValueError, Exception):
         app.add_exception_handler(exc_type, _mapped)

@@ -4,8 +4,9 @@ Contract: ``make_state(engine_config, core, settings=None, tokenizer=None)`` bui
 ``CoreClient`` (the real one, or a scripted one in tests); ``settings_from(engine_config, **flags)`` fills
 ``ServerSettings`` from the engine config. ``prepare_server(engine_config, ns)`` does the same from parsed CLI
 flags and returns a ``Server`` whose ``run()`` blocks until SIGTERM/SIGINT (then: stop accepting, let
-in-flight requests finish within ``--shutdown-timeout``, stop the engine) and returns the exit status
-(0 after a signal, 1 when the engine failed to start).
+in-flight requests finish within ``--shutdown-timeout``; at the deadline the ones still running end with an
+error (streams: an error event and [DONE]) and the server stops the engine) and returns the exit status: 0
+after a signal, 1 when the engine failed to start or died while serving (the watchdog).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import signal
 import time
 from typing import Any
 
-from onecard.config import EngineConfig
+from onecard.config import EngineConfig, default_api_threads
 from onecard.frontend.async_engine import AsyncEngine
 from onecard.frontend.core_client import CoreClient
 from onecard.frontend.tokenizer import load_tokenizer, resolve_chat_template
@@ -27,16 +28,29 @@ logger = logging.getLogger(__name__)
 _SAMPLING_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
 
+# Beyond --shutdown-timeout, the requests still running are failed (error event + [DONE]); uvicorn gets this
+# much longer to send those endings before it cancels what is left.
+SHUTDOWN_FLUSH_S = 5.0
+
+
 def settings_from(engine_config: EngineConfig, *, api_key: str | None = None, reasoning_parser: str | None = None,
-                  tool_call_parser: str | None = None, enable_auto_tool_choice: bool = False) -> ServerSettings:
+                  tool_call_parser: str | None = None, enable_auto_tool_choice: bool = False,
+                  max_body_bytes: int | None = None, log_requests: bool = True, log_stats: bool = True,
+                  api_threads: int | None = None) -> ServerSettings:
     m = engine_config.model
     gen = m.generation_config or {}
-    return ServerSettings(
+    env = engine_config.env
+    settings = ServerSettings(
         served_model_names=list(m.served_model_names) or [m.model], model_root=m.model,
         max_model_len=m.max_model_len, api_key=api_key, reasoning_parser=reasoning_parser,
         tool_call_parser=tool_call_parser, enable_auto_tool_choice=enable_auto_tool_choice,
         chat_template=resolve_chat_template(m.chat_template),
-        default_sampling={k: gen[k] for k in _SAMPLING_DEFAULT_KEYS if gen.get(k) is not None})
+        default_sampling={k: gen[k] for k in _SAMPLING_DEFAULT_KEYS if gen.get(k) is not None},
+        log_requests=log_requests, log_stats=log_stats,
+        api_threads=api_threads or env.api_threads or default_api_threads(env.cpu_count))
+    if max_body_bytes is not None:
+        settings.max_body_bytes = max_body_bytes
+    return settings
 
 
 def make_state(engine_config: EngineConfig, core: CoreClient, settings: ServerSettings | None = None,
@@ -44,8 +58,29 @@ def make_state(engine_config: EngineConfig, core: CoreClient, settings: ServerSe
     settings = settings or settings_from(engine_config)
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(engine_config.model.tokenizer)
     metrics = ServerMetrics(settings.served_model_names[0], lambda: core.stats, lambda: getattr(core, "info", None))
-    engine = AsyncEngine(core, tokenizer, engine_config.model, metrics=metrics)
+    listeners = getattr(core, "stats_listeners", None)
+    if listeners is not None:
+        listeners.append(metrics.on_step)
+    sched = engine_config.scheduler
+    cap, limits = None, ""
+    if sched.max_num_queued_reqs is not None:
+        # More in flight than running slots means a queue: bounding the sum bounds the queue, answered in A.
+        cap = sched.max_num_seqs + sched.max_num_queued_reqs
+        limits = f"--max-num-seqs={sched.max_num_seqs} + --max-num-queued-reqs={sched.max_num_queued_reqs}"
+    engine = AsyncEngine(core, tokenizer, engine_config.model, metrics=metrics, max_in_flight=cap,
+                         limits_text=limits)
     return ServerState(settings=settings, engine=engine, tokenizer=tokenizer, metrics=metrics)
+
+
+def _uvicorn_server(config, on_shutdown):
+    import uvicorn
+
+    class _Server(uvicorn.Server):
+        async def shutdown(self, sockets=None) -> None:
+            on_shutdown()
+            await super().shutdown(sockets)
+
+    return _Server(config)
 
 
 class Server:
@@ -55,11 +90,24 @@ class Server:
 
         self.state = state
         self.fatal: str | None = None
+        self.shutdown_timeout = shutdown_timeout
         state.on_fatal = self._on_fatal
         self.app = build_app(state)
         self.config = uvicorn.Config(self.app, host=host, port=port, log_level=log_level,
-                                     timeout_graceful_shutdown=shutdown_timeout, access_log=False)
-        self.server = uvicorn.Server(self.config)
+                                     timeout_graceful_shutdown=shutdown_timeout + SHUTDOWN_FLUSH_S,
+                                     access_log=False)
+        self.server = _uvicorn_server(self.config, self._on_shutdown)
+
+    def _on_shutdown(self) -> None:
+        """Shutdown began (signal or fatal error): requests still running at the deadline end with an error."""
+        import asyncio
+
+        why = (f"the server is shutting down: --shutdown-timeout={self.shutdown_timeout:g} s passed before "
+               "this request finished")
+        if self.fatal is not None:
+            self.state.end_in_flight(f"the server is exiting: {self.fatal}")
+            return
+        asyncio.get_running_loop().call_later(self.shutdown_timeout, self.state.end_in_flight, why)
 
     def _on_fatal(self, why: str) -> None:
         self.fatal = why
@@ -75,7 +123,7 @@ class Server:
             for s, h in previous.items():
                 signal.signal(s, h)
         if self.fatal is not None:
-            logger.error("exiting: the engine failed to start: %s", self.fatal)
+            logger.error("exiting with status 1: %s", self.fatal)
             return 1
         return 0
 
@@ -85,7 +133,9 @@ def prepare_server(engine_config: EngineConfig, ns: argparse.Namespace) -> Serve
 
     settings = settings_from(engine_config, api_key=ns.api_key, reasoning_parser=ns.reasoning_parser,
                              tool_call_parser=ns.tool_call_parser,
-                             enable_auto_tool_choice=ns.enable_auto_tool_choice)
+                             enable_auto_tool_choice=ns.enable_auto_tool_choice,
+                             max_body_bytes=ns.max_request_body_bytes, log_requests=not ns.disable_log_requests,
+                             log_stats=not ns.disable_log_stats, api_threads=ns.api_threads)
     # Start B first: its imports and weight loading overlap A's tokenizer and app set-up (time to ready).
     started_at = time.perf_counter()
     core = make_core_client(engine_config, single_process=ns.single_process)
@@ -93,6 +143,16 @@ def prepare_server(engine_config: EngineConfig, ns: argparse.Namespace) -> Serve
     tokenizer = load_tokenizer(engine_config.model.tokenizer)
     state = make_state(engine_config, core, settings, tokenizer)
     state.started_at = started_at          # "ready in" counts from B's spawn, not from the app's creation
+    _limit_api_torch_threads()
     logger.info("starting onecard: model %s as %s on http://%s:%d (engine loading in the background)",
                 settings.model_root, ", ".join(settings.served_model_names), ns.host or "0.0.0.0", ns.port)
     return Server(state, ns.host or "0.0.0.0", ns.port, ns.shutdown_timeout, ns.uvicorn_log_level)
+
+
+def _limit_api_torch_threads() -> None:
+    """Process A runs no model: if torch is loaded here at all, one intra-op thread is plenty."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)

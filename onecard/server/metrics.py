@@ -2,17 +2,21 @@
 
 Contract: ``ServerMetrics(model_name, stats_fn)`` owns its own ``CollectorRegistry`` (several servers can
 live in one test process). Request-level series are observed by the AsyncEngine through ``on_first_token``
-/ ``on_finish``; engine-level ones (running, waiting, KV usage, prefix-cache queries/hits, preemptions, and the
-host KV tier's lookups/hits as vLLM's "external" prefix cache, its bytes copied each way as vLLM's offload
-``kv_offload_total_bytes{transfer_type}`` and its usage as ``cpu_cache_usage_perc``) are read from ``stats_fn()``
-(the latest ``EngineStats``) at scrape time; once the engine is up, ``info_fn()``
-(its ``EngineInfo``) adds vLLM's ``vllm:cache_config_info`` (labels: block_size, cache_dtype, num_gpu_blocks,
-...) and ``onecard:kv_cache_capacity_tokens`` / ``onecard:kv_cache_bytes_per_token`` (the KV pool in tokens). ``render()`` returns the text
-exposition and its content type. Every series carries ``model_name`` (the first served name) and
-``engine="0"``, as vLLM v1 labels them.
+/ ``on_tokens`` / ``on_finish`` (TTFT, inter-token latency, queue / prefill / decode / inference / e2e time,
+token counts); ``on_step(stats)`` observes ``vllm:iteration_tokens_total`` once per engine step; engine-level
+gauges (running, waiting, KV usage, prefix-cache queries/hits, preemptions, and the host KV tier's
+lookups/hits as vLLM's "external" prefix cache, its bytes copied each way as vLLM's offload
+``kv_offload_total_bytes{transfer_type}`` and its usage as ``cpu_cache_usage_perc``) are read from
+``stats_fn()`` (the latest ``EngineStats``) at scrape time; once the engine is up, ``info_fn()`` (its
+``EngineInfo``) adds vLLM's ``vllm:cache_config_info`` (labels: block_size, cache_dtype, num_gpu_blocks, ...)
+and ``onecard:kv_cache_capacity_tokens`` / ``onecard:kv_cache_bytes_per_token`` (the KV pool in tokens). ``render()`` returns the text exposition and its
+content type. ``throughput_line()`` is the periodic log line (vLLM's "Avg prompt throughput ..."), None when
+idle. Every series carries ``model_name`` (the first served name) and ``engine="0"``, as vLLM v1 labels them.
 """
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -24,6 +28,9 @@ from onecard.protocol import EngineInfo, EngineStats
 
 _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                  20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+_ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0)
+_ITERATION_TOKEN_BUCKETS = tuple(2**i for i in range(15))     # 1 .. 16384 tokens per step
 _E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
                 480.0, 960.0, 1920.0, 7680.0)
 
@@ -112,11 +119,55 @@ class ServerMetrics:
         self._gen_hist = Histogram("vllm:request_generation_tokens", "Number of generation tokens per request.",
                                    names, buckets=_len_buckets(), registry=self.registry).labels(**self.labels)
 
-    def on_first_token(self, seconds: float) -> None:
+        def hist(name: str, doc: str, buckets) -> Histogram:
+            return Histogram(name, doc, names, buckets=buckets, registry=self.registry).labels(**self.labels)
+
+        self._itl = hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+                         _ITL_BUCKETS)
+        # vLLM 0.10/0.11 observe this one per token too (deprecated alias of inter_token_latency).
+        self._tpot = hist("vllm:time_per_output_token_seconds",
+                          "Histogram of time per output token in seconds.", _ITL_BUCKETS)
+        self._req_tpot = hist("vllm:request_time_per_output_token_seconds",
+                              "Histogram of time_per_output_token_seconds per request.", _ITL_BUCKETS)
+        self._queue = hist("vllm:request_queue_time_seconds",
+                           "Histogram of time spent in WAITING phase for request.", _E2E_BUCKETS)
+        self._prefill = hist("vllm:request_prefill_time_seconds",
+                             "Histogram of time spent in PREFILL phase for request.", _E2E_BUCKETS)
+        self._decode = hist("vllm:request_decode_time_seconds",
+                            "Histogram of time spent in DECODE phase for request.", _E2E_BUCKETS)
+        self._inference = hist("vllm:request_inference_time_seconds",
+                               "Histogram of time spent in RUNNING phase for request.", _E2E_BUCKETS)
+        self._iteration = hist("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
+                               _ITERATION_TOKEN_BUCKETS)
+        # plain totals for the periodic throughput line (prompt tokens counted at their first token)
+        self._lock = threading.Lock()
+        self._steps_seen = 0
+        self._totals = [0, 0]                     # prompt tokens prefilled, tokens generated
+        self._last_log = (time.monotonic(), 0, 0)
+        self._idle_logged = False
+        self._stats_fn = stats_fn
+
+    def on_first_token(self, seconds: float, prompt_tokens: int = 0) -> None:
         self._ttft.observe(seconds)
+        with self._lock:
+            self._totals[0] += prompt_tokens
+            self._totals[1] += 1
+
+    def on_tokens(self, count: int, gap_seconds: float) -> None:
+        with self._lock:
+            self._totals[1] += count
+        for _ in range(count):
+            self._itl.observe(gap_seconds / count)
+            self._tpot.observe(gap_seconds / count)
+
+    def on_step(self, stats: EngineStats) -> None:
+        """Called with each EngineStats B sends; observes the tokens of each new step once."""
+        if stats.num_steps > self._steps_seen:
+            self._steps_seen = stats.num_steps
+            self._iteration.observe(stats.last_step_tokens)
 
     def on_finish(self, *, prompt_tokens: int, output_tokens: int, finish_reason: str,
-                  e2e_seconds: float) -> None:
+                  e2e_seconds: float, timing=None) -> None:
         self._prompt.inc(prompt_tokens)
         self._generation.inc(output_tokens)
         self._prompt_hist.observe(prompt_tokens)
@@ -124,6 +175,35 @@ class ServerMetrics:
         self._e2e.observe(e2e_seconds)
         if finish_reason in ("stop", "length", "abort"):
             self._success.labels(**self.labels, finished_reason=finish_reason).inc()
+        if timing is None or timing.scheduled is None:
+            return
+        self._queue.observe(max(0.0, timing.scheduled - timing.arrival))
+        if timing.first_token is not None and timing.last_token is not None:
+            self._prefill.observe(max(0.0, timing.first_token - timing.scheduled))
+            decode = timing.last_token - timing.first_token
+            self._decode.observe(decode)
+            self._inference.observe(max(0.0, timing.last_token - timing.scheduled))
+            if output_tokens > 1:
+                self._req_tpot.observe(decode / (output_tokens - 1))
+
+    def throughput_line(self) -> str | None:
+        """vLLM's periodic line: token rates since the last call; None when idle twice in a row."""
+        now = time.monotonic()
+        with self._lock:
+            prompt, gen = self._totals
+        t0, p0, g0 = self._last_log
+        self._last_log = (now, prompt, gen)
+        s = self._stats_fn()
+        idle = prompt == p0 and gen == g0 and s.num_running == 0 and s.num_waiting == 0
+        if idle and self._idle_logged:
+            return None
+        self._idle_logged = idle
+        dt = max(now - t0, 1e-9)
+        hit = 100.0 * s.prefix_cache_hits / s.prefix_cache_queries if s.prefix_cache_queries else 0.0
+        return (f"Engine 000: Avg prompt throughput: {(prompt - p0) / dt:.1f} tokens/s, Avg generation "
+                f"throughput: {(gen - g0) / dt:.1f} tokens/s, Running: {s.num_running} reqs, Waiting: "
+                f"{s.num_waiting} reqs, GPU KV cache usage: {100.0 * s.kv_cache_usage:.1f}%, Prefix cache hit "
+                f"rate: {hit:.1f}%")
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
-from onecard.sampling_params import SamplingParams
+from onecard.sampling_params import INT64_MAX, INT64_MIN, MAX_LOGPROBS, MAX_N, TOP_K_MAX, SamplingParams
+
+# A token id: an integer (never a bool or a float), non-negative; the vocabulary bound is checked per route.
+TokenId = Annotated[StrictInt, Field(ge=0, le=INT64_MAX)]
+Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
 
 _DEFAULTABLE = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
@@ -30,7 +34,8 @@ def now() -> int:
 
 
 class _Base(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    # NaN and Infinity (which Python's JSON parser accepts) are refused for every float field.
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
 
 class StreamOptions(_Base):
@@ -76,10 +81,10 @@ class _SamplingFields(_Base):
     """Fields shared by chat and completions."""
 
     model: str | None = None
-    n: int = 1
+    n: int = Field(1, ge=1, le=MAX_N)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    seed: int | None = None
+    seed: Int64 | None = None
     stop: str | list[str] | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -88,16 +93,16 @@ class _SamplingFields(_Base):
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     # vLLM extras
-    top_k: int | None = None
+    top_k: int | None = Field(None, ge=-1, le=TOP_K_MAX)
     min_p: float | None = None
     repetition_penalty: float | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool = False
-    min_tokens: int = 0
+    min_tokens: int = Field(0, ge=0, le=INT64_MAX)
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
-    priority: int = 0
+    priority: Int64 = 0
     response_format: ResponseFormat | None = None
 
     def _base_params(self, defaults: dict[str, Any], max_tokens: int | None, logprobs: int | None) -> SamplingParams:
@@ -129,10 +134,10 @@ class _SamplingFields(_Base):
 
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
+    max_tokens: Int64 | None = None
+    max_completion_tokens: Int64 | None = None
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     tools: list[ToolDef] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = True
@@ -170,12 +175,12 @@ class ChatCompletionRequest(_SamplingFields):
 
 
 class CompletionRequest(_SamplingFields):
-    prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = 16
-    logprobs: int | None = None
+    prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
+    max_tokens: Int64 | None = 16
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
     suffix: str | None = None
-    best_of: int | None = None
+    best_of: int | None = Field(None, ge=1, le=MAX_N)
     add_special_tokens: bool = True
 
     @model_validator(mode="after")
@@ -220,4 +225,4 @@ class TokenizeRequest(_Base):
 
 class DetokenizeRequest(_Base):
     model: str | None = None
-    tokens: list[int]
+    tokens: list[TokenId]

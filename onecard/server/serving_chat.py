@@ -14,7 +14,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from onecard.frontend.tokenizer import ChatTemplateError, encode_prompt, render_chat
+from onecard.frontend.tokenizer import ChatTemplateError, encode_prompt, render_chat, surely_too_long
 from onecard.parsers import prompt_opens_think
 from onecard.server.chat_parsing import ChoiceParser, tool_prefill
 from onecard.server.errors import BadRequest
@@ -52,21 +52,30 @@ async def create_chat_completion(state, body: ChatCompletionRequest, request: Re
     tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
     kwargs = dict(body.chat_template_kwargs or {})
     messages = [m.model_dump(exclude_none=True) for m in body.messages]
-    try:
-        prompt_text = render_chat(
-            state.tokenizer, messages, tools=tools, add_generation_prompt=body.add_generation_prompt,
-            continue_final_message=body.continue_final_message,
-            chat_template=body.chat_template or s.chat_template, chat_template_kwargs=kwargs)
-    except ChatTemplateError as e:
-        raise BadRequest(str(e), param="messages") from None
+    params = body.to_sampling_params(s.default_sampling)     # a bad field is a 400 before any work
+    state.engine.check_available(params.n)                   # loading, dead or full: answered now
     prefill = ""
     if parse_tools and body.tool_choice != "auto":
         prefill = tool_prefill(_tool_choice_value(body.tool_choice), tool_parser)
-        prompt_text += prefill
+
+    def prompt() -> tuple[str, list[int]]:
+        # On the text threads: templates and tokenizers are CPU work that must not stall the event loop.
+        try:
+            text = render_chat(
+                state.tokenizer, messages, tools=tools, add_generation_prompt=body.add_generation_prompt,
+                continue_final_message=body.continue_final_message,
+                chat_template=body.chat_template or s.chat_template, chat_template_kwargs=kwargs) + prefill
+        except ChatTemplateError as e:
+            raise BadRequest(str(e), param="messages") from None
+        least = surely_too_long(state.tokenizer, len(text), s.max_model_len)
+        if least is not None:
+            raise BadRequest(f"The prompt is at least {least} tokens long, longer than the maximum model length "
+                             f"of {s.max_model_len}. Please reduce the length of the messages.", param="messages")
+        return text, encode_prompt(state.tokenizer, text, add_special_tokens=body.add_special_tokens)
+
+    prompt_text, prompt_ids = await state.run_blocking(prompt)
     thinking = s.reasoning_parser is not None and kwargs.get("enable_thinking", True) is not False
     opened_think = thinking and prompt_opens_think(prompt_text)
-    prompt_ids = encode_prompt(state.tokenizer, prompt_text, add_special_tokens=body.add_special_tokens)
-    params = body.to_sampling_params(s.default_sampling)
     rid = random_id("chatcmpl")
     created = now()
 

@@ -14,6 +14,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from onecard.frontend.output_processor import merge_streams
+from onecard.frontend.tokenizer import surely_too_long
 from onecard.server.errors import BadRequest
 from onecard.server.openai_types import CompletionRequest, now, random_id
 from onecard.server.streaming import DONE, CompletionLogprobs, sse, sse_response, start_stream, usage
@@ -24,19 +25,33 @@ __all__ = ["CompletionRequest", "create_completion"]
 async def create_completion(state, body: CompletionRequest, request: Request) -> Response:
     name = state.model_name(body.model)
     tok = state.tokenizer
-    prompts: list[list[int]] = []
-    prompt_texts: list[str] = []
-    for p in body.prompts():
+    max_len = state.settings.max_model_len
+    params = body.to_sampling_params(state.settings.default_sampling)   # a bad field is a 400 before any work
+    raw = body.prompts()
+    state.engine.check_available(params.n * len(raw))                   # loading, dead or full: answered now
+    vocab = len(tok)
+    for p in raw:
         if isinstance(p, str):
-            prompts.append(list(tok.encode(p, add_special_tokens=body.add_special_tokens)))
-            prompt_texts.append(p)
-        else:
-            vocab = len(tok)
-            if any(not (isinstance(t, int) and 0 <= t < vocab) for t in p):
-                raise BadRequest(f"prompt token ids must be in [0, {vocab}).", param="prompt")
-            prompts.append(list(p))
-            prompt_texts.append(tok.decode(p) if body.echo else "")
-    params = body.to_sampling_params(state.settings.default_sampling)
+            least = surely_too_long(tok, len(p), max_len)
+            if least is not None:
+                raise BadRequest(f"The prompt is at least {least} tokens long, longer than the maximum model "
+                                 f"length of {max_len}. Please reduce the length of the prompt.", param="prompt")
+        elif any(not (type(t) is int and 0 <= t < vocab) for t in p):
+            raise BadRequest(f"prompt token ids must be integers in [0, {vocab}).", param="prompt")
+
+    def encode() -> tuple[list[list[int]], list[str]]:
+        # On the text threads: tokenizing must not stall the event loop.
+        ids, texts = [], []
+        for p in raw:
+            if isinstance(p, str):
+                ids.append(list(tok.encode(p, add_special_tokens=body.add_special_tokens)))
+                texts.append(p)
+            else:
+                ids.append(list(p))
+                texts.append(tok.decode(p) if body.echo else "")
+        return ids, texts
+
+    prompts, prompt_texts = await state.run_blocking(encode)
     n = params.n
     rid = random_id("cmpl")
     created = now()

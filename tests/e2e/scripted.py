@@ -9,6 +9,7 @@ repeating its last token when the request ignores EOS). ``ScriptedCoreClient`` i
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 
 from onecard.config import EngineConfig
@@ -45,6 +46,7 @@ class ScriptedRunner:
         # Tests of mid-stream behaviour: once a request has `hold_after` outputs, steps wait for `release`.
         self.hold_after: int | None = None
         self.release = threading.Event()
+        self.step_delay = 0.0                     # seconds per step (long streams in process tests)
 
     def determine_num_blocks(self) -> int:
         if self.gate is not None:
@@ -60,6 +62,8 @@ class ScriptedRunner:
 
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:
         self.steps += 1
+        if self.step_delay and sched.scheduled:
+            time.sleep(self.step_delay)
         if self.hold_after is not None and any(s.request.num_output_tokens >= self.hold_after
                                                for s in sched.scheduled):
             self.release.wait(30)
@@ -97,3 +101,24 @@ class ScriptedCoreClient(cc.ThreadCoreClient):
 
         self.engine_core = EngineCore(config, runner_factory=lambda _c: self.runner)
         return self.engine_core
+
+
+@dataclass
+class FixedReply:
+    """A Script that needs no tokenizer: every prompt gets the same reply ids (for process B in tests)."""
+
+    ids: list[int]
+
+    def reply_ids(self, prompt_ids: list[int]) -> list[int]:
+        return list(self.ids)
+
+
+def scripted_process_core(config: EngineConfig, *, reply_ids: list[int], step_delay: float = 0.0):
+    """A core factory for ``ProcessCoreClient(core_factory=functools.partial(scripted_process_core, ...))``:
+    the real EngineCore over a ScriptedRunner, built inside process B (so tests can kill a real process).
+    No tokenizer is loaded in B (transformers would pull in torch: seconds of start-up on a busy box)."""
+    from onecard.core.engine_core import EngineCore
+
+    runner = ScriptedRunner(config, FixedReply(reply_ids))
+    runner.step_delay = step_delay
+    return EngineCore(config, runner_factory=lambda _c: runner)

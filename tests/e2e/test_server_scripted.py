@@ -210,15 +210,25 @@ def test_invalid_body_is_400_not_422(server):
 def test_prompt_too_long_is_400_with_vllm_text(server, tokenizer):
     msgs = [{"role": "user", "content": "word " * 300}]
     n = len(_ids(tokenizer, tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)))
+    hi = len(_ids(tokenizer, tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
+                                                           add_generation_prompt=True)))
     for stream in (False, True):
         r = httpx.post(server.base_url + "/chat/completions",
-                       json={"model": "coder", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1000,
-                             "stream": stream})
+                       json={"model": "coder", "messages": [{"role": "user", "content": "hi"}],
+                             "max_tokens": 256 - hi + 1, "stream": stream})
         assert r.status_code == 400
         err = _error(r)
         assert err["type"] == "BadRequestError"
         assert err["message"].startswith("You passed ") and "However, the model's context length is only 256" \
-            in err["message"]
+            in err["message"] and f"maximum input length of {hi - 1} tokens" in err["message"]
+        # a max_tokens no prompt could fit: vLLM's other wording, never a negative "maximum input length"
+        r = httpx.post(server.base_url + "/chat/completions",
+                       json={"model": "coder", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1000,
+                             "stream": stream})
+        assert r.status_code == 400
+        assert _error(r)["message"] == (f"'max_tokens' or 'max_completion_tokens' is too large: 1000. This model's "
+                                        f"maximum context length is 256 tokens and your request has {hi} input "
+                                        f"tokens (1000 > 256 - {hi}).")
     r = httpx.post(server.base_url + "/chat/completions", json={"model": "coder", "messages": msgs})
     assert r.status_code == 400
     assert f"(length {n})" in _error(r)["message"] or f"You passed {n} input tokens" in _error(r)["message"]
@@ -226,8 +236,10 @@ def test_prompt_too_long_is_400_with_vllm_text(server, tokenizer):
 
 def test_queue_full_is_503(server):
     sched = server.state.engine.core.engine_core.scheduler
-    old = sched.config.max_num_queued_reqs
-    sched.config.max_num_queued_reqs = 0          # every new request finds the queue full
+    old = sched.config.max_num_queued_reqs, sched.config.max_num_seqs
+    # no free running slot and no queue: every new request finds the queue full (the engine's own check; the
+    # API process's bound is tested in test_hostile_input.py)
+    sched.config.max_num_queued_reqs, sched.config.max_num_seqs = 0, 0
     try:
         for stream in (False, True):
             r = httpx.post(server.base_url + "/chat/completions",
@@ -237,7 +249,7 @@ def test_queue_full_is_503(server):
             assert err["type"] == "ServiceUnavailableError" and err["code"] == 503
             assert "--max-num-queued-reqs=0" in err["message"]
     finally:
-        sched.config.max_num_queued_reqs = old
+        sched.config.max_num_queued_reqs, sched.config.max_num_seqs = old
 
 
 def test_response_format_is_refused(server):

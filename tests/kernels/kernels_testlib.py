@@ -1,21 +1,14 @@
-"""Shared helpers for kernel tests: independent GPTQ packing and paged-cache builders (not the code under test)."""
+"""Shared helpers for kernel tests: random GPTQ weights with an independently computed dense matrix (packed by
+``gptq_gemm.format``, whose bit layout tests/unit/test_pack.py checks nibble by nibble) and paged-cache
+builders (not the code under test)."""
 from __future__ import annotations
 
 import numpy as np
 import torch
 
+from onecard.kernels.gptq_gemm.format import pack_cols, pack_rows
 from onecard.kernels.types import GPTQWeight
 from onecard.runner.attn_metadata import AttentionMetadata
-
-
-def pack_nibbles_np(vals: np.ndarray, axis: int) -> np.ndarray:
-    """Pack uint4 values along ``axis`` (groups of 8, value j at bits 4j) into int32, via uint32 arithmetic."""
-    v = np.moveaxis(vals.astype(np.uint32), axis, -1)
-    v = v.reshape(*v.shape[:-1], v.shape[-1] // 8, 8)
-    packed = np.zeros(v.shape[:-1], dtype=np.uint32)
-    for j in range(8):
-        packed |= v[..., j] << np.uint32(4 * j)
-    return np.ascontiguousarray(np.moveaxis(packed.view(np.int32), -1, axis))
 
 
 def random_gptq(k: int, n: int, group_size: int, experts: int | None = None, desc_act: bool = False,
@@ -41,8 +34,7 @@ def random_gptq(k: int, n: int, group_size: int, experts: int | None = None, des
         for row in range(k):
             gi = g[idx + (row,)]
             dense[idx + (row,)] = (q[idx + (row,)] - z[idx + (gi,)]) * s_used[idx + (gi,)]
-    w = GPTQWeight(qweight=torch.from_numpy(pack_nibbles_np(q, axis=-2)),
-                   qzeros=torch.from_numpy(pack_nibbles_np(z, axis=-1)), scales=s_t,
+    w = GPTQWeight(qweight=pack_rows(torch.from_numpy(q)), qzeros=pack_cols(torch.from_numpy(z)), scales=s_t,
                    g_idx=torch.from_numpy(np.ascontiguousarray(g).astype(np.int32)) if desc_act else None,
                    group_size=group_size, in_features=k, out_features=n)
     return w, torch.from_numpy(dense)

@@ -25,6 +25,13 @@ QWEN3_CODER_30B = {
 }
 
 
+def bytes_read() -> int:
+    """Bytes this process has read through read() calls so far (/proc/self/io rchar): a deterministic stand-in for
+    "planning is fast". Reading a checkpoint's tensors moves gigabytes; its headers and config files kilobytes."""
+    with open("/proc/self/io") as f:
+        return int(next(line for line in f if line.startswith("rchar:")).split()[1])
+
+
 def write_sparse_safetensors(file: Path, tensors: dict[str, tuple[str, tuple[int, ...]]]) -> int:
     """Header + a hole of the right size; returns the data bytes described."""
     header: dict[str, object] = {"__metadata__": {"format": "pt"}}

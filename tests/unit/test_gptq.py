@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from onecard.quant.checkpoint import dequantize_checkpoint, dequantize_linear
+from onecard.kernels.gptq_gemm.format import dequantize
+from onecard.quant.checkpoint import dequantize_checkpoint
 from onecard.quant.gptq import HessianAccumulator, gptq_quantize, main
-from onecard.quant.quantizer import QuantSpec, pack_result, rtn_quantize
+from onecard.quant.quantizer import QuantSpec, quantize_rtn
 
 transformers = pytest.importorskip("transformers")
 
@@ -41,9 +42,9 @@ def test_gptq_beats_rtn_on_calibration_data(sym: bool, desc_act: bool, block_siz
     torch.testing.assert_close(acc.H, 2 * x.t() @ x / x.shape[0], rtol=1e-4, atol=1e-3)
     spec = QuantSpec(bits=4, group_size=64, sym=sym, desc_act=desc_act)
     gq = gptq_quantize(w, acc.H, spec, damp=0.01, block_size=block_size)
-    rq = rtn_quantize(w, spec)
-    e_gptq = _output_error(x, w, gq.dequantize())
-    e_rtn = _output_error(x, w, rq.dequantize())
+    rq = quantize_rtn(w, spec.group_size, spec.sym, min_zero=1)
+    e_gptq = _output_error(x, w, gq.dequant)
+    e_rtn = _output_error(x, w, rq.dequant)
     assert e_gptq < 0.8 * e_rtn, (e_gptq, e_rtn)
     assert int(gq.q.min()) >= 0 and int(gq.q.max()) <= 15
     if desc_act:
@@ -55,7 +56,7 @@ def test_gptq_beats_rtn_on_calibration_data(sym: bool, desc_act: bool, block_siz
 def test_gptq_without_information_is_rtn() -> None:
     w = torch.randn(16, 64, generator=torch.Generator().manual_seed(3))
     spec = QuantSpec(group_size=32, sym=False)
-    r = rtn_quantize(w, spec)
+    r = quantize_rtn(w, spec.group_size, spec.sym, min_zero=1)
     for H in (torch.zeros(64, 64), torch.eye(64)):        # no tokens; uncorrelated unit inputs
         g = gptq_quantize(w, H, spec)
         assert torch.equal(g.q, r.q) and torch.equal(g.zeros, r.zeros)
@@ -71,7 +72,7 @@ def test_packed_tensors_round_trip(sym: bool, desc_act: bool, fmt: str) -> None:
     acc = HessianAccumulator(k)
     acc.add(x)
     res = gptq_quantize(w, acc.H, QuantSpec(group_size=32, sym=sym, desc_act=desc_act))
-    t = pack_result(res, 4, fmt)
+    t = res.disk_tensors(fmt)
     assert t["qweight"].dtype == torch.int32 and t["qweight"].shape == (k // 8, n)
     assert t["qzeros"].dtype == torch.int32 and t["qzeros"].shape == (k // 32, n // 8)
     assert t["scales"].dtype == torch.float16 and t["scales"].shape == (k // 32, n)
@@ -85,13 +86,13 @@ def test_packed_tensors_round_trip(sym: bool, desc_act: bool, fmt: str) -> None:
     assert torch.equal(true_z, res.zeros)
     if sym and fmt == "gptq":
         assert bool((t["qzeros"] == 0x77777777).all())
-    expected = res.dequantize()                                                          # [K, N]
-    got = dequantize_linear(qw, t["qzeros"], t["scales"], t["g_idx"], 32, v1=(fmt == "gptq"))
-    torch.testing.assert_close(got.t(), expected, rtol=0, atol=0)
+    expected = res.dequant                                                              # [K, N]
+    got = dequantize(qw, t["qzeros"], t["scales"], t["g_idx"], fmt, 32)                  # [K, N]
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
     # and the kernel contract's reference dequantizer (true zeros, onecard.kernels.types)
     ref = pytest.importorskip("onecard.kernels.gptq_gemm.ref")
+    from onecard.kernels.gptq_gemm.format import pack_cols
     from onecard.kernels.types import GPTQWeight
-    from onecard.quant.quantizer import pack_cols
     gw = GPTQWeight(qw, pack_cols(res.zeros), t["scales"], t["g_idx"], 32, k, n)
     torch.testing.assert_close(ref.dequantize_gptq(gw), expected, rtol=0, atol=0)
 
@@ -100,7 +101,7 @@ def test_packed_tensors_round_trip(sym: bool, desc_act: bool, fmt: str) -> None:
 
 def _tiny_moe(path: Path, seed: int = 0) -> Path:
     """A random Qwen3-MoE with a tiny BPE tokenizer (HF's own classes)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers, decoders
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     torch.manual_seed(seed)
@@ -140,31 +141,34 @@ def _hf_logits(model_dir: Path, ids: torch.Tensor) -> torch.Tensor:
 
 
 def test_calibration_forward_matches_hf(own_moe: Path) -> None:
+    """The quantizer's calibration forward (onecard's model, layer by layer, on the reference kernels)."""
     from transformers import Qwen3MoeForCausalLM
+
+    from onecard.kernels import dispatch
+    from onecard.models.qwen3 import Qwen3MoeForCausalLM as Ours
+    from onecard.quant.calibrate import CalibrationLayer, layer_specs, prefill_metadata
     from onecard.quant.checkpoint import FloatCheckpoint
-    from onecard.quant.qwen3_forward import ArchInfo, attention_parts, moe_parts, rms_norm, rotary
 
     ckpt = FloatCheckpoint(own_moe)
-    arch = ArchInfo.from_config(ckpt.config)
-    w = {k: ckpt.get(k) for k in ckpt.keys()}
     ids = torch.randint(0, ckpt.config["vocab_size"], (2, 20), generator=torch.Generator().manual_seed(0))
     model = Qwen3MoeForCausalLM.from_pretrained(str(own_moe), dtype=torch.float32).eval()
     with torch.no_grad():
         ref = model(ids, output_hidden_states=True).hidden_states
 
-    def proj(name: str, x: torch.Tensor) -> torch.Tensor:
-        return x.float() @ w[name + ".weight"].t()
-
-    h = w["model.embed_tokens.weight"][ids]
-    cos, sin = rotary(arch, ids.shape[1], torch.device("cpu"))
-    for i in range(arch.num_layers):
-        p = f"model.layers.{i}."
-        h = h + attention_parts(arch, w, p + "self_attn.", rms_norm(h, w[p + "input_layernorm.weight"], arch.eps),
-                                cos, sin, proj, "all")
-        h = h + moe_parts(arch, w, p + "mlp.", rms_norm(h, w[p + "post_attention_layernorm.weight"], arch.eps),
-                          proj, "all")
-        if i + 1 < arch.num_layers:    # HF's last hidden state is after the final norm
-            torch.testing.assert_close(h, ref[i + 1], rtol=1e-4, atol=1e-4)
+    cpu = torch.device("cpu")
+    ours = Ours(ckpt.config, ids.shape[1])
+    ours.set_device(cpu, torch.float32)
+    specs = layer_specs(ours)
+    md = prefill_metadata(2, ids.shape[1], cpu)
+    pos = torch.arange(ids.shape[1]).repeat(2)
+    kv_shape = (2, ids.shape[1], ours.num_kv_heads, ours.head_dim)
+    kv = (torch.zeros(kv_shape), torch.zeros(kv_shape))
+    h = ckpt.get("model.embed_tokens.weight")[ids.reshape(-1)]                  # [2*20, H]
+    with dispatch.use_backend("ref"):
+        for i in range(ours.num_layers):
+            h = CalibrationLayer(ours, specs[i], ckpt, cpu).forward(h, pos, kv, md)
+            if i + 1 < ours.num_layers:    # HF's last hidden state is after the final norm
+                torch.testing.assert_close(h.view(2, ids.shape[1], -1), ref[i + 1], rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("desc_act", [False, True])

@@ -1,14 +1,25 @@
-"""onecard.quant.pack: RTN quantization and GPTQ packing, checked against the on-disk spec written out here
-and against the reference kernel's dequantization."""
+"""RTN quantization (onecard.quant.quantizer), GPTQ packing (onecard.kernels.gptq_gemm.format) and checkpoint
+copies (onecard.quant.pack), checked against the on-disk spec written out here and against the reference
+kernel's dequantization."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from onecard.kernels.gptq_gemm.ref import dequantize_gptq, unpack_cols, unpack_rows
+from onecard.kernels.gptq_gemm.format import (
+    dequantize,
+    from_v1,
+    pack_cols,
+    pack_rows,
+    to_v1,
+    trivial_g_idx,
+    unpack_cols,
+    unpack_rows,
+)
+from onecard.kernels.gptq_gemm.ref import dequantize_gptq
 from onecard.kernels.types import GPTQWeight
-from onecard.quant.pack import (dequantize, dynamic_override, from_v1, gptq_copy, is_quantizable, pack_cols,
-                                pack_rows, quantize_rtn, read_safetensors_dir, to_v1, trivial_g_idx)
+from onecard.quant.pack import dynamic_override, gptq_copy, is_quantizable, read_safetensors_dir
+from onecard.quant.quantizer import quantize_rtn
 
 
 def _nibble(word: int, j: int) -> int:

@@ -375,10 +375,16 @@ def test_max_tokens_none_becomes_remaining_context_on_a_copy() -> None:
 
 
 def test_queue_full_503() -> None:
-    s, _ = make(max_num_queued_reqs=2)
-    assert s.add_request(req("a", [1])) is None and s.add_request(req("b", [1])) is None
-    out = s.add_request(req("c", [1]))
+    # two running slots and a queue of two: the first two waiting requests take the free slots at the next
+    # step, so four can wait before the fifth is refused; once two run, two may wait
+    s, _ = make(max_num_queued_reqs=2, max_num_seqs=2)
+    for rid in "abcd":
+        assert s.add_request(req(rid, [1])) is None
+    out = s.add_request(req("e", [1]))
     assert out.error_status == 503 and "max-num-queued-reqs=2" in out.error
+    s.schedule()
+    assert s.num_running == 2 and s.num_waiting == 2
+    assert s.add_request(req("f", [1])).error_status == 503
 
 
 def test_request_larger_than_the_pool_is_refused() -> None:

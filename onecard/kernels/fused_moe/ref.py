@@ -7,10 +7,12 @@ norm_moe: the post-attention RMSNorm (norm/ref.py, residual add), the router and
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 import torch.nn.functional as F
 
-from onecard.kernels.gptq_gemm.ref import dequantize_gptq, expert_slice
+from onecard.kernels.gptq_gemm.format import dequantize_gptq, expert_slice
 from onecard.kernels.norm.ref import rms_norm
 from onecard.kernels.types import GPTQWeight, MoEWeight
 
@@ -36,17 +38,26 @@ def expert_weight(w: MoEWeight, e: int) -> torch.Tensor:
     return w[e].float()
 
 
-def fused_moe(x: torch.Tensor, router_logits: torch.Tensor, w_gate: MoEWeight, w_up: MoEWeight,
-              w_down: MoEWeight, top_k: int, renormalize: bool) -> torch.Tensor:
+def expert_inputs(x: torch.Tensor, router_logits: torch.Tensor, w_gate: MoEWeight, w_up: MoEWeight, top_k: int,
+                  renormalize: bool) -> Iterator[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """fused_moe's inner loop, per expert that got tokens (ascending): (e, rows routed to e [n], their top-k
+    weights [n], x rows [n, H], down's input h = silu(x @ Wg) * (x @ Wu) [n, I]), fp32. The quantizer's
+    calibration records these inputs."""
     topk_weights, topk_ids = route(router_logits, top_k, renormalize)    # [T, k]
     xf = x.float()                                                        # [T, H]
-    out = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float32, device=x.device)
     for e in torch.unique(topk_ids).tolist():
         tok, slot = torch.nonzero(topk_ids == e, as_tuple=True)          # rows routed to e
         xe = xf[tok]                                                      # [n, H]
         h = F.silu(xe @ expert_weight(w_gate, e)) * (xe @ expert_weight(w_up, e))   # [n, I]
+        yield e, tok, topk_weights[tok, slot], xe, h
+
+
+def fused_moe(x: torch.Tensor, router_logits: torch.Tensor, w_gate: MoEWeight, w_up: MoEWeight,
+              w_down: MoEWeight, top_k: int, renormalize: bool) -> torch.Tensor:
+    out = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float32, device=x.device)
+    for e, tok, p, _, h in expert_inputs(x, router_logits, w_gate, w_up, top_k, renormalize):
         y = h @ expert_weight(w_down, e)                                  # [n, H]
-        out.index_add_(0, tok, y * topk_weights[tok, slot].unsqueeze(1))
+        out.index_add_(0, tok, y * p.unsqueeze(1))
     return out.to(x.dtype)
 
 

@@ -1,6 +1,6 @@
 """Device helpers (@triton.jit) for GPTQ's packed int4 layout, shared by the GEMMs here and fused_moe's.
 
-Layout (gptq_gemm/ref.py is the spec): qweight int32 [K/8, N], nibble j of packed row r is input row 8r + j;
+Layout (gptq_gemm/format.py is the spec): qweight int32 [K/8, N], nibble j of packed row r is input row 8r + j;
 scales fp16 [K/G, N]; qzeros int32 [K/G, N/8] holding TRUE zeros (the loader converts v1), nibble n % 8 of
 column n // 8. A K tile is BK8 packed rows, [BK8, BN] int32. Every helper is inlined into its kernel.
 """

@@ -5,6 +5,9 @@ Usage (on the H200, from the repo root):
   python bench/full_size.py onecard DIR OUT.json # time to ready, decode bs1/bs16 (median of 3), prefill 4096, TTFT 2048, memory
   python bench/full_size.py hf OUT.json          # HF transformers bf16 (grouped_mm experts, sdpa), same shapes
   python bench/full_size.py floor OUT.json       # copy bandwidth and the bytes-per-step floor
+  python bench/full_size.py logits DIR OUT.json  # the full-size logits check alone (Triton vs reference)
+Every mode honours ONECARD_EMULATE_CC=70 (kernel-path decisions of another capability on this card; the JSON's
+"paths" records the capability used): ``bash bench/run_h200.sh emu70`` runs ``onecard`` so.
 Each prints a table; JSON goes to OUT.json. Engine measurements go through the real loader and EngineCore.
 """
 from __future__ import annotations
@@ -125,7 +128,7 @@ def _run(core, prompts: list[list[int]], max_tokens: int, tokens: dict | None = 
 def bench_onecard(model_dir: str, out: str) -> dict:
     t0 = time.perf_counter()
     core, ready = _engine(model_dir, enforce_eager=os.environ.get("ONECARD_EAGER") == "1")
-    res: dict = {"time_to_ready_s": ready, "precompile": getattr(core.runner, "precompile_summary", None), "weights_gib": core.info.weights_bytes / 2**30,
+    res: dict = {"paths": capability_record(), "time_to_ready_s": ready, "precompile": getattr(core.runner, "precompile_summary", None), "weights_gib": core.info.weights_bytes / 2**30,
                  "kv_cache_gib": core.info.kv_cache_bytes / 2**30, "kv_tokens": core.info.kv_capacity_tokens}
     g = torch.Generator().manual_seed(1)
 
@@ -169,6 +172,22 @@ def bench_onecard(model_dir: str, out: str) -> dict:
     Path(out).write_text(json.dumps(res, indent=1))
     for k, v in res.items():
         print(f"{k:28s} {v:10.2f}" if isinstance(v, (int, float)) else f"{k:28s} {v}")
+    return res
+
+
+def capability_record() -> dict:
+    """The capability every kernel-path decision used (ONECARD_EMULATE_CC) and the card's own."""
+    from onecard.kernels import paths
+
+    return {"capability": paths.capability(), "real_capability": paths.real_capability(),
+            "emulated": paths.emulated_capability()}
+
+
+def logits_only(model_dir: str, out: str) -> dict:
+    """The full-size logits check alone (tests/gpu runs it under ONECARD_EMULATE_CC=70)."""
+    core, ready = _engine(model_dir, max_model_len=1024, gpu_memory_utilization=0.5)
+    res = {"paths": capability_record(), "time_to_ready_s": ready, **check_logits(core)}
+    Path(out).write_text(json.dumps(res, indent=1))
     return res
 
 
@@ -240,7 +259,30 @@ def bench_hf(out: str) -> dict:
     return res
 
 
-def floor(out: str) -> dict:
+KV_BYTES_PER_TOKEN = 2 * L * NKV * D * 2            # fp16 K and V of every layer: 98,304 B at 48 layers
+
+
+def gptq_bytes(k: int, n: int) -> float:
+    """Bytes of one W4 g128 GPTQ weight [K, N] as a kernel reads it: nibbles, fp16 scales, packed zeros."""
+    return k * n / 2 + (k // G) * n * 2 + (k // G) * n / 2
+
+
+def step_weight_bytes(bs: int) -> float:
+    """Weight bytes one decode step of ``bs`` sequences reads (uniform routing: the expected number of distinct
+    experts per layer): attention GEMMs, router, lm_head (fp16) and the distinct experts' GEMMs."""
+    attn = L * (gptq_bytes(H, (NQ + 2 * NKV) * D) + gptq_bytes(NQ * D, H))
+    expert = 2 * gptq_bytes(H, I) + gptq_bytes(I, H)
+    distinct = E * (1 - (1 - TOPK / E) ** bs)
+    return attn + L * E * H * 2 + V * H * 2 + L * distinct * expert
+
+
+def step_bytes(bs: int, ctx: int) -> float:
+    """The bandwidth floor's bytes for one decode step: weights plus every sequence's KV cache (ctx tokens)."""
+    return step_weight_bytes(bs) + bs * ctx * KV_BYTES_PER_TOKEN
+
+
+def copy_bandwidth() -> float:
+    """Device copy bandwidth, bytes/s (read + write of 2 GiB, 10 copies)."""
     x = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
     y = torch.empty_like(x)
     for _ in range(3):
@@ -252,18 +294,14 @@ def floor(out: str) -> dict:
         y.copy_(x)
     ev[1].record()
     torch.cuda.synchronize()
-    bw = 2 * x.numel() * 10 / (ev[0].elapsed_time(ev[1]) / 1e3)
-    # bytes per decode step: quantized weights 0.5 B/param + fp16 scales per 128, lm_head fp16, KV read
-    def gptq_bytes(k: int, n: int) -> float:
-        return k * n / 2 + (k // G) * n * 2 + (k // G) * n / 2
-    attn = L * (gptq_bytes(H, (NQ + 2 * NKV) * D) + gptq_bytes(NQ * D, H))
-    expert = 2 * gptq_bytes(H, I) + gptq_bytes(I, H)
-    router = L * E * H * 2
-    lm_head = V * H * 2
+    return 2 * x.numel() * 10 / (ev[0].elapsed_time(ev[1]) / 1e3)
+
+
+def floor(out: str) -> dict:
+    bw = copy_bandwidth()
     res = {"copy_bandwidth_tb_s": bw / 1e12}
     for bs in (1, 16):
-        distinct = E * (1 - (1 - TOPK / E) ** bs)
-        b = attn + router + lm_head + L * distinct * expert + bs * 512 * 98304
+        b = step_bytes(bs, 512)
         res[f"bytes_per_step_bs{bs}_gb"] = b / 1e9
         res[f"floor_bs{bs}_ms"] = b / bw * 1e3
         res[f"floor_bs{bs}_tok_s"] = bs / (b / bw)
@@ -283,5 +321,7 @@ if __name__ == "__main__":
         bench_hf(sys.argv[2])
     elif cmd == "floor":
         floor(sys.argv[2])
+    elif cmd == "logits":
+        logits_only(sys.argv[2], sys.argv[3])
     else:
         raise SystemExit(__doc__)

@@ -3,6 +3,8 @@
 For the dense, MoE and GPTQ-MoE fixtures: greedy tokens with the Triton backend vs the reference backend
 (same device, same dtype), CUDA-graph replay vs eager, and async scheduling vs the synchronous loop (CUDA
 graphs; the next step's input ids come from the step in flight). Prints one line per check and a JSON summary.
+Under ONECARD_EMULATE_CC=70 every kernel-path decision takes sm70's branch on this card (tests/gpu runs it
+so); the summary's "_paths" entry records the capability the checks ran with.
 Usage: python bench/gpu_checks.py [OUT.json]
 """
 from __future__ import annotations
@@ -77,8 +79,16 @@ def agreement(a: list[list[int]], b: list[list[int]]) -> float:
     return hit / tot
 
 
+def capability_record() -> dict:
+    """The capability every decision used (emulated or not) and the card's own."""
+    from onecard.kernels import paths as kpaths
+
+    return {"capability": kpaths.capability(), "real_capability": kpaths.real_capability(),
+            "emulated": kpaths.emulated_capability()}
+
+
 def main(out: str | None = None) -> dict:
-    res: dict = {}
+    res: dict = {"_paths": capability_record()}
     with tempfile.TemporaryDirectory() as d:
         paths = build_fixtures(Path(d))
         paths["coder_gptq_batch1"] = CODER

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # One device call: GPU facts, kernel checks, tiny-checkpoint engine checks, the full-size benchmark.
 # Usage (repo root, on the H200): OUT=/some/dir bash bench/run_h200.sh [parts...]
-# parts: probe kernels checks full asyncab kvdtype capab hosttier loadab nopdl pdl16 gputests startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
+# parts: probe kernels checks full asyncab kvdtype capab hosttier loadab nopdl pdl16 emu70 longctx gputests startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
+#   emu70: the full-size bench with every kernel-path decision on sm70's branch (ONECARD_EMULATE_CC=70): run it
+#          beside `full` in one call for the relative figure (a functional check, not a V100 timing)
+#   longctx: decode at batch 1 with 32k and 64k of context, batch 16 with 8k each, vs the bandwidth floor
 set -u
 export PYTHONPATH="$PWD${EXTRA_PYTHONPATH:+:$EXTRA_PYTHONPATH}" TOKENIZERS_PARALLELISM=false
 OUT="${OUT:-/tmp/onecard_out}"; mkdir -p "$OUT"
@@ -41,7 +44,13 @@ for p in $parts; do
     pdl16) log onecard_pdl16  # PDL for every decode batch size (the default is batch 1 only)
           [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30
           ONECARD_PDL_MAX_TOKENS=16 timeout 300 python3 bench/full_size.py onecard /tmp/q30 "$OUT/onecard_pdl16.json" ;;
-    gputests) log gputests; timeout 300 python3 -m pytest -x -q -p no:cacheprovider tests/gpu 2>&1 | tail -15 ;;
+    emu70) log onecard_emu70  # the pre-sm80 (V100) paths on this card: decisions of sm70, Triton compiling for this one
+          [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30
+          ONECARD_EMULATE_CC=70 timeout 400 python3 bench/full_size.py onecard /tmp/q30 "$OUT/onecard_emu70.json" ;;
+    longctx) log long_context  # decode at 512 / 32k / 64k (bs1) and 512 / 8k (bs16) of context, medians of 3
+          [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30
+          timeout 500 python3 bench/long_context.py /tmp/q30 "$OUT/long_context.json" ;;
+    gputests) log gputests; timeout 590 python3 -m pytest -x -q -p no:cacheprovider tests/gpu 2>&1 | tail -15 ;;
     startup) log startup  # cold (fresh Triton cache) with precompile, warm, cold without precompile
           [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30
           rm -rf /tmp/tcache_a /tmp/tcache_b

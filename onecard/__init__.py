@@ -1,12 +1,12 @@
 """onecard: a one-GPU inference server for 4-bit MoE coding models (V100 to H200).
 
-Public offline API (vLLM-compatible): ``LLM`` and ``SamplingParams``.
+Public offline API (vLLM-compatible): ``LLM``, ``SamplingParams`` and ``StructuredOutputsParams``.
 """
 from onecard.outputs import CompletionOutput, RequestOutput
-from onecard.sampling_params import SamplingParams
+from onecard.sampling_params import SamplingParams, StructuredOutputsParams
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "__version__"]
+__all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "RequestOutput", "CompletionOutput", "__version__"]
 
 
 def __getattr__(name: str):

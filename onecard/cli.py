@@ -113,6 +113,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     g.add_argument("--enable-auto-tool-choice", action="store_true",
                    help="allow tool_choice=auto (needs --tool-call-parser)")
     g.add_argument("--tool-call-parser", default=None, help="tool-call format: hermes or qwen3_coder")
+    g.add_argument("--structured-outputs-config", default=None, metavar="JSON",
+                   help='structured outputs: {"backend": "auto"|"xgrammar", "disable_any_whitespace": bool, '
+                        '"disable_additional_properties": bool, "max_whitespace": N}')
+    g.add_argument("--guided-decoding-backend", default=None,
+                   help="structured outputs backend (vLLM's older flag): auto or xgrammar")
     g.add_argument("--uvicorn-log-level", default="info",
                    choices=["debug", "info", "warning", "error", "critical", "trace"])
     g.add_argument("--shutdown-timeout", type=float, default=30.0,
@@ -190,6 +195,12 @@ def check_parser_flags(ns: argparse.Namespace) -> None:
                 f"--tool-call-parser={ns.tool_call_parser} is unknown ({e}); use hermes or qwen3_coder.") from None
     if ns.enable_auto_tool_choice and ns.tool_call_parser is None:
         raise ServeArgsError("--enable-auto-tool-choice requires --tool-call-parser (hermes or qwen3_coder).")
+    from onecard.frontend.grammar import StructuredOutputsConfig
+
+    try:
+        StructuredOutputsConfig.parse(ns.structured_outputs_config, ns.guided_decoding_backend)
+    except (TypeError, ValueError) as e:
+        raise ServeArgsError(str(e)) from None
     if ns.max_num_queued_reqs is not None and ns.max_num_queued_reqs < 0:
         raise ServeArgsError(f"--max-num-queued-reqs={ns.max_num_queued_reqs} must be >= 0.")
     for flag, value in (("--engine-threads", ns.engine_threads), ("--api-threads", ns.api_threads),
@@ -215,13 +226,13 @@ def serve(argv: list[str]) -> int:
         check_parser_flags(ns)
         config = engine_args_from_namespace(ns).create_config()
         _run_preflight(config)
-        from onecard.server.launch import prepare_server
+        from onecard.server.launch import exit_after_fatal, prepare_server
 
         server = prepare_server(config, ns)
     except ConfigError as e:
         print(f"onecard serve: error: {e}", file=sys.stderr)
         return 2
-    return server.run()
+    return exit_after_fatal(server.run())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,6 +34,10 @@ class Env:
     engine_threads: int | None = None   # ONECARD_ENGINE_THREADS: torch threads in the engine (--engine-threads)
     api_threads: int | None = None      # ONECARD_API_THREADS: templating/tokenizing threads in the API process
     cpu_count: int = 1                  # CPUs this process may run on (sched_getaffinity)
+    # ONECARD_EMULATE_CC=70 (75, 80, 86, 89, 90): every capability decision (kernels/paths.py: dispatch thresholds,
+    # tiles, PDL, grouped vs per-expert MoE, grouped GEMM dtype, dtype rules) takes that capability's branch on
+    # the real card; Triton still compiles for the real target. For tests and benchmarks, not for serving.
+    emulate_cc: int | None = None
 
     @staticmethod
     def read() -> "Env":
@@ -50,6 +54,7 @@ class Env:
             engine_threads=_positive_int_env(e, "ONECARD_ENGINE_THREADS"),
             api_threads=_positive_int_env(e, "ONECARD_API_THREADS"),
             cpu_count=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1),
+            emulate_cc=_emulate_cc(e.get("ONECARD_EMULATE_CC", "")),
         )
 
 
@@ -86,6 +91,18 @@ MIN_DEFAULT_QUEUED_REQS = 64
 
 def default_max_num_queued_reqs(max_num_seqs: int) -> int:
     return max(MIN_DEFAULT_QUEUED_REQS, DEFAULT_QUEUED_REQS_PER_SEQ * max_num_seqs)
+
+
+def _emulate_cc(value: str) -> int | None:
+    from onecard.kernels.paths import CAPABILITIES
+
+    v = value.strip().lower().replace("sm", "").replace(".", "")
+    if not v:
+        return None
+    if not v.isdigit() or int(v) not in CAPABILITIES:
+        raise ConfigError(f"ONECARD_EMULATE_CC={value} is not a capability onecard has branches for; use one of "
+                          f"{', '.join(map(str, CAPABILITIES))} (like 70 for a V100) or leave it unset.")
+    return int(v)
 
 
 # ---------------------------------------------------------------- config pieces
@@ -336,9 +353,9 @@ class EngineArgs:
             if device != "cuda":
                 return "float32"
             if dtype == "bfloat16":
-                import torch
+                from onecard.kernels import paths
 
-                if torch.cuda.get_device_capability()[0] < 8:
+                if not paths.bf16_allowed(paths.capability()):
                     return "float16"   # as vLLM: bf16 needs sm80+, so "auto" falls back to fp16
             return dtype
         if self.dtype not in aliases:

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from onecard import kv_dtype
+from onecard.kernels import paths
 
 logger = logging.getLogger(__name__)
 
@@ -53,21 +54,7 @@ def normalize_dtype(dtype: str) -> str | None:
 
 
 def _backends(cc: tuple[int, int] | None, quantized: bool) -> dict[str, str]:
-    if cc is None:
-        ref = "reference PyTorch (CPU mode: no GPU kernels)"
-        return {"attention": ref, "dense_gemm": ref, "moe": ref, "sampling": "PyTorch on CPU (fp32 logits)"}
-    sampling = "PyTorch on the GPU (fp32 logits, top-k/top-p/min-p on device)"
-    if cc < (8, 0):
-        dense = ("prefill: dequantize + cuBLAS (tl.dot has no tensor cores before sm80); "
-                 "decode: triton w4a16 GEMV (memory-bound)") if quantized else \
-            "cuBLAS torch.matmul (tensor cores via cuBLAS; tl.dot has none before sm80)"
-        return {"attention": "triton paged attention (tl.dot runs as FMA on sm70/75)", "dense_gemm": dense,
-                "moe": "prefill (>= 256 tokens): dequantize + one cuBLAS GEMM per expert; "
-                       "smaller batches: triton fused MoE (FMA on sm70/75)", "sampling": sampling}
-    dense = "triton w4a16 GEMM (tl.dot tensor cores)" if quantized else "cuBLAS torch.matmul"
-    return {"attention": "triton paged attention (tl.dot tensor cores)", "dense_gemm": dense,
-            "moe": "prefill (>= 256 tokens): dequantize + PyTorch grouped GEMM; "
-                   "smaller batches: triton fused MoE (tl.dot tensor cores)", "sampling": sampling}
+    return paths.describe(paths.as_int(cc), quantized)
 
 
 def decide(cc: tuple[int, int] | None, dtype: str, quantization: str | None, kv_cache_dtype: str = "auto") -> Decision:
@@ -106,7 +93,7 @@ def decide(cc: tuple[int, int] | None, dtype: str, quantization: str | None, kv_
         return refuse("--dtype=bfloat16 is not supported with GPTQ (as in vLLM): the w4a16 kernels compute in "
                       "float16; use --dtype=float16.")
     if cc is not None:
-        if dt == "bfloat16" and cc < (8, 0):
+        if dt == "bfloat16" and not paths.bf16_allowed(paths.as_int(cc)):
             return refuse(f"--dtype=bfloat16 needs compute capability 8.0+ and this is {where}; use "
                           "--dtype=float16 (same memory; Qwen3 runs with fp32 accumulation and fp32 norms).")
         if dt == "float32" and quant in GPTQ_NAMES:
@@ -119,7 +106,7 @@ def decide(cc: tuple[int, int] | None, dtype: str, quantization: str | None, kv_
     d.reasons.append(f"dtype {dt} allowed on {where}" + (" (bf16 needs sm80+, FP8 sm89+)" if cc else ""))
     if kv_dtype.is_fp8(kv_fmt):
         d.reasons.append(f"KV cache {kv_fmt}: 1 byte per element, half the bytes per token of fp16")
-    if cc is not None and cc < (8, 0):
+    if cc is not None and not paths.tensor_core_dot(paths.as_int(cc)):
         d.reasons.append("tl.dot has no tensor cores before sm80: large prefill GEMMs go through cuBLAS")
     return d
 
@@ -201,6 +188,7 @@ class ProbeReport:
     gpus: list[GpuInfo] = field(default_factory=list)
     steps: list[Step] = field(default_factory=list)
     cpu_backends: dict[str, str] = field(default_factory=dict)
+    structured_outputs: str | None = None  # the grammar backend and its version ("xgrammar 0.2.9")
     host_memory_total_gib: float | None = None
     host_memory_available_gib: float | None = None      # room for a host KV tier (--kv-offloading-size)
     verdict: str = ""
@@ -223,7 +211,8 @@ class ProbeReport:
         lines = [f"mode: {self.mode}", (f"torch {self.torch_version} (CUDA runtime {self.torch_cuda_runtime}), "
                  f"arch list {' '.join(self.torch_arch_list) or '(empty)'}"),
                  f"driver {self.driver_version or '-'} (supports CUDA {self.driver_cuda_version or '-'})",
-                 f"triton {self.triton_version or '-'}"]
+                 f"triton {self.triton_version or '-'}",
+                 f"structured outputs: {self.structured_outputs or 'unavailable (xgrammar is not installed)'}"]
         for g in self.gpus:
             lines.append(f"GPU {g.index}: {g.name}  sm{g.compute_capability.replace('.', '')}  "
                          f"{g.total_memory_gib:.2f} GiB total, "
@@ -331,9 +320,20 @@ def _triton_step(report: ProbeReport, device_index: int | None, cc: tuple[int, i
     return Step("triton", "ok", f"test kernel compiled and ran on {sm(cc)} (results checked)")
 
 
+def structured_outputs_backend() -> str | None:
+    """The structured-outputs (grammar) backend and its version, e.g. "xgrammar 0.2.9"; None if absent."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"xgrammar {version('xgrammar')}"
+    except PackageNotFoundError:
+        return None
+
+
 def probe() -> ProbeReport:
     """Inspect this machine. Never raises: every problem becomes a failed step."""
     r = ProbeReport()
+    r.structured_outputs = structured_outputs_backend()
     mem = host_memory()
     if mem is not None:
         r.host_memory_total_gib, r.host_memory_available_gib = mem.total_bytes / 2**30, mem.available_gib
@@ -387,7 +387,10 @@ def probe() -> ProbeReport:
     for i in range(count):
         try:
             p = torch.cuda.get_device_properties(i)
-            cc = (int(p.major), int(p.minor))
+            real = paths.real_capability(i)
+            cc = (real // 10, real % 10)                                 # the card's own (arch coverage, report)
+            use = paths.capability(i)                                    # what every decision uses
+            dcc = (use // 10, use % 10)
             try:
                 free, total = torch.cuda.mem_get_info(i)
                 free_gib: float | None = free / 2**30
@@ -397,10 +400,13 @@ def probe() -> ProbeReport:
             r.steps.append(Step(f"GPU {i}", "failed", f"cannot read device properties: {e}"))
             continue
         covered, why = arch_covers(cc, r.torch_arch_list)
-        dec = decide(cc, "float16", "gptq", "auto")
+        if dcc != cc:
+            r.steps.append(Step(f"GPU {i} emulation", "warn", f"ONECARD_EMULATE_CC: decisions take {sm(dcc)}'s "
+                                f"branches on this {sm(cc)} card (Triton compiles for {sm(cc)})"))
+        dec = decide(dcc, "float16", "gptq", "auto")
         g = GpuInfo(index=i, name=p.name, compute_capability=f"{cc[0]}.{cc[1]}", total_memory_gib=total / 2**30,
                     free_memory_gib=free_gib, arch_covered=covered, arch_reason=why, decision=dec.to_dict(),
-                    dtypes=allowed_dtypes(cc))
+                    dtypes=allowed_dtypes(dcc))
         r.gpus.append(g)
         if tuple(cc) < MIN_CC:
             r.steps.append(Step(f"GPU {i} capability", "failed", str(dec.refusal)))

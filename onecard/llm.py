@@ -7,6 +7,8 @@ runs in this process and thread (no server); ``n`` > 1 fans out into child reque
 prompt's KV blocks through the prefix cache. The output side (detokenizer, stop strings with ``min_tokens``,
 ``n`` children, logprob strings, finish reasons) is ``onecard.frontend.output_processor``, the one the server
 uses, so ``LLM`` and the server give the same outputs for the same requests.
+``SamplingParams(structured_outputs=StructuredOutputsParams(...))`` is compiled here (cached by spec) before the
+request is queued; an invalid spec raises ``ValueError`` naming the field.
 """
 from __future__ import annotations
 
@@ -50,6 +52,18 @@ class LLM:
             self.tokenizer.chat_template = chat_template
         self.engine = EngineCore(self.config)
         self._ids = itertools.count()
+        self._grammar = None               # GrammarService, made at the first constrained request
+
+    def _compile_constraint(self, sp: SamplingParams) -> None:
+        so = sp.structured_outputs
+        if so is None or so._compiled is not None:
+            return
+        if self._grammar is None:
+            from onecard.frontend.grammar import GrammarService
+
+            self._grammar = GrammarService(self.tokenizer, int(self.config.model.hf_config["vocab_size"]),
+                                           list(self.config.model.eos_token_ids))
+        so._compiled = self._grammar.compile(so)
 
     def get_tokenizer(self):
         return self.tokenizer
@@ -102,6 +116,8 @@ class LLM:
         results: list[RequestOutput] = []
         children: dict[str, _Child] = {}
         eos = self.config.model.eos_token_ids
+        for sp in params:
+            self._compile_constraint(sp)
         for i, ((text, ids), sp) in enumerate(zip(items, params)):
             results.append(RequestOutput(request_id=str(next(self._ids)), prompt=text, prompt_token_ids=ids))
             for j, rid, child_sp in fan_out(results[-1].request_id, sp):

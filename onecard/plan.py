@@ -14,8 +14,9 @@ Arithmetic (bytes; "A" = serving-dtype bytes, T = --max-num-batched-tokens, S = 
             + MoE: T x top_k x (3 I_moe + H) x A + T x E x 4 (router) + T x top_k x 8 (ids, weights)
               or dense MLP: T x 3 I x A
             + logits: S x vocab x 4 x 2 (fp32 logits and probabilities in the sampler)
-            + on sm < 80 (or unknown) with GPTQ: the largest dequantized dense weight K x N x A (cuBLAS prefill)
-            + MoE with GPTQ and T >= 256: one projection of all experts dequantized, E x K x N x A (the prefill
+            + with GPTQ where T reaches the dense cuBLAS path (kernels/paths.py: 128 tokens, 65 below sm80; or
+              the capability is unknown): the largest dequantized dense weight K x N x A
+            + MoE with GPTQ and T >= 256 (paths.GROUPED_MIN_TOKENS): one projection of all experts dequantized, E x K x N x A (the prefill
               path dequantizes them for cuBLAS / the grouped GEMM, one projection at a time)
             + 0.75 GiB fixed: CUDA context, cuBLAS/Triton workspaces, CUDA graph pool, allocator slack.
   budget    total x --gpu-memory-utilization (as vLLM); KV = budget - weights - activations, or
@@ -48,10 +49,11 @@ from onecard.config import ConfigError, EngineArgs, host_tier_blocks
 from onecard.hardware import decide, host_memory, normalize_dtype, sm
 from onecard.kv_dtype import bytes_per_token_hf
 from onecard.kv_dtype import resolve as resolve_kv_dtype
+from onecard.kernels import paths
 
 GIB = 2**30
 FIXED_OVERHEAD = int(0.75 * GIB)
-GROUPED_MOE_MIN_TOKENS = 256      # kernels/fused_moe/grouped.GROUPED_MIN_TOKENS (not imported: no torch here)
+GROUPED_MOE_MIN_TOKENS = paths.GROUPED_MIN_TOKENS
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 AGENT_CONTEXT = 32768             # tokens of a typical coding-agent conversation (issue 23)
 
@@ -244,14 +246,16 @@ def activation_bytes(meta: CheckpointMeta, tokens: int, seqs: int, act_bytes: in
     else:
         out["mlp"] = tokens * 3 * int(c.get("intermediate_size", 4 * h)) * act_bytes
     out["logits"] = min(seqs, tokens) * int(c.get("vocab_size", 0)) * 4 * 2
-    if meta.quant is not None and (cc is None or cc < (8, 0)):
-        # cuBLAS prefill on pre-Ampere dequantizes one dense weight at a time; the largest is the scratch.
+    # the kernel-path table says which prefill GEMMs dequantize for cuBLAS (cc unknown: assume they do)
+    cci = paths.as_int(cc)
+    if meta.quant is not None and (cci is None or paths.choose_dense_gemm(tokens, cci) == "cublas"):
+        # the cuBLAS prefill dequantizes one dense weight at a time; the largest is the scratch.
         biggest = 0
         for t in meta.tensors.values():
             if t.name.endswith(".qweight") and ".experts." not in t.name:
                 biggest = max(biggest, t.shape[-2] * 8 * t.shape[-1] * act_bytes)
         out["dequant_scratch"] = biggest
-    if experts and meta.quant is not None and tokens >= GROUPED_MOE_MIN_TOKENS:
+    if experts and meta.quant is not None and paths.choose_moe(tokens, cci or 90) in ("grouped", "per-expert"):
         per_expert = max((t.shape[-2] * 8 * t.shape[-1] for t in meta.tensors.values()
                           if t.name.endswith(".qweight") and ".experts." in t.name), default=0)
         out["expert_dequant_scratch"] = experts * per_expert * act_bytes
@@ -394,7 +398,8 @@ def local_gpu() -> tuple[str, int, tuple[int, int]] | None:
         if not torch.cuda.is_available():
             return None
         p = torch.cuda.get_device_properties(0)
-        return p.name, int(p.total_memory), (int(p.major), int(p.minor))
+        cc = paths.capability(0)                                          # ONECARD_EMULATE_CC honoured
+        return p.name, int(p.total_memory), (cc // 10, cc % 10)
     except Exception:  # noqa: BLE001 - no usable GPU is an answer, not an error
         return None
 

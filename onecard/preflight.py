@@ -33,8 +33,10 @@ def _detect(cc, total_memory, free_memory, arch_list):
         import torch
 
         if cc is None:
-            major, minor = torch.cuda.get_device_capability(0)
-            cc = (int(major), int(minor))
+            from onecard.kernels import paths
+
+            c = paths.capability(0)                                       # ONECARD_EMULATE_CC honoured
+            cc = (c // 10, c % 10)
         if total_memory is None or free_memory is None:
             free, total = torch.cuda.mem_get_info(0)
             total_memory = total if total_memory is None else total_memory

@@ -4,11 +4,64 @@ Contract: a plain dataclass, no torch. ``validate()`` raises ``ValueError`` nami
 maps that to a 400. ``top_k`` 0 or -1 means disabled (vLLM accepts both). Every value that reaches the
 runner is checked against the range the runner can hold (the bounds below are the one home of those
 ranges; the HTTP models import them): a request that passes ``validate()`` cannot fail a step.
+``structured_outputs`` (vLLM's ``StructuredOutputsParams``: exactly one of json, regex, choice, grammar,
+json_object, structural_tag) constrains the output; process A compiles it (``onecard.frontend.grammar``)
+and fills the private ``_compiled`` field that process B turns into a grammar matcher.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
+
+_CONSTRAINT_FIELDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+
+
+@dataclass(slots=True)
+class CompiledConstraint:
+    """What process B needs to build a request's grammar matcher (filled by process A, picklable)."""
+
+    key: str                          # (kind, spec) digest: B caches deserialized grammars by it
+    grammar_json: str                 # xgrammar ``CompiledGrammar.serialize_json()``
+    # thinking models: the constraint starts after the reasoning block (``think_end`` token id)
+    think_start: int | None = None    # ``<think>`` id: allowed as the first token (the model opens a block)
+    think_end: int | None = None      # ``</think>`` id
+    in_reasoning: bool = False        # the prompt opened a think block: wait for ``</think>`` first
+
+
+@dataclass(slots=True)
+class StructuredOutputsParams:
+    """vLLM's names: one of json (schema dict or JSON text), regex, choice, grammar (EBNF/GBNF/Lark),
+    json_object, structural_tag (xgrammar's JSON form)."""
+
+    json: str | dict[str, Any] | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    structural_tag: str | dict[str, Any] | None = None
+    disable_fallback: bool = False
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: str | None = None
+    _compiled: CompiledConstraint | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        given = [f for f in _CONSTRAINT_FIELDS if getattr(self, f) not in (None, False)]
+        if len(given) != 1:
+            raise ValueError(
+                "structured_outputs needs exactly one of " + ", ".join(_CONSTRAINT_FIELDS)
+                + (f"; got {', '.join(given)}." if given else "; got none."))
+        if self.choice is not None and (not isinstance(self.choice, list) or not self.choice
+                                        or not all(isinstance(c, str) for c in self.choice)):
+            raise ValueError(f"structured_outputs.choice must be a non-empty list of strings, got {self.choice!r}.")
+
+    @property
+    def kind(self) -> str:
+        return next(f for f in _CONSTRAINT_FIELDS if getattr(self, f) not in (None, False))
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 # torch.Generator.manual_seed takes [-2**63, 2**64): the API takes vLLM's int64 range and child request i of
@@ -41,6 +94,7 @@ class SamplingParams:
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     detokenize: bool = True
+    structured_outputs: StructuredOutputsParams | None = None
     # Set by the engine: token ids that end the request besides stop_token_ids (EOS of the model).
     _all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
 

@@ -44,3 +44,4 @@ class SchedulerOutput:
 class RunnerOutput:
     sampled_token_ids: dict[str, int]                       # request_id -> token, for requests that sample
     logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)   # request_id -> why it must end (grammar dead end)

@@ -19,7 +19,8 @@ Contract:
 - ``update(scheduler_output, runner_output)`` resolves placeholders: appends sampled tokens (also of requests
   preempted since that step was scheduled), checks stops (EOS unless ignore_eos, stop_token_ids, min_tokens,
   max_tokens, max_model_len), frees finished requests and returns one ``EngineOutput`` per request that got
-  a token or finished. Requests that ended since the step was scheduled are skipped.
+  a token or finished. Requests that ended since the step was scheduled are skipped. A request in the runner's
+  ``errors`` (its grammar reached a dead end) finishes with ``FinishReason.ERROR`` and that message (400).
 - ``abort(ids)`` ends requests with ``FinishReason.ABORT`` and frees their blocks. Finished and aborted ids
   come in the next ``SchedulerOutput.finished_request_ids``; ``preempted_request_ids`` are this step's
   preemptions (never scheduled in the same step). Both mean: drop the runner's per-request state (a
@@ -280,6 +281,7 @@ class Scheduler:
     def update(self, scheduler_output: SchedulerOutput, runner_output: RunnerOutput) -> list[EngineOutput]:
         sampled = runner_output.sampled_token_ids
         logprobs = runner_output.logprobs
+        errors = runner_output.errors
         max_model_len = self.max_model_len
         stop_info = self._stop_info
         outputs: list[EngineOutput] = []
@@ -296,6 +298,15 @@ class Scheduler:
             rid = req.request_id
             token = sampled.get(rid)
             if token is None:
+                continue
+            if errors and rid in errors:
+                outputs.append(EngineOutput(rid, [], FinishReason.ERROR, error=errors[rid], error_status=400,
+                                            num_prompt_tokens=len(req.prompt_token_ids)))
+                self._finish(req, FinishReason.ERROR)
+                if status is _PREEMPTED:
+                    preempted_finished = True
+                else:
+                    any_finished = True
                 continue
             out_ids = req.output_token_ids
             out_ids.append(token)               # Request.append_output_token, inlined (hot loop)

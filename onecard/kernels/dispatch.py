@@ -1,7 +1,8 @@
 """Pick a kernel backend per device and call it. The op signatures here ARE the contract.
 
 Backends: "ref" (plain PyTorch, any device) and "triton" (CUDA, or CPU under TRITON_INTERPRET=1).
-"auto" = triton on CUDA, ref elsewhere. ``use_backend("ref")`` is a context manager for tests; the
+"auto" = triton on CUDA, ref elsewhere. Which Triton/cuBLAS path an op takes for a shape and a capability
+is kernels/paths.py's table; ``init_paths(device)`` decides what depends on the device at start-up. ``use_backend("ref")`` is a context manager for tests; the
 runner sets the process default once from ``Env.kernel_backend`` with ``set_default_backend``.
 
 Ops (all tensors on one device; "T" = flattened tokens):
@@ -35,6 +36,8 @@ import importlib
 from typing import Iterator
 
 import torch
+
+from onecard.kernels import paths
 
 _OPS = {
     "w4a16_gemm": "gptq_gemm",
@@ -87,25 +90,47 @@ def _impl(op: str, device: torch.device):
     return getattr(module, op)
 
 
+def init_paths(device: torch.device) -> dict[str, object]:
+    """Decide at start-up what depends on the device (the runner calls it before the first forward): the
+    capability every choice uses (kernels/paths.capability: ONECARD_EMULATE_CC honoured) and, on sm80+, which
+    dtypes PyTorch's grouped GEMM runs (a tiny probe; the prefill MoE path is chosen from it, never learnt from
+    a failing prefill). -> what was decided, for the log."""
+    if device.type != "cuda" or backend_for(device) != "triton":
+        return {}
+    from onecard.kernels.fused_moe import grouped
+
+    cc = paths.capability(device)
+    out: dict[str, object] = {"capability": cc, "real_capability": paths.real_capability(device),
+                              "emulated": paths.emulated_capability() is not None}
+    out["grouped_gemm_dtypes"] = sorted(grouped.supported_dtypes(device)) if not grouped.per_expert(device) else []
+    return out
+
+
 # Prefill-sized GEMMs are compute-bound: on a GPU they dequantize to fp16 and use tensor-core libraries
 # (cuBLAS / grouped GEMM), which beat an int4 Triton GEMM there; small M stays in Triton (memory-bound).
-DENSE_CUBLAS_MIN_M = 128
-
-
+# The thresholds and the capability branches are kernels/paths.py's.
 def w4a16_gemm(x, w, bias=None):
-    if x.is_cuda and x.shape[0] >= DENSE_CUBLAS_MIN_M and backend_for(x.device) == "triton":
-        from onecard.kernels.gptq_gemm.triton import dequantize
+    if x.is_cuda and backend_for(x.device) == "triton":
+        if paths.choose_dense_gemm(x.shape[0], paths.capability(x.device)) == "cublas":
+            from onecard.kernels.gptq_gemm.triton import dequantize
 
-        y = torch.matmul(x, dequantize(w, x.dtype))
-        return y if bias is None else y + bias
+            y = torch.matmul(x, dequantize(w, x.dtype))
+            return y if bias is None else y + bias
     return _impl("w4a16_gemm", x.device)(x, w, bias)
 
 
+_DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
+
+
 def fused_moe(x, router_logits, w_gate, w_up, w_down, top_k, renormalize):
-    if x.is_cuda and backend_for(x.device) == "triton":
+    if x.is_cuda and backend_for(x.device) == "triton" and x.shape[0] >= paths.GROUPED_MIN_TOKENS:
         from onecard.kernels.fused_moe import grouped
 
-        if x.shape[0] >= grouped.GROUPED_MIN_TOKENS and grouped.available(x.device):
+        cc = paths.capability(x.device)
+        path = paths.choose_moe(x.shape[0], cc, act=_DTYPE_NAMES.get(x.dtype, str(x.dtype)),
+                                grouped_dtypes=() if paths.per_expert_moe(cc) else grouped.supported_dtypes(x.device))
+        if path in ("grouped", "per-expert"):
+            # grouped.per_expert (the same table) picks the GEMM loop: bench/capability_ab.py toggles it there
             return grouped.fused_moe(x, router_logits, w_gate, w_up, w_down, top_k, renormalize)
     return _impl("fused_moe", x.device)(x, router_logits, w_gate, w_up, w_down, top_k, renormalize)
 

@@ -17,7 +17,6 @@ write nothing; read weights, or outputs of a launch at least two back in the sam
 """
 from __future__ import annotations
 
-import functools
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +25,8 @@ import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from onecard.kernels import paths
 
 TL_DTYPE = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.int32: "i32",
             torch.int64: "i64", torch.int8: "i8", torch.uint8: "u8"}
@@ -55,23 +56,16 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-@functools.lru_cache(maxsize=None)
-def _cuda_props(index: int) -> tuple[int, int]:
-    p = torch.cuda.get_device_properties(index)
-    return p.major * 10 + p.minor, p.multi_processor_count
-
-
 def compute_capability(device: torch.device) -> int:
-    """Like 80 for sm80; the interpreter (CPU) counts as 80 so it exercises the tensor-core paths."""
-    if device.type != "cuda":
-        return 80
-    return _cuda_props(device.index if device.index is not None else torch.cuda.current_device())[0]
+    """Like 80 for sm80: kernels/paths.capability, the one capability question (ONECARD_EMULATE_CC honoured;
+    the interpreter on the CPU counts as 80 so it exercises the tensor-core paths)."""
+    return paths.capability(device)
 
 
 def num_sms(device: torch.device) -> int:
     if device.type != "cuda":
         return 4                      # small, so split-K paths run under the interpreter too
-    return _cuda_props(device.index if device.index is not None else torch.cuda.current_device())[1]
+    return paths.device_props(device.index if device.index is not None else torch.cuda.current_device())[1]
 
 
 class _Pdl:
@@ -86,10 +80,11 @@ def set_pdl(max_tokens: int) -> None:
 
 
 def pdl(device: torch.device, num_tokens: int) -> bool:
-    """Launch this ``num_tokens``-token op with programmatic dependent launch? Needs sm90+ (griddepcontrol) and a
-    real GPU. Batch 1 gains (H200: 322 -> 377 tok/s); see BENCHMARKS.md for the batch sizes measured."""
-    return (0 < num_tokens <= _Pdl.max_tokens and device.type == "cuda" and not interpreting()
-            and compute_capability(device) >= 90)
+    """Launch this ``num_tokens``-token op with programmatic dependent launch? A real GPU and paths.use_pdl
+    (sm90+: griddepcontrol). Batch 1 gains (H200: 322 -> 377 tok/s); see BENCHMARKS.md for the batch sizes
+    measured."""
+    return (device.type == "cuda" and not interpreting()
+            and paths.use_pdl(num_tokens, compute_capability(device), _Pdl.max_tokens))
 
 
 @triton.jit

@@ -13,6 +13,9 @@ when it ``samples``, and returns without waiting for the GPU; ``PendingOutput.re
 sync (its sampled ids). ``execute(sched)`` is ``submit(sched).result()``. A step may be submitted while the
 previous one is in flight (async scheduling): a request's token that the previous step samples is read from
 that step's sampled ids on the device (input ids, and the output counts of penalties).
+Constrained requests (structured outputs) get their grammar's token bitmask applied to the logits before
+sampling (runner/structured.py); a batch without one pays one attribute check per request. Under async
+scheduling the mask waits for the step in flight's samples after this step's forward has been queued.
 ``initialize_host_tier()`` (with ``--kv-offloading-size``) allocates the host KV tier's memory after the KV cache
 and returns its size in blocks (refused when the machine has less memory available); each step then first makes
 the copies its SchedulerOutput lists (runner/kv_offload.py), before its forward.
@@ -34,6 +37,7 @@ from onecard.runner.attn_metadata import AttentionMetadata
 from onecard.runner.input_batch import ModelInputs, build_inputs
 from onecard.runner.sampler import Sampler, SamplingBatch, compute_logprobs
 from onecard.runner.step_output import PendingOutput
+from onecard.runner.structured import GrammarMasker, apply_token_bitmask
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +63,11 @@ class ModelRunner:
             from onecard.kernels.triton_common import set_pdl
 
             set_pdl(config.env.pdl_max_tokens)
+            paths = dispatch.init_paths(self.device)                      # grouped-GEMM probe, capability
+            if paths.get("emulated"):
+                logger.warning("ONECARD_EMULATE_CC: every kernel-path decision takes sm%s's branch on this sm%s "
+                               "card (tests and benchmarks only)", paths["capability"], paths["real_capability"])
+            logger.info("kernel paths: %s", paths)
         torch.manual_seed(config.model.seed)
         t0 = time.perf_counter()
         # the precompile's workers boot (seconds of imports) while the weights load; precompile() closes them
@@ -86,9 +95,14 @@ class ModelRunner:
         # the last submitted step's sampled ids [S] (on the device) and each sampled request's row in them
         self._last_tokens: torch.Tensor | None = None
         self._last_rows: dict[str, int] | None = None
+        self._last_pending: PendingOutput | None = None
         self.vocab_size = int(config.model.hf_config["vocab_size"])
         self.graphs = None  # CUDAGraphRunner, set by capture_graphs()
         self.precompile_summary: dict | None = None
+        # structured outputs: the vocabulary view is built in the background when serving on a GPU (~1 s for a
+        # 152k vocabulary), at the first constrained request otherwise
+        self.grammar = GrammarMasker(config.model.tokenizer, self.vocab_size, list(config.model.eos_token_ids),
+                                     config.scheduler.max_num_seqs, self.device, eager=self.device.type == "cuda")
         self.host_pool = None  # HostKVPool, set by initialize_host_tier()
 
     def _check_kv_scales(self) -> None:
@@ -230,6 +244,7 @@ class ModelRunner:
         for rid in sched.finished_request_ids:
             self.states.pop(rid, None)
             self.block_tables.pop(rid, None)
+            self.grammar.drop(rid)
         for rid in sched.preempted_request_ids:
             self.block_tables.pop(rid, None)
         if self.host_pool is not None:
@@ -239,7 +254,7 @@ class ModelRunner:
         inputs = build_inputs(sched, self.block_size, self.block_tables, self._last_rows)
         hidden = self._forward(inputs)
         if not inputs.sample_rows:
-            self._last_tokens = self._last_rows = None
+            self._last_tokens = self._last_rows = self._last_pending = None
             return PendingOutput.ready(RunnerOutput(sampled_token_ids={}))
         if inputs.num_decode_tokens == len(inputs.sample_rows) == hidden.shape[0]:
             last = hidden                                                     # decodes: every row samples
@@ -247,15 +262,31 @@ class ModelRunner:
             last = hidden[torch.from_numpy(inputs.logits_indices).to(self.device, non_blocking=True)]
         logits = self.model.compute_logits(last)                              # [S, V] fp32
         reqs = [sched.scheduled[i].request for i in inputs.sample_rows]
-        batch = self._sampling_batch(reqs, logits.shape[-1])
-        result = self.sampler.sample(logits, batch)
         want = [r.sampling_params.logprobs for r in reqs]
         max_n = max((n for n in want if n is not None), default=None)
-        lp = compute_logprobs(logits, result.token_ids, max_n) if max_n is not None else None
+        raw_logits = logits
+        errors = None
+        if any(r.sampling_params.structured_outputs is not None for r in reqs):
+            masked = self.grammar.masks(reqs, self._pending_token)
+            if masked is not None:
+                if max_n is not None:
+                    logits = logits.clone()                  # logprobs stay the model's raw ones (vLLM)
+                apply_token_bitmask(logits, *masked)
+            errors = self.grammar.take_errors() or None
+        batch = self._sampling_batch(reqs, logits.shape[-1])
+        result = self.sampler.sample(logits, batch)
+        lp = compute_logprobs(raw_logits, result.token_ids, max_n) if max_n is not None else None
         ids = [r.request_id for r in reqs]
         self._last_tokens = result.token_ids
         self._last_rows = {rid: i for i, rid in enumerate(ids)}
-        return PendingOutput(ids, result.token_ids, lp, want, async_copy)
+        self._last_pending = PendingOutput(ids, result.token_ids, lp, want, async_copy, errors)
+        return self._last_pending
+
+    def _pending_token(self, request_id: str) -> int | None:
+        """The token the step in flight samples for a request (waits for that step's ids only)."""
+        if self._last_pending is None:
+            return None
+        return self._last_pending.result().sampled_token_ids.get(request_id)
 
     def _fill_placeholders(self, input_ids: torch.Tensor, inputs: ModelInputs) -> None:
         """Write the previous step's sampled ids into the rows that compute them (on the device, no sync)."""

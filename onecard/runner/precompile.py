@@ -4,8 +4,8 @@ Contract: ``precompile(runner) -> dict | None`` runs before the runner's first r
 ``determine_num_blocks``). Inside ``kernels.precompile.record()`` it runs the model's forward (no kernel
 executes; one layer of each distinct kind, see representative_layers) on: the memory profile's batch, every
 CUDA-graph decode batch, eager decode batches of every size up to max_num_seqs with short and long contexts,
-prefill chunks that reach each kernel path (decode-sized, the sorted MoE GEMM, the grouped prefill MoE, the
-profile's token budget) and mixed decode + prefill steps; then it compiles what was recorded, on all CPUs,
+prefill chunks on both sides of every boundary of the kernel-path table (kernels/paths.token_boundaries:
+decode-sized, the sorted MoE GEMMs, cuBLAS, the grouped prefill MoE) and at the profile's token budget and mixed decode + prefill steps; then it compiles what was recorded, on all CPUs,
 into Triton's on-disk cache. Returns the summary (None where it does not apply, see ``applies``). A failure
 here is logged and start-up goes on: the JIT compiles at first launch as before.
 
@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from onecard.kernels import dispatch
+from onecard.kernels import dispatch, paths
 from onecard.runner.attn_metadata import AttentionMetadata
 from onecard.runner.input_batch import leading_decodes
 
@@ -62,7 +62,10 @@ def dry_shapes(max_num_seqs: int, max_num_batched_tokens: int, max_model_len: in
         shapes.append(([1] * b, [ctx] * b, False))
         shapes.append(([1] * b, [ctx] * b, True))                       # long contexts: split-KV attention
     budget = max(2, min(max_num_batched_tokens, max_model_len))
-    for n in (2, 16, 17, 64, 65, 255, 256, budget - 1):                  # each MoE / GEMM path of a prefill chunk
+    # both sides of every boundary of the kernel-path table (each MoE / GEMM path of a prefill chunk, on every
+    # capability), and the largest chunk
+    sides = sorted({n for b in paths.token_boundaries() for n in (b - 1, b)} | {budget - 1})
+    for n in sides:
         if 2 <= n <= budget:
             shapes.append(([n], [0], False))
             shapes.append(([n], [min(100, max_model_len - n)] if max_model_len - n > 0 else [0], False))

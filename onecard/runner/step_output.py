@@ -6,6 +6,7 @@ records an event behind them; ``result()`` then waits for that event alone, not 
 after it (async scheduling queues the next step before reading this one). Without, it reads them at once (the
 synchronous loop's one sync per step, as cheap as it was). ``result()`` returns the step's ``RunnerOutput``;
 ``PendingOutput.ready(out)`` wraps an output that is already on the host. On the CPU there is no event.
+``errors`` (request id -> message: requests that must end, e.g. a grammar dead end) pass through to the output.
 """
 from __future__ import annotations
 
@@ -17,10 +18,10 @@ from onecard.runner.sampler import SamplerResult
 
 
 class PendingOutput:
-    __slots__ = ("_event", "_ids", "_lp", "_ready", "_tokens", "_want")
+    __slots__ = ("_errors", "_event", "_ids", "_lp", "_ready", "_tokens", "_want")
 
     def __init__(self, request_ids: list[str], token_ids: torch.Tensor, logprobs: SamplerResult | None,
-                 want: list[int | None], async_copy: bool) -> None:
+                 want: list[int | None], async_copy: bool, errors: dict[str, str] | None = None) -> None:
         cuda = token_ids.is_cuda and async_copy
 
         def host(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -32,6 +33,7 @@ class PendingOutput:
         self._lp = None if logprobs is None else tuple(
             host(t) for t in (logprobs.logprobs, logprobs.ranks, logprobs.top_ids, logprobs.top_logprobs))
         self._want = want
+        self._errors = errors
         self._event = None
         if cuda:
             self._event = torch.cuda.Event()
@@ -53,6 +55,8 @@ class PendingOutput:
             self._event.synchronize()
         tokens = self._tokens.tolist()
         out = RunnerOutput(sampled_token_ids=dict(zip(self._ids, tokens)))
+        if self._errors:
+            out.errors = self._errors
         if self._lp is not None:
             chosen_t, ranks_t, top_ids_t, top_lp_t = self._lp
             chosen, ranks = chosen_t.tolist(), ranks_t.tolist()

@@ -8,8 +8,9 @@ event naming it), ``/health`` answers 503 and, ``ENGINE_DEAD_EXIT_DELAY_S`` late
 ``state.on_fatal`` ends the server with a non-zero status. ``state.end_in_flight(why)`` fails every request
 still running (shutdown deadline: streams end with an error event and [DONE]). On shutdown the engine core is
 stopped. Routes: GET /health, /version, /metrics, /v1/models, /v1/models/{id}, /openapi.json; POST
-/v1/chat/completions, /v1/completions, /tokenize, /detokenize. Every route sits behind ``guard.RequestGuard``
-(API key on /v1/*, body-size limit, disconnect abort, access log). Templating and tokenizing run in
+/v1/chat/completions, /v1/completions, /v1/responses, /v1/messages, /v1/messages/count_tokens, /tokenize,
+/detokenize. Every route sits behind ``guard.RequestGuard`` (API key on /v1/*, as ``Authorization: Bearer``
+or ``x-api-key``; body-size limit, disconnect abort, access log). Templating and tokenizing run in
 ``state.executor`` (``run_blocking``), never on the event loop.
 """
 from __future__ import annotations
@@ -29,13 +30,14 @@ from fastapi.responses import JSONResponse, Response
 
 import onecard
 from onecard.frontend.async_engine import AsyncEngine, EngineRequestError
+from onecard.frontend.grammar import GrammarService, StructuredOutputsConfig
 from onecard.frontend.tokenizer import encode_prompt, render_chat
-from onecard.server import serving_chat, serving_completion
+from onecard.server import serving_chat, serving_completion, serving_messages, serving_responses
 from onecard.server.errors import error_response, install_error_handlers, model_not_found
 from onecard.server.guard import GuardSettings, RequestGuard
 from onecard.server.metrics import ServerMetrics
-from onecard.server.openapi import install_openapi
 from onecard.server.openai_types import DetokenizeRequest, TokenizeRequest
+from onecard.server.openapi import install_openapi
 
 ENGINE_DEAD_EXIT_DELAY_S = 1.5   # between the engine's death and the server's exit: probes see /health 503
 LOG_STATS_INTERVAL_S = 10.0      # the periodic throughput line (vLLM's VLLM_LOG_STATS_INTERVAL)
@@ -54,6 +56,7 @@ class ServerSettings:
     enable_auto_tool_choice: bool = False
     chat_template: str | None = None      # resolved template text (--chat-template), None = tokenizer's
     default_sampling: dict[str, Any] = field(default_factory=dict)   # from generation_config.json
+    structured_outputs: StructuredOutputsConfig = field(default_factory=StructuredOutputsConfig)
     max_body_bytes: int = 8 << 20         # --max-request-body-bytes (413 beyond it)
     log_requests: bool = True             # access log line per request (--disable-log-requests turns it off)
     log_stats: bool = True                # periodic throughput line (--disable-log-stats turns it off)
@@ -67,6 +70,7 @@ class ServerState:
     tokenizer: Any
     metrics: ServerMetrics
     created: int = field(default_factory=lambda: int(time.time()))
+    grammar: GrammarService | None = None     # structured outputs: compiles constraints (frontend/grammar.py)
     on_fatal: Callable[[str], None] | None = None
     started_at: float = field(default_factory=time.perf_counter)
     executor: ThreadPoolExecutor | None = None
@@ -141,6 +145,8 @@ def build_app(state: ServerState) -> FastAPI:
     async def lifespan(app: FastAPI):
         state.engine.on_dead.append(lambda why: _on_engine_dead(state, why))
         state._start_task = asyncio.create_task(_start_engine(state), name="onecard-engine-start")
+        if state.grammar is not None:
+            state.grammar.warm()
         stats_task = asyncio.create_task(_log_stats(state)) if state.settings.log_stats else None
         try:
             yield
@@ -200,6 +206,18 @@ def build_app(state: ServerState) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(body: serving_completion.CompletionRequest, request: Request) -> Response:
         return await serving_completion.create_completion(state, body, request)
+
+    @app.post("/v1/responses")
+    async def responses(body: serving_responses.ResponsesRequest, request: Request) -> Response:
+        return await serving_responses.create_response(state, body, request)
+
+    @app.post("/v1/messages")
+    async def messages(body: serving_messages.MessagesRequest, request: Request) -> Response:
+        return await serving_messages.create_message(state, body, request)
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(body: serving_messages.CountTokensRequest, request: Request) -> Response:
+        return await serving_messages.count_tokens(state, body, request)
 
     def _tokenize(body: TokenizeRequest) -> dict[str, Any]:
         if body.messages is not None:

@@ -5,8 +5,10 @@ Contract: route code raises ``APIError`` (or a subclass: ``BadRequest``, ``NotFo
 (422 → 400), engine rejections (``EngineRequestError``, status from the engine), a dead engine
 (``EngineDeadError``: 500 naming the cause, as vLLM), a loading one (503), ``ValueError`` from parameter
 validation (400) and anything else (500, no traceback in the body) into
-``{"error": {"message", "type", "param", "code"}}``. Every 503 carries ``Retry-After``; Starlette's own
-errors keep their headers (405's ``Allow``). ``error_body`` builds the same dict for SSE streams.
+``{"error": {"message", "type", "param", "code"}}``, or Anthropic's ``{"type": "error", "error": {"type",
+"message"}}`` under /v1/messages (``error_response_for`` picks by path; 503 becomes 529 there). Every 503
+carries ``Retry-After``; Starlette's own errors keep their headers (405's ``Allow``). ``error_body`` /
+``anthropic_error_body`` build the same dicts for SSE streams.
 """
 from __future__ import annotations
 
@@ -71,6 +73,34 @@ def error_response(message: str, status: int, param: str | None = None,
     return JSONResponse(error_body(message, status, param), status_code=status, headers=headers or None)
 
 
+# Anthropic's Messages API answers in its own shape: {"type": "error", "error": {"type", "message"}}, and
+# says "overloaded" with 529 where OpenAI-style APIs send 503.
+ANTHROPIC_PATH_PREFIX = "/v1/messages"
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                    404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
+                    529: "overloaded_error"}
+
+
+def anthropic_error_body(message: str, status: int) -> tuple[dict[str, Any], int]:
+    """(body, status) in Anthropic's shape; 503 becomes 529 overloaded_error, other statuses keep theirs."""
+    if status == 503:
+        status = 529
+    kind = _ANTHROPIC_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}, status
+
+
+def error_response_for(path: str, message: str, status: int, param: str | None = None,
+                       headers: dict[str, str] | None = None) -> JSONResponse:
+    """The error in the shape of the API that ``path`` belongs to (Anthropic's under /v1/messages)."""
+    if path.startswith(ANTHROPIC_PATH_PREFIX):
+        headers = dict(headers or {})
+        if status == 503:
+            headers.setdefault("Retry-After", str(RETRY_AFTER_S))
+        body, status = anthropic_error_body(message, status)
+        return JSONResponse(body, status_code=status, headers=headers or None)
+    return error_response(message, status, param, headers)
+
+
 def model_not_found(name: str) -> NotFound:
     return NotFound(f"The model `{name}` does not exist.", param="model")
 
@@ -87,7 +117,7 @@ def to_api_error(exc: BaseException) -> APIError:
     if isinstance(exc, EngineNotReadyError):
         return ServiceUnavailable(f"the engine is not ready: {exc}")
     if isinstance(exc, ValueError):
-        return BadRequest(str(exc))
+        return BadRequest(str(exc), param=getattr(exc, "param", None))   # e.g. ConstraintError names its field
     logger.error("internal error while serving a request", exc_info=exc)
     return APIError("Internal server error; see the server log.", status=500)
 
@@ -109,17 +139,17 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = _validation_message(exc)
-        return error_response(message, 400, param)
+        return error_response_for(request.url.path, message, 400, param)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error_response(str(exc.detail), exc.status_code, headers=exc.headers)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response_for(request.url.path, str(exc.detail), exc.status_code, headers=exc.headers)
 
-    async def _mapped(_: Request, exc: Exception) -> JSONResponse:
+    async def _mapped(request: Request, exc: Exception) -> JSONResponse:
         err = to_api_error(exc)
-        return error_response(err.message, err.status, err.param)
+        return error_response_for(request.url.path, err.message, err.status, err.param)
 
     # Known types are handled inside the app; the bare Exception handler runs in Starlette's outermost
     # middleware (which also logs the traceback) and answers 500 without one.

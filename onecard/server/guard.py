@@ -1,7 +1,8 @@
 """The request guard: one plain-ASGI middleware in front of every route (present and future).
 
 Contract: ``RequestGuard(app, settings=GuardSettings(...))`` for each HTTP request, in order:
-- API key (when set): paths under ``/v1`` need ``Authorization: Bearer <key>`` (vLLM's current rule, its
+- API key (when set): paths under ``/v1`` need ``Authorization: Bearer <key>`` or ``x-api-key: <key>``
+  (Anthropic's clients; errors under /v1/messages come in Anthropic's shape) (vLLM's current rule, its
   ``AuthenticationMiddleware``: ``/tokenize``, ``/detokenize``, ``/health``, ``/metrics`` stay open; the body
   limit and the off-loop tokenizer keep ``/tokenize`` from hurting other traffic). The *first* Authorization header counts (as Starlette's ``Headers.get``,
   which vLLM reads); the key is compared in constant time (SHA-256 digests, ``hmac.compare_digest``). 401
@@ -27,7 +28,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from onecard.server.errors import error_response
+from onecard.server.errors import error_response_for
 
 access_logger = logging.getLogger("onecard.access")
 
@@ -61,18 +62,18 @@ class RequestGuard:
         if self._key_digest is None or scope["method"] == "OPTIONS" or not path.startswith("/v1"):
             return True
         raw = _first_header(scope, b"authorization")
-        if raw is None:
-            return False
-        scheme, _, token = raw.decode("latin-1").partition(" ")
-        if scheme.lower() != "bearer":
-            return False
-        digest = hashlib.sha256(token.encode("latin-1")).digest()
-        return hmac.compare_digest(digest, self._key_digest)
+        if raw is not None:
+            scheme, _, token = raw.decode("latin-1").partition(" ")
+            if scheme.lower() == "bearer" and hmac.compare_digest(
+                    hashlib.sha256(token.encode("latin-1")).digest(), self._key_digest):
+                return True
+        x_key = _first_header(scope, b"x-api-key")        # Anthropic's clients send the key here
+        return x_key is not None and hmac.compare_digest(hashlib.sha256(x_key).digest(), self._key_digest)
 
-    def _too_large(self, size: int | str) -> object:
+    def _too_large(self, path: str, size: int | str) -> object:
         limit = self.settings.max_body_bytes
-        return error_response(f"The request body ({size} bytes) is larger than this server accepts "
-                              f"({limit} bytes, --max-request-body-bytes).", 413)
+        return error_response_for(path, f"The request body ({size} bytes) is larger than this server accepts "
+                                  f"({limit} bytes, --max-request-body-bytes).", 413)
 
     # ------------------------------------------------------------------ ASGI
     async def __call__(self, scope, receive, send):
@@ -101,12 +102,13 @@ class RequestGuard:
 
     async def _handle(self, scope, receive, send) -> None:
         if not self._authorized(scope):
-            await error_response("Unauthorized: a valid API key is required.", 401)(scope, receive, send)
+            await error_response_for(scope["path"], "Unauthorized: a valid API key is required.", 401)(
+                scope, receive, send)
             return
         limit = self.settings.max_body_bytes
         declared = _first_header(scope, b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            await self._too_large(int(declared))(scope, receive, send)
+            await self._too_large(scope["path"], int(declared))(scope, receive, send)
             return
         chunks: list[bytes] = []
         size = 0
@@ -117,7 +119,7 @@ class RequestGuard:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > limit:
-                await self._too_large(f"more than {limit}")(scope, receive, send)
+                await self._too_large(scope["path"], f"more than {limit}")(scope, receive, send)
                 return
             chunks.append(chunk)
             if not message.get("more_body", False):

@@ -19,6 +19,7 @@ from typing import Any
 from onecard.config import EngineConfig, default_api_threads
 from onecard.frontend.async_engine import AsyncEngine
 from onecard.frontend.core_client import CoreClient
+from onecard.frontend.grammar import GrammarService, StructuredOutputsConfig
 from onecard.frontend.tokenizer import load_tokenizer, resolve_chat_template
 from onecard.server.app import ServerSettings, ServerState, build_app
 from onecard.server.metrics import ServerMetrics
@@ -36,7 +37,8 @@ SHUTDOWN_FLUSH_S = 5.0
 def settings_from(engine_config: EngineConfig, *, api_key: str | None = None, reasoning_parser: str | None = None,
                   tool_call_parser: str | None = None, enable_auto_tool_choice: bool = False,
                   max_body_bytes: int | None = None, log_requests: bool = True, log_stats: bool = True,
-                  api_threads: int | None = None) -> ServerSettings:
+                  api_threads: int | None = None,
+                  structured_outputs: StructuredOutputsConfig | None = None) -> ServerSettings:
     m = engine_config.model
     gen = m.generation_config or {}
     env = engine_config.env
@@ -47,7 +49,8 @@ def settings_from(engine_config: EngineConfig, *, api_key: str | None = None, re
         chat_template=resolve_chat_template(m.chat_template),
         default_sampling={k: gen[k] for k in _SAMPLING_DEFAULT_KEYS if gen.get(k) is not None},
         log_requests=log_requests, log_stats=log_stats,
-        api_threads=api_threads or env.api_threads or default_api_threads(env.cpu_count))
+        api_threads=api_threads or env.api_threads or default_api_threads(env.cpu_count),
+        structured_outputs=structured_outputs or StructuredOutputsConfig())
     if max_body_bytes is not None:
         settings.max_body_bytes = max_body_bytes
     return settings
@@ -69,7 +72,11 @@ def make_state(engine_config: EngineConfig, core: CoreClient, settings: ServerSe
         limits = f"--max-num-seqs={sched.max_num_seqs} + --max-num-queued-reqs={sched.max_num_queued_reqs}"
     engine = AsyncEngine(core, tokenizer, engine_config.model, metrics=metrics, max_in_flight=cap,
                          limits_text=limits)
-    return ServerState(settings=settings, engine=engine, tokenizer=tokenizer, metrics=metrics)
+    vocab = int(engine_config.model.hf_config.get("vocab_size") or len(tokenizer))      # the logits' width
+    grammar = GrammarService(tokenizer, vocab,
+                             list(engine_config.model.eos_token_ids), settings.structured_outputs,
+                             on_compile=metrics.on_grammar_compile, on_request=metrics.on_structured_request)
+    return ServerState(settings=settings, engine=engine, tokenizer=tokenizer, metrics=metrics, grammar=grammar)
 
 
 def _uvicorn_server(config, on_shutdown):
@@ -135,7 +142,9 @@ def prepare_server(engine_config: EngineConfig, ns: argparse.Namespace) -> Serve
                              tool_call_parser=ns.tool_call_parser,
                              enable_auto_tool_choice=ns.enable_auto_tool_choice,
                              max_body_bytes=ns.max_request_body_bytes, log_requests=not ns.disable_log_requests,
-                             log_stats=not ns.disable_log_stats, api_threads=ns.api_threads)
+                             log_stats=not ns.disable_log_stats, api_threads=ns.api_threads,
+                             structured_outputs=StructuredOutputsConfig.parse(ns.structured_outputs_config,
+                                                                              ns.guided_decoding_backend))
     # Start B first: its imports and weight loading overlap A's tokenizer and app set-up (time to ready).
     started_at = time.perf_counter()
     core = make_core_client(engine_config, single_process=ns.single_process)
@@ -156,3 +165,19 @@ def _limit_api_torch_threads() -> None:
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.set_num_threads(1)
+
+
+def exit_after_fatal(code: int) -> int:
+    """After ``Server.run()``: a non-zero status (the engine died or never started) ends the process at once.
+    The graceful part is over by then (in-flight requests answered, the engine stopped, logs flushed here); the
+    interpreter's own teardown (a final collection over torch and transformers) took 10+ s on a busy 2-core box,
+    and an orchestrator should see the exit now. Status 0 returns normally."""
+    if code != 0:
+        import os
+        import sys
+
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code

@@ -118,6 +118,14 @@ class ServerMetrics:
                                       names, buckets=_len_buckets(), registry=self.registry).labels(**self.labels)
         self._gen_hist = Histogram("vllm:request_generation_tokens", "Number of generation tokens per request.",
                                    names, buckets=_len_buckets(), registry=self.registry).labels(**self.labels)
+        # structured outputs (no vLLM names for these): grammar compilations (cache misses) and requests
+        self._grammar_compile = Histogram(
+            "onecard:structured_output_compile_seconds", "Grammar compile time of structured-output requests "
+            "(cache misses) in seconds.", names, buckets=_COMPILE_BUCKETS,
+            registry=self.registry).labels(**self.labels)
+        self._structured = Counter("onecard:structured_output_requests", "Number of requests with an output "
+                                   "constraint (response_format, structured_outputs, guided_*, forced tool calls).",
+                                   names, registry=self.registry).labels(**self.labels)
 
         def hist(name: str, doc: str, buckets) -> Histogram:
             return Histogram(name, doc, names, buckets=buckets, registry=self.registry).labels(**self.labels)
@@ -146,6 +154,12 @@ class ServerMetrics:
         self._last_log = (time.monotonic(), 0, 0)
         self._idle_logged = False
         self._stats_fn = stats_fn
+
+    def on_grammar_compile(self, seconds: float) -> None:
+        self._grammar_compile.observe(seconds)
+
+    def on_structured_request(self) -> None:
+        self._structured.inc()
 
     def on_first_token(self, seconds: float, prompt_tokens: int = 0) -> None:
         self._ttft.observe(seconds)
@@ -207,6 +221,9 @@ class ServerMetrics:
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+_COMPILE_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
 
 
 def _len_buckets() -> list[float]:

@@ -65,6 +65,7 @@ class NamedToolChoice(_Base):
 
 class ResponseFormat(_Base):
     type: str
+    json_schema: dict[str, Any] | None = None
 
 
 class ChatMessage(_Base):
@@ -104,14 +105,33 @@ class _SamplingFields(_Base):
     include_stop_str_in_output: bool = False
     priority: Int64 = 0
     response_format: ResponseFormat | None = None
+    # structured outputs (vLLM): the extra body, and the older guided_* spellings vLLM 0.11 clients send
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_decoding_backend: str | None = None
+    guided_whitespace_pattern: str | None = None
+    structural_tag: str | None = None
+
+    def constraint_fields(self) -> dict[str, Any]:
+        """Keyword arguments of ``frontend.constraints.constraint_for_request`` for this body's fields."""
+        so = self.structured_outputs
+        if self.structural_tag is not None and so is None:
+            so = {"structural_tag": self.structural_tag}
+        return {"structured_outputs": so, "response_format": self.response_format,
+                "guided": {"guided_json": self.guided_json, "guided_regex": self.guided_regex,
+                           "guided_choice": self.guided_choice, "guided_grammar": self.guided_grammar},
+                "options": {"whitespace_pattern": self.guided_whitespace_pattern}}
 
     def _base_params(self, defaults: dict[str, Any], max_tokens: int | None, logprobs: int | None) -> SamplingParams:
         if self.logit_bias:
             raise ValueError("logit_bias is not supported by onecard.")
-        if self.response_format is not None and self.response_format.type != "text":
-            raise ValueError(
-                f"response_format type {self.response_format.type!r} is not supported yet: onecard has no "
-                "structured output (guided decoding). Leave response_format unset or use {\"type\": \"text\"}.")
+        if self.guided_decoding_backend not in (None, "auto", "xgrammar") and not str(
+                self.guided_decoding_backend).startswith("xgrammar"):
+            raise ValueError(f"guided_decoding_backend {self.guided_decoding_backend!r} is not available; use "
+                             "xgrammar (or auto).")
         values: dict[str, Any] = {}
         for name in _DEFAULTABLE:
             v = getattr(self, name)

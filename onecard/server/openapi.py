@@ -51,13 +51,13 @@ _OK: dict[tuple[str, str], tuple[str, dict[str, Any] | None]] = {
         "type": "object", "required": ["object", "data"],
         "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": _MODEL_CARD}}})),
     ("/v1/models/{model_id}", "get"): ("One served model.", _json(_MODEL_CARD)),
-    ("/v1/chat/completions", "post"): ("A chat.completion, or with stream=true a stream of "
-                                       "chat.completion.chunk events ending in [DONE].", {
+    ("/v1/chat/completions", "post"): (("A chat.completion, or with stream=true a stream of "
+                                        "chat.completion.chunk events ending in [DONE]."), {
         **_json({"type": "object", "required": ["id", "object", "created", "model", "choices"],
                  "properties": {"object": {"const": "chat.completion"}, "choices": _CHOICES, "usage": _USAGE}}),
         **_SSE}),
-    ("/v1/completions", "post"): ("A text_completion, or with stream=true a stream of events ending in "
-                                  "[DONE].", {
+    ("/v1/completions", "post"): (("A text_completion, or with stream=true a stream of events ending in "
+                                   "[DONE]."), {
         **_json({"type": "object", "required": ["id", "object", "created", "model", "choices"],
                  "properties": {"object": {"const": "text_completion"}, "choices": _CHOICES,
                                 "usage": _USAGE}}),
@@ -74,8 +74,19 @@ _OK: dict[tuple[str, str], tuple[str, dict[str, Any] | None]] = {
 _GENERATING = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
 
 
-def _error(description: str) -> dict[str, Any]:
-    return {"description": description, "content": _json(_ERROR_REF)}
+_ANTHROPIC_ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object", "required": ["type", "error"],
+    "properties": {"type": {"const": "error"}, "error": {
+        "type": "object", "required": ["type", "message"],
+        "properties": {"type": {"type": "string"}, "message": {"type": "string"}}}},
+}
+_ANTHROPIC_PREFIX = "/v1/messages"      # Anthropic's API: its own error shape, 529 where others send 503
+
+
+def _error(description: str, path: str = "") -> dict[str, Any]:
+    ref = ("#/components/schemas/AnthropicErrorResponse" if path.startswith(_ANTHROPIC_PREFIX)
+           else _ERROR_REF["$ref"])
+    return {"description": description, "content": _json({"$ref": ref})}
 
 
 def _responses(path: str, method: str, generated: dict[str, Any], has_body: bool,
@@ -88,18 +99,19 @@ def _responses(path: str, method: str, generated: dict[str, Any], has_body: bool
         success = {"200": {"description": description, **({"content": content} if content else {})}}
     out: dict[str, Any] = dict(success)
     if has_body or has_params or path.startswith("/v1/models/"):
-        out["400"] = _error("Invalid request (validation errors included: never 422).")
+        out["400"] = _error("Invalid request (validation errors included: never 422).", path)
     if path.startswith("/v1"):
-        out["401"] = _error("Missing or wrong API key (only when the server has --api-key).")
+        out["401"] = _error("Missing or wrong API key (only when the server has --api-key).", path)
     if has_body or "{" in path or path in _GENERATING:
-        out["404"] = _error("The model named in the request is not served.")
+        out["404"] = _error("The model named in the request is not served.", path)
     if has_body:
-        out["413"] = _error("The request body is larger than --max-request-body-bytes.")
+        out["413"] = _error("The request body is larger than --max-request-body-bytes.", path)
     if path in _GENERATING or has_body:
-        out["500"] = _error("The engine failed this request (e.g. the engine core died).")
+        out["500"] = _error("The engine failed this request (e.g. the engine core died).", path)
     if path in _GENERATING or path == "/health":
-        out["503"] = _error("The engine is loading, dead, the queue is full (with Retry-After) or the server "
-                            "is shutting down.")
+        out["529" if path.startswith(_ANTHROPIC_PREFIX) else "503"] = _error(
+            "The engine is loading, dead, the queue is full (with Retry-After) or the server is shutting down.",
+            path)
     return out
 
 
@@ -132,6 +144,7 @@ def install_openapi(app: FastAPI) -> None:
         for unused in ("HTTPValidationError", "ValidationError"):
             components.pop(unused, None)
         components["ErrorResponse"] = _ERROR_SCHEMA
+        components["AnthropicErrorResponse"] = _ANTHROPIC_ERROR_SCHEMA
         _exact_integers(schema)
         app.openapi_schema = schema
         return schema

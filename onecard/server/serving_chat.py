@@ -1,10 +1,12 @@
 """POST /v1/chat/completions, streamed (SSE) and not, with reasoning and tool-call parsing.
 
 Contract: ``create_chat_completion(state, body, request)`` renders the messages with the chat template
-(tools, chat_template_kwargs), writes the tool-choice prefill (named / required) into the assistant turn,
-generates ``n`` choices and returns OpenAI's ``chat.completion`` or a stream of ``chat.completion.chunk``
-events (role first, then content / reasoning / tool-call deltas, finish_reason, optional usage, [DONE]).
-The text → message step lives in ``chat_parsing.ChoiceParser``.
+(tools, chat_template_kwargs), compiles the request's output constraint before queueing it (response_format,
+structured_outputs / guided_*, tool_choice required / named / strict tools: ``frontend.constraints``; a bad
+one is a 400 naming the field), generates ``n`` choices and returns OpenAI's ``chat.completion`` or a stream
+of ``chat.completion.chunk`` events (role first, then content / reasoning / tool-call deltas, finish_reason, optional usage, [DONE]).
+The request → prompt ids → parsers step is ``chat_prompt.prepare_chat`` (shared with /v1/responses and
+/v1/messages); the text → message step lives in ``chat_parsing.ChoiceParser``.
 """
 from __future__ import annotations
 
@@ -14,29 +16,11 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from onecard.frontend.tokenizer import ChatTemplateError, encode_prompt, render_chat, surely_too_long
-from onecard.parsers import prompt_opens_think
-from onecard.server.chat_parsing import ChoiceParser, tool_prefill
-from onecard.server.errors import BadRequest
+from onecard.server.chat_prompt import prepare_chat
 from onecard.server.openai_types import ChatCompletionRequest, NamedToolChoice, now, random_id
 from onecard.server.streaming import DONE, logprob_entries, sse, sse_response, start_stream, usage
 
 __all__ = ["ChatCompletionRequest", "create_chat_completion"]
-
-AUTO_TOOL_ERROR = '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
-
-
-def _tool_mode(state, body: ChatCompletionRequest) -> tuple[bool, str | None]:
-    """(parse tool calls?, parser name) for this request, or a 400 as vLLM answers."""
-    s = state.settings
-    if not body.tools or body.tool_choice == "none":
-        return False, None
-    if body.tool_choice == "auto":
-        if not (s.enable_auto_tool_choice and s.tool_call_parser):
-            raise BadRequest(AUTO_TOOL_ERROR, param="tool_choice")
-        return True, s.tool_call_parser
-    # required / named: enforced by the prefill; parse with the configured format (hermes by default)
-    return True, s.tool_call_parser or "hermes"
 
 
 def _tool_choice_value(choice: Any) -> Any:
@@ -48,43 +32,19 @@ def _tool_choice_value(choice: Any) -> Any:
 async def create_chat_completion(state, body: ChatCompletionRequest, request: Request) -> Response:
     name = state.model_name(body.model)
     s = state.settings
-    parse_tools, tool_parser = _tool_mode(state, body)
-    tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
-    kwargs = dict(body.chat_template_kwargs or {})
-    messages = [m.model_dump(exclude_none=True) for m in body.messages]
     params = body.to_sampling_params(s.default_sampling)     # a bad field is a 400 before any work
     state.engine.check_available(params.n)                   # loading, dead or full: answered now
-    prefill = ""
-    if parse_tools and body.tool_choice != "auto":
-        prefill = tool_prefill(_tool_choice_value(body.tool_choice), tool_parser)
-
-    def prompt() -> tuple[str, list[int]]:
-        # On the text threads: templates and tokenizers are CPU work that must not stall the event loop.
-        try:
-            text = render_chat(
-                state.tokenizer, messages, tools=tools, add_generation_prompt=body.add_generation_prompt,
-                continue_final_message=body.continue_final_message,
-                chat_template=body.chat_template or s.chat_template, chat_template_kwargs=kwargs) + prefill
-        except ChatTemplateError as e:
-            raise BadRequest(str(e), param="messages") from None
-        least = surely_too_long(state.tokenizer, len(text), s.max_model_len)
-        if least is not None:
-            raise BadRequest(f"The prompt is at least {least} tokens long, longer than the maximum model length "
-                             f"of {s.max_model_len}. Please reduce the length of the messages.", param="messages")
-        return text, encode_prompt(state.tokenizer, text, add_special_tokens=body.add_special_tokens)
-
-    prompt_text, prompt_ids = await state.run_blocking(prompt)
-    thinking = s.reasoning_parser is not None and kwargs.get("enable_thinking", True) is not False
-    opened_think = thinking and prompt_opens_think(prompt_text)
+    prepared = await prepare_chat(
+        state, [m.model_dump(exclude_none=True) for m in body.messages],
+        tools=[t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None,
+        tool_choice=_tool_choice_value(body.tool_choice), parallel_tool_calls=body.parallel_tool_calls is not False,
+        add_generation_prompt=body.add_generation_prompt, continue_final_message=body.continue_final_message,
+        chat_template=body.chat_template, chat_template_kwargs=body.chat_template_kwargs,
+        add_special_tokens=body.add_special_tokens, params=params, constraint_fields=body.constraint_fields())
+    prompt_ids = prepared.prompt_ids
+    new_parser = prepared.new_parser
     rid = random_id("chatcmpl")
     created = now()
-
-    def new_parser() -> ChoiceParser:
-        return ChoiceParser(reasoning_parser=s.reasoning_parser if thinking else None,
-                            prompt_opened_think=opened_think, tool_parser=tool_parser if parse_tools else None,
-                            tools=tools or [], prefill=prefill,
-                            parallel_tool_calls=body.parallel_tool_calls is not False)
-
     gen = state.engine.generate_n(rid, prompt_ids, params)
     top_n = params.logprobs
     if body.stream:

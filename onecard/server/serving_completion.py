@@ -3,7 +3,8 @@
 Contract: ``create_completion(state, body, request)`` returns a JSONResponse or an SSE StreamingResponse in
 OpenAI's ``text_completion`` shape. A prompt is a string, a list of strings, a list of token ids or a list of
 those; choice index = prompt_index * n + i. ``echo`` prepends the prompt text; ``logprobs`` N gives the
-legacy tokens/token_logprobs/top_logprobs/text_offset block.
+legacy tokens/token_logprobs/top_logprobs/text_offset block. An output constraint (response_format,
+structured_outputs, guided_*) is compiled before any prompt is queued (a bad one is a 400 naming the field).
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from onecard.frontend.constraints import constraint_for_request
 from onecard.frontend.output_processor import merge_streams
 from onecard.frontend.tokenizer import surely_too_long
 from onecard.server.errors import BadRequest
@@ -52,6 +54,7 @@ async def create_completion(state, body: CompletionRequest, request: Request) ->
         return ids, texts
 
     prompts, prompt_texts = await state.run_blocking(encode)
+    await state.grammar.attach(params, constraint_for_request(**body.constraint_fields()))
     n = params.n
     rid = random_id("cmpl")
     created = now()

@@ -9,14 +9,14 @@ so an engine rejection (prompt too long, queue full) still becomes a proper erro
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi.responses import StreamingResponse
 
 from onecard.frontend.output_processor import decode_token
 from onecard.protocol import TokenLogprobs
-from onecard.server.errors import error_body, to_api_error
+from onecard.server.errors import APIError, error_body, to_api_error
 
 DONE = "data: [DONE]\n\n"
 
@@ -47,15 +47,20 @@ async def start_stream(agen: AsyncIterator) -> AsyncIterator:
     return rest()
 
 
-def sse_response(events: AsyncIterator[str]) -> StreamingResponse:
+def _openai_error_events(err: APIError) -> list[str]:
+    return [sse(error_body(err.message, err.status, err.param)), DONE]
+
+
+def sse_response(events: AsyncIterator[str],
+                 error_events: Callable[[APIError], list[str]] = _openai_error_events) -> StreamingResponse:
+    """``error_events`` frames a mid-stream failure in the route's API (OpenAI's by default)."""
     async def body() -> AsyncIterator[str]:
         try:
             async for e in events:
                 yield e
         except Exception as exc:  # noqa: BLE001 - mid-stream failure: tell the client in-band, as vLLM does
-            err = to_api_error(exc)
-            yield sse(error_body(err.message, err.status, err.param))
-            yield DONE
+            for e in error_events(to_api_error(exc)):
+                yield e
         finally:
             await events.aclose()
 

@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from onecard.frontend.core_client import ProcessCoreClient
     from onecard.frontend.tokenizer import load_tokenizer
-    from onecard.server.launch import Server, make_state, settings_from
+    from onecard.server.launch import Server, exit_after_fatal, make_state, settings_from
     from tests.e2e.harness import scripted_engine_config
     from tests.e2e.scripted import scripted_process_core
 
@@ -35,7 +35,8 @@ def main(argv: list[str] | None = None) -> int:
                                                                     step_delay=ns.step_delay))
     core.start()
     state = make_state(config, core, settings_from(config), tok)
-    return Server(state, "127.0.0.1", ns.port, shutdown_timeout=ns.shutdown_timeout, log_level="info").run()
+    server = Server(state, "127.0.0.1", ns.port, shutdown_timeout=ns.shutdown_timeout, log_level="info")
+    return exit_after_fatal(server.run())
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ class ScriptedRunner:
         self.eos = config.model.eos_token_ids[0]
         self.gate = gate                          # start-up waits on it (tests of 503 while loading)
         self._replies: dict[str, list[int]] = {}
+        self.prompts: dict[str, list[int]] = {}   # request id → the prompt ids the engine was given
         self.steps = 0
         # Tests of mid-stream behaviour: once a request has `hold_after` outputs, steps wait for `release`.
         self.hold_after: int | None = None
@@ -75,6 +76,7 @@ class ScriptedRunner:
             if not s.samples:
                 continue
             req = s.request
+            self.prompts[req.request_id] = list(req.prompt_token_ids)
             reply = self._replies.setdefault(req.request_id, self.script.reply_ids(req.prompt_token_ids))
             k = req.num_output_tokens
             if k < len(reply):

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.harness import free_port, wait_health
+from tests.e2e.harness import free_port, metric, wait_health
 
 ROOT = Path(__file__).resolve().parents[2]
 CHAT = {"model": "coder", "messages": [{"role": "user", "content": "go"}], "max_tokens": 900, "ignore_eos": True}
@@ -104,7 +104,10 @@ def test_engine_killed_mid_stream(proc_factory):
     plain: dict = {}
 
     def non_streaming() -> None:       # a concurrent non-streaming request in flight when the engine dies
-        plain["r"] = httpx.post(p.url + "/v1/chat/completions", json=CHAT, timeout=60)
+        try:
+            plain["r"] = httpx.post(p.url + "/v1/chat/completions", json=CHAT, timeout=60)
+        except httpx.HTTPError as e:
+            plain["error"] = e
 
     t = threading.Thread(target=non_streaming)
     t.start()
@@ -112,7 +115,8 @@ def test_engine_killed_mid_stream(proc_factory):
     killed_at = []
 
     def kill_after_a_few(count: int) -> None:
-        if count == 5 and not killed.is_set():
+        # kill once the stream has a few events and both requests are inside the engine (no timing guess)
+        if count >= 5 and not killed.is_set() and metric(p.url, "vllm:num_requests_running") == 2:
             killed.set()
             killed_at.append(time.monotonic())
             os.kill(pid, signal.SIGKILL)
@@ -126,6 +130,7 @@ def test_engine_killed_mid_stream(proc_factory):
     err = json.loads(events[-2])["error"]
     assert err["code"] == 500 and "EngineDeadError" in err["message"] and "SIGKILL" in err["message"]
     t.join(timeout=30)
+    assert "r" in plain, plain
     assert plain["r"].status_code == 500
     assert "EngineDeadError" in plain["r"].json()["error"]["message"]
     # a request after the death: refused at once, naming it (or the port is already closed)

@@ -167,3 +167,20 @@ def test_llm_and_server_give_identical_outputs(client, llm):
     assert results[1].finish_reason == "stop" and results[1].stop_reason == stop
     assert results[1].text == base.text[:base.text.index(stop)]
     assert len(results[2].token_ids) > 4 and results[2].text.startswith(base.text[:base.text.index(stop) + 1])
+
+
+def test_responses_and_messages_equal_llm_generate(client, llm, server):
+    """The real tiny model's plain text through /v1/responses and /v1/messages (official clients)."""
+    import anthropic
+
+    ref = _reference(llm, _chat_prompt_ids(server.state.tokenizer, MSGS), max_tokens=12)
+    r = client.responses.create(model="coder", input=MSGS[0]["content"], temperature=0, max_output_tokens=12)
+    assert r.output_text == ref.text and r.usage.output_tokens == len(ref.token_ids)
+    assert r.status == ("incomplete" if ref.finish_reason == "length" else "completed")
+    ac = anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0)
+    greedy = {"temperature": 0}       # (this anthropic release has no temperature argument)
+    m = ac.messages.create(model="reasoning", max_tokens=12, messages=MSGS, extra_body=greedy)
+    assert "".join(b.text for b in m.content) == ref.text and m.usage.output_tokens == len(ref.token_ids)
+    assert m.stop_reason == ("max_tokens" if ref.finish_reason == "length" else "end_turn")
+    with ac.messages.stream(model="coder", max_tokens=12, messages=MSGS, extra_body=greedy) as s:
+        assert s.get_final_text() == ref.text

@@ -252,11 +252,13 @@ def test_queue_full_is_503(server):
         sched.config.max_num_queued_reqs, sched.config.max_num_seqs = old
 
 
-def test_response_format_is_refused(server):
+def test_unknown_response_format_is_refused(server):
+    # (json_object / json_schema are served: tests/e2e/test_structured_outputs.py)
     r = httpx.post(server.base_url + "/chat/completions",
                    json={"model": "coder", "messages": [{"role": "user", "content": "x"}],
-                         "response_format": {"type": "json_object"}})
+                         "response_format": {"type": "yaml"}})
     assert r.status_code == 400 and "response_format" in _error(r)["message"]
+    assert _error(r)["param"] == "response_format"
 
 
 def test_auto_tool_choice_without_flag_is_400(server):

@@ -27,8 +27,8 @@ XML_TWO = ("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</para
            "Berlin\n</parameter>\n</function>\n</tool_call>")
 THINK = "<think>\nThe user wants a number.\n</think>\n\nThe answer is 42."
 MALFORMED = '<tool_call>\n{"name": "get_weather", "arguments": {"city": </tool_call>'
-# named tool_choice: the prompt already holds the call's opening, the model writes the rest
-NAMED_REST = '{"city": "Rome"}}\n</tool_call>'
+# named tool_choice: the grammar makes the model write the whole call (this scripted model writes it anyway)
+NAMED_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,7 @@ def gate():
 def server(e2e_tokenizer_dir, tokenizer, gate):
     script = Script(tokenizer, default="plain answer", replies=[
         ("HERMES", HERMES), ("XMLTWO", XML_TWO), ("THINK", THINK), ("MALFORMED", MALFORMED),
-        ("NAMED", NAMED_REST)])
+        ("NAMED", NAMED_CALL)])
     config = scripted_engine_config(e2e_tokenizer_dir, tokenizer, names=("coder", "reasoning"), max_model_len=1024)
     core = ScriptedCoreClient(config, script, gate=gate, num_blocks=128)
     settings = settings_from(config, api_key="sekret", reasoning_parser="qwen3", tool_call_parser="hermes",
@@ -171,7 +171,7 @@ def test_malformed_call_comes_back_as_content(client):
     assert not calls and finish == "stop" and content == r.choices[0].message.content
 
 
-def test_named_tool_choice_prefills_the_call(client):
+def test_named_tool_choice_parses_the_call(client):
     choice = {"type": "function", "function": {"name": "get_weather"}}
     r = _chat(client, "NAMED", False, tool_choice=choice)
     calls = r.choices[0].message.tool_calls

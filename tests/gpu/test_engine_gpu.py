@@ -13,8 +13,14 @@ def test_triton_and_graphs_match_reference():
     spec = importlib.util.spec_from_file_location("gpu_checks", Path(__file__).parents[2] / "bench" / "gpu_checks.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    res = mod.main()
+    check_results(mod.main())
+
+
+def check_results(res: dict) -> None:
+    """gpu_checks' results: no errors; fp32 models and graphs/async token for token; GPTQ near-ties allowed."""
     for name, r in res.items():
+        if name.startswith("_"):                  # records (the capability used), not checks
+            continue
         assert "error" not in r, (name, r)
         if "gptq" not in name:
             assert r["identical"], (name, r)     # fp32 models: token-for-token (exact fp32 dots)

@@ -215,13 +215,13 @@ def run_case(name: str, seed: int) -> float:
         md.num_decode_tokens = dec
         q = torch.randn(sum(qlens) + 1, hq, 32).to(dt)
         s = 1 / math.sqrt(32)
-        cc = tk.compute_capability
-        if rest.startswith("sm70"):                       # the interpreter counts as sm80; ask for sm70's tiles
-            tk.compute_capability = lambda device: 70
+        from onecard.kernels import paths
+        if rest.startswith("sm70"):                       # the interpreter counts as sm80: the emulation switch
+            paths.set_emulated_capability(70)             # (ONECARD_EMULATE_CC) gives it sm70's tiles
         try:
             return _rel(tk.paged_attention(q, kc, vc, md, s), ref.paged_attention(q, kc, vc, md, s))
         finally:
-            tk.compute_capability = cc
+            paths.set_emulated_capability(None, clear=True)
     if kind == "store_kv":
         from onecard.kernels.attention import ref
         from onecard.kernels.attention import triton as tk

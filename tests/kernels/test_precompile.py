@@ -154,6 +154,25 @@ def test_dry_shapes_reach_every_path(max_seqs, budget, max_len):
         assert any(q[0] == 1 and q[-1] > 1 for q, _, _ in shapes)          # a mixed decode + prefill step
 
 
+@pytest.mark.parametrize("max_seqs,budget,max_len", [(16, 8192, 65536), (4, 512, 2048), (1, 64, 128),
+                                                     (16, 2048, 4096)])
+@pytest.mark.parametrize("cc", [70, 75, 80, 90])
+def test_dry_shapes_cover_every_boundary_of_the_path_table(cc, max_seqs, budget, max_len):
+    """On each capability, the dry forwards' token counts reach every path of every op that the step budget
+    allows, and both sides of every boundary of kernels/paths.py (where a path changes at T: T - 1 and T)."""
+    from onecard.kernels import paths
+
+    tokens = {sum(q) for q, _, _ in dry_shapes(max_seqs, budget, max_len)}
+    cap = min(budget, max_len)
+    for op in paths.OPS:
+        every = {t: paths.choose(op, t, cc) for t in range(1, cap + 1)}
+        assert {every[t] for t in tokens if t in every} == set(every.values()), (op, cc)
+        edges = [t for t in range(2, cap + 1) if every[t] != every[t - 1]]
+        assert edges and set(edges) <= set(paths.token_boundaries())
+        missing = [(t - 1, t) for t in edges if not {t - 1, t} <= tokens]
+        assert not missing, (op, cc, missing)
+
+
 def test_dry_batches_are_valid_forwards(tiny_moe_gptq_dir):
     """Every dry shape, built by runner/precompile.batch, is a forward the engine can really run (ref backend,
     CPU): the metadata is consistent, so the kernels would see the arguments serving gives them."""

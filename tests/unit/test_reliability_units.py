@@ -8,8 +8,13 @@ import threading
 
 import pytest
 
-from onecard.config import (ConfigError, Env, default_api_threads, default_engine_threads,
-                            default_max_num_queued_reqs)
+from onecard.config import (
+    ConfigError,
+    Env,
+    default_api_threads,
+    default_engine_threads,
+    default_max_num_queued_reqs,
+)
 from onecard.protocol import EngineInfo, EngineStats
 from onecard.sampling_params import SEED_MAX, SEED_MIN, SamplingParams
 

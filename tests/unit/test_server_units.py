@@ -73,6 +73,6 @@ def test_sampling_params_from_requests():
                                  tools=[{"type": "function", "function": {"name": "f"}}]).tool_choice == "auto"
     assert CompletionRequest(prompt=[1, 2, 3]).prompts() == [[1, 2, 3]]
     assert CompletionRequest(prompt="a").to_sampling_params({}).max_tokens == 16
-    with pytest.raises(ValueError, match="response_format"):
+    with pytest.raises(ValueError, match="guided_decoding_backend"):     # (response_format: test_structured)
         ChatCompletionRequest(messages=[{"role": "user", "content": "x"}],
-                              response_format={"type": "json_schema"}).to_sampling_params({})
+                              guided_decoding_backend="outlines").to_sampling_params({})

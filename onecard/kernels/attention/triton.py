@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from onecard.kernels.attention.fp8 import fmt_code, kernel_view, kv_decode, kv_store_value
+from onecard.kernels import paths
 from onecard.kernels.triton_dot import dot
 from onecard.kernels.triton_common import (
     AotConfig,
@@ -137,10 +138,11 @@ def _segment_reduce_kernel(part_ptr, ml_ptr, out_ptr, stride_ot, stride_oh, num_
     tl.store(out_ptr + tok * stride_ot + h * stride_oh + offs_d, o.to(out_ptr.dtype.element_ty))
 
 
-BLOCK_N = 64
-ATTN_WARPS = 4
-MAX_SEGMENTS = 16
-SPLIT_MIN_SEQ_LEN = 1024          # split-KV only pays off for long decode contexts
+BLOCK_N = paths.ATTN_BLOCK_N
+ATTN_WARPS = paths.ATTN_WARPS
+MAX_SEGMENTS = paths.MAX_SEGMENTS
+SPLIT_MIN_SEQ_LEN = paths.SPLIT_MIN_SEQ_LEN
+attn_tiles = paths.attention_tiles       # (BLOCK_N, num_warps) by capability: the path table owns it
 
 
 def block_q(group_pad: int, max_query_len: int) -> int:
@@ -149,25 +151,12 @@ def block_q(group_pad: int, max_query_len: int) -> int:
     return base if max_query_len <= base else max(base, 64 // group_pad)
 
 
-def attn_tiles(cc: int, block_m: int) -> tuple[int, int]:
-    """(BLOCK_N, num_warps) for a program of block_m = BLOCK_Q * GROUP_PAD query rows.
-
-    sm80+: tensor-core tl.dot, 64-key tiles on 4 warps. Below sm80 tl.dot is FMA code that keeps its operand
-    tiles in registers, and those tiles spill: at the served shape (D 128, JIT-aligned sm70 compile) 432 B of
-    stack per thread for decode (16 rows) and 13,032 B for prefill (64 rows). The tiles used there are the
-    largest found that compile with no spill on 8 warps (decode 32 keys: 210 registers; prefill 16 keys: 239);
-    tests/kernels/test_aot.py checks the no-spill part. Not timed on a V100 (none available)."""
-    if cc >= 80:
-        return BLOCK_N, ATTN_WARPS
-    return (32, 8) if block_m <= 16 else (16, 8)
-
-
 def num_segments(md: AttentionMetadata, num_tokens: int, hkv: int, device: torch.device) -> int:
-    """Split-KV segments: only for decode-only batches (every row a decode) with long contexts."""
+    """Split-KV segments (paths.split_kv_segments): only for decode-only batches (every row a decode) with
+    long contexts."""
     b = md.num_seqs
-    if md.max_query_len != 1 or md.num_decode_tokens < b or md.max_seq_len < SPLIT_MIN_SEQ_LEN:
-        return 1
-    return max(1, min(MAX_SEGMENTS, next_pow2(2 * num_sms(device) // max(1, b * hkv))))
+    decode_only = md.max_query_len == 1 and md.num_decode_tokens >= b
+    return paths.split_kv_segments(b, decode_only, md.max_seq_len, hkv, num_sms(device))
 
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -22,14 +22,14 @@ import torch
 import triton
 import triton.language as tl
 
-from onecard.kernels import workspace
+from onecard.kernels import paths, workspace
 # DECODE_CONFIGS, choose_decode_config, weight_args: re-exported (public names here before stages.py)
 from onecard.kernels.fused_moe.stages import (DECODE_CONFIGS, choose_decode_config,  # noqa: F401
                                               moe_inter_size, moe_stages, stages_aot_configs, weight_args)
 from onecard.kernels.triton_common import AotConfig, next_pow2, pdl, pdl_enter, signature
 from onecard.kernels.types import MoEWeight
 
-DECODE_MAX_TOKENS = 16
+DECODE_MAX_TOKENS = paths.DECODE_MAX_TOKENS
 ROUTE_WARPS = 1                       # the top-k chain is 8 dependent reductions: shuffles only, no smem
 _ZERO_BLOCK = 1024
 _FINISH_BLOCK = 1024

@@ -10,13 +10,17 @@ Qwen3-30B-A3B size), small against the GEMMs at T >= GROUPED_MIN_TOKENS. Same si
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
+from onecard.kernels import paths
 from onecard.kernels.types import GPTQWeight, MoEWeight
 
-GROUPED_MIN_TOKENS = 256
-_STATE: dict[str, object] = {}
+GROUPED_MIN_TOKENS = paths.GROUPED_MIN_TOKENS
+_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+_NAMES = {v: k for k, v in _DTYPES.items()}
 
 
 def _grouped_mm_fn():
@@ -24,25 +28,54 @@ def _grouped_mm_fn():
     return fn
 
 
+@functools.cache
+def supported_dtypes(device: torch.device) -> frozenset[str]:
+    """The dtypes PyTorch's grouped GEMM runs on ``device``, found once by a tiny grouped GEMM per dtype (the
+    runner asks at start-up: what the serving path can use is decided there, never by a failing prefill).
+    Empty off CUDA and where this torch has no grouped GEMM."""
+    fn = _grouped_mm_fn()
+    if device.type != "cuda" or fn is None:
+        return frozenset()
+    ok = set()
+    for name, dt in _DTYPES.items():
+        try:
+            a = torch.ones(32, 16, dtype=dt, device=device)                # [P, K], two groups of 16 rows
+            b = torch.ones(2, 16, 16, dtype=dt, device=device)             # [E, K, N]
+            offs = torch.tensor([16, 32], dtype=torch.int32, device=device)
+            y = fn(a, b, offs=offs)
+            if bool((y.float() == 16).all()):                             # start-up: a sync is fine here
+                ok.add(name)
+        except (RuntimeError, NotImplementedError, TypeError, ValueError):
+            pass
+    return frozenset(ok)
+
+
 def per_expert(device: torch.device) -> bool:
-    """One cuBLAS GEMM per expert instead of PyTorch's grouped GEMM: CUDA devices below sm80."""
-    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] < 8
+    """One cuBLAS GEMM per expert instead of PyTorch's grouped GEMM: CUDA devices below sm80 (paths)."""
+    return device.type == "cuda" and paths.per_expert_moe(paths.capability(device))
 
 
 def available(device: torch.device) -> bool:
-    if device.type != "cuda" or _STATE.get("broken"):
+    """Does this path run on ``device`` at all (per expert, or a grouped GEMM dtype that works)?"""
+    if device.type != "cuda":
         return False
-    return per_expert(device) or _grouped_mm_fn() is not None
+    return per_expert(device) or bool(supported_dtypes(device))
 
 
 def _gemm_dtype(x: torch.Tensor) -> torch.dtype:
-    """PyTorch's fast grouped GEMM (CUTLASS, sm90+) takes bf16 only; fp16 goes through a per-expert loop that
-    reads the offsets on the host (a sync) and launches cuBLAS per group: measured on the H200 as ~36% of a
-    4,096-token prefill forward with the GPU idle. So fp16 activations run the expert GEMMs in bf16 there
-    (fp32 accumulation; the dequantized weights and GEMM inputs round to bf16, outputs come back in x.dtype)."""
-    if x.dtype == torch.float16 and x.is_cuda and torch.cuda.get_device_capability(x.device)[0] >= 9:
-        return torch.bfloat16
-    return x.dtype
+    """The expert GEMMs' dtype: paths.grouped_gemm_dtype (fp16 runs as bf16 on sm90+, where PyTorch's fast
+    grouped GEMM is bf16 only; fp32 accumulation, outputs come back in x.dtype). Off CUDA and below sm80 (the
+    per-expert loop): x.dtype."""
+    if not x.is_cuda:
+        return x.dtype
+    cc = paths.capability(x.device)
+    if paths.per_expert_moe(cc):
+        return x.dtype
+    name = paths.grouped_gemm_dtype(_NAMES.get(x.dtype, str(x.dtype)), cc, supported_dtypes(x.device))
+    if name is None:
+        raise RuntimeError(f"PyTorch's grouped GEMM runs no dtype for {x.dtype} on this device; the dispatcher "
+                           "sends such batches to the Triton fused MoE (kernels/paths.choose_moe)")
+    return _DTYPES[name]
 
 
 def dequantize_stacked(w: MoEWeight, dtype: torch.dtype) -> torch.Tensor:
@@ -96,22 +129,14 @@ def fused_moe(x: torch.Tensor, router_logits: torch.Tensor, w_gate: MoEWeight, w
     loop = per_expert(x.device) if per_expert_gemm is None else per_expert_gemm
     if loop:
         offs = offs.tolist()                                                # the layer's one host sync
-    dtype = _STATE.get(f"dtype-{x.dtype}", _gemm_dtype(x))    # remembered per input dtype
-    while True:
-        try:
-            a = x[tok].to(dtype)                                            # [P, H]
-            g = _gmm(a, dequantize_stacked(w_gate, dtype), offs)            # [P, I]
-            u = _gmm(a, dequantize_stacked(w_up, dtype), offs)              # [P, I]
-            # routed weight folded in before the linear down projection: w * (act @ Wd) == (w * act) @ Wd;
-            # each op computes in fp32 and rounds once (no fp32 copies of [P, I])
-            act = F.silu(g).mul_(u).mul_(topk_w.reshape(-1)[order].unsqueeze(1))
-            y = _gmm(act, dequantize_stacked(w_down, dtype), offs)          # [P, H], sorted pair order
-            break
-        except (RuntimeError, NotImplementedError):
-            if dtype == torch.bfloat16 or loop:
-                _STATE["broken"] = True
-                raise
-            dtype = _STATE[f"dtype-{x.dtype}"] = torch.bfloat16   # this dtype's grouped GEMM is unsupported
+    dtype = _gemm_dtype(x)
+    a = x[tok].to(dtype)                                                    # [P, H]
+    g = _gmm(a, dequantize_stacked(w_gate, dtype), offs)                    # [P, I]
+    u = _gmm(a, dequantize_stacked(w_up, dtype), offs)                      # [P, I]
+    # routed weight folded in before the linear down projection: w * (act @ Wd) == (w * act) @ Wd;
+    # each op computes in fp32 and rounds once (no fp32 copies of [P, I])
+    act = F.silu(g).mul_(u).mul_(topk_w.reshape(-1)[order].unsqueeze(1))
+    y = _gmm(act, dequantize_stacked(w_down, dtype), offs)                  # [P, H], sorted pair order
     # top-k sum as a gather back to (token, slot) order and a reduction over the k rows (fp32 accumulation):
     # no fp32 [P, H] copies and no atomics (index_add_ was ~0.45 ms of a 4,096-token layer on the H200)
     inv = torch.empty_like(order)

@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from onecard.kernels import paths
 from onecard.kernels.gptq_gemm.int4 import (_dequant_tile_j, _group_sz, gemv_tile_mac, magic_zero_scale,
                                             nibbles, row_input)
 from onecard.kernels.gptq_gemm.triton import row_groups
@@ -43,9 +44,8 @@ DECODE_CONFIGS = {
 
 
 def choose_decode_config(num_tokens: int, cc: int = 80) -> str:
-    if num_tokens == 1:
-        return "decode1"
-    return "decode16" if cc >= 80 else "decode16-pre-sm80"
+    """The config for T <= DECODE_MAX_TOKENS tokens: paths.choose_decode_moe (the path table)."""
+    return paths.choose_decode_moe(num_tokens, cc)
 
 
 @triton.jit(do_not_specialize=["T", "tiles_per_split"])  # runtime-varying: one compile serves all

@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from onecard.kernels import paths
 from onecard.kernels.fused_moe import batch1
 from onecard.kernels.fused_moe.decode import (DECODE_MAX_TOKENS, decode_aot_configs, fused_moe_decode,
                                               router_logits, softmax_topk)
@@ -158,11 +159,8 @@ _CONFIGS = {
 
 
 def choose_config(num_tokens: int, cc: int = 80) -> str:
-    """Below sm80 sorted64's gated GEMM spills (sm70, JIT-aligned: 704 B of stack per thread) and sorted16's
-    does not; there it serves up to the per-expert cuBLAS path (grouped.py, dispatch)."""
-    if num_tokens <= DECODE_MAX_TOKENS:
-        return choose_decode_config(max(num_tokens, 1), cc)
-    return "sorted16" if (num_tokens <= 64 or cc < 80) else "sorted64"
+    """The config for T tokens: paths.triton_moe_config (the path table)."""
+    return paths.triton_moe_config(num_tokens, cc)
 
 
 def moe_router(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from onecard.kernels import workspace
+from onecard.kernels import paths, workspace
 # magic_zero_scale, nibbles: re-exported (importable from here since before int4.py)
 from onecard.kernels.gptq_gemm.int4 import _dequant_tile_j, _group_sz, magic_zero_scale, nibbles  # noqa: F401
 from onecard.kernels.gptq_gemm.small_m import _w4a16_small_kernel
@@ -131,21 +131,17 @@ _CONFIGS = {
     "skinny": (16, 128, 16, True, 4, 2),
     "tiled": (64, 128, 16, True, 8, 3),
 }
-SMALL_M_MAX = 16
+SMALL_M_MAX = paths.SMALL_M_MAX
 # split-K target: enough [BK8, BN] tiles in flight per SM to cover HBM latency
 SMALL_PROGRAMS_PER_SM = {"gemv": 8, "skinny": 12}
 GEMV_MAX_SPLITS = 16                  # M == 1: the last split reads all partials as one [16, BN] tile
 SKINNY_MAX_SPLITS = 32                # M > 1: atomics, so only a bound on the grid
 _REDUCE_BLOCK = 1024
 _DEQUANT_BLOCK = (128, 16)            # (BLOCK_N, BLOCK_K8)
-CUBLAS_MIN_M_PRE_AMPERE = 65          # cc < 80 and M >= this: dequantize + torch.matmul
 _GIDX_CACHE: dict[tuple, torch.Tensor] = {}
 
 
-def choose_config(m: int) -> str:
-    if m == 1:
-        return "gemv"
-    return "skinny" if m <= 16 else "tiled"
+choose_config = paths.triton_gemm_config   # the block config for M rows (the path table owns the thresholds)
 
 
 def row_groups(w: GPTQWeight, block_k8: int) -> tuple[bool, torch.Tensor]:
@@ -236,7 +232,9 @@ def w4a16_gemm(x: torch.Tensor, w: GPTQWeight, bias: torch.Tensor | None = None)
     if x.stride(-1) != 1:
         x = x.contiguous()
     dev = x.device
-    if m >= CUBLAS_MIN_M_PRE_AMPERE and dev.type == "cuda" and compute_capability(dev) < 80:
+    cc = compute_capability(dev)
+    # here only where tl.dot has no tensor cores; dispatch sends larger M to cuBLAS on every GPU (same table)
+    if not paths.tensor_core_dot(cc) and paths.choose_dense_gemm(m, cc, gpu=dev.type == "cuda") == "cublas":
         y = torch.matmul(x, dequantize(w, x.dtype))
         return y if bias is None else y + bias
     if m <= SMALL_M_MAX:

@@ -1,0 +1,189 @@
+"""A V100 estimate on paper (issue 25 item 5): each kernel of a batch-1 and a batch-16 decode step (512-token
+contexts, as measured on the H200) and of a 4,096-token prefill, on the paths onecard takes on sm70
+(kernels/paths.py at cc 70), with its bytes and FLOPs and the time they imply at V100 rates, next to the
+H200's measured time of the same kernel where BENCHMARKS.md has one.
+
+Model (every figure an assumption written here, so that it can be argued with and rerun):
+  * rates: HBM 750 GB/s achievable; Triton kernels (tl.dot is FMA code on sm70) 15.7 TFLOP/s fp32 FMA; cuBLAS
+    fp16 GEMMs 100 TFLOP/s on tensor cores; int4 dequantization 4 integer/convert ops per weight element,
+    issued at the FMA pipe's instruction rate (7.85 T instr/s = 15.7 TFLOP/s / 2);
+  * roofline time = max(bytes / bandwidth, compute / rate);
+  * "bound" = max(roofline, H200 measured): the decode kernels are latency-bound on the H200 (3-10x their
+    bytes' time, BENCHMARKS.md) and a V100 (1.53 GHz vs 1.98, 80 SMs vs 132, HBM2 latency) is no faster on
+    latency, so the H200 time is a floor for the V100's; where no H200 figure exists, the roofline;
+  * "H200-efficiency" = V100 roofline x (H200 measured / H200 roofline at 4.3 TB/s and the H200's rates): the
+    pessimistic case in which a kernel reaches the same fraction of the V100's roofline as of the H200's;
+  * the per-expert prefill MoE (below sm80) issues one torch.matmul per (expert with tokens, projection) from
+    Python: 3 x 128 per layer at 4k tokens, ~10 us of host time each (eager PyTorch dispatch; assumed), and
+    one host sync per layer.
+H200 times: T1 profile (2026-12-04, 8 layers in a CUDA graph, batch 1) and run I (2026-12-03, batch 16 and
+the 4k prefill), per layer. Host time of the engine between steps is not included (H200: 131 us at bs1).
+Usage: python bench/v100_estimate.py [OUT.json]   (CPU; prints the tables BENCHMARKS.md carries)
+"""
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from full_size import NKV, NQ, TOPK, D, E, G, H, I, L, V, gptq_bytes
+
+from onecard.kernels import paths
+
+V100 = {"bw": 750e9, "fma": 15.7e12, "tc": 100e12}
+H200 = {"bw": 4.3e12, "fma": 67e12, "tc": 750e12}     # copy bandwidth measured; fp32 FMA spec; bf16 matmul measured
+DEQUANT_OPS = 4                                       # per weight element (shift, mask, subtract, convert; scale FMA)
+HOST_MATMUL_S = 10e-6                                 # one eager torch.matmul launch (assumed)
+CTX = 512
+PREFILL = 4096
+
+
+@dataclass
+class Kernel:
+    name: str
+    count: int                 # launches per step (per layer x layers, or once)
+    bytes: float               # per launch
+    flops: float               # per launch, at the kernel's rate
+    unit: str                  # "fma" (Triton on sm70) | "tc" (cuBLAS tensor cores)
+    dequant: float = 0.0       # weight elements dequantized per launch
+    h200_us: float | None = None   # measured per launch
+    host_s: float = 0.0        # host time per launch that the GPU waits for (per-expert loop)
+
+    def parts(self, dev: dict) -> dict[str, float]:
+        """Seconds per launch that bytes, compute (FLOPs plus dequantization) and host launches each need."""
+        compute = self.flops / dev[self.unit] + self.dequant * DEQUANT_OPS * 2 / dev["fma"]
+        return {"bytes": self.bytes / dev["bw"], "compute": compute, "host": self.host_s}
+
+    def roofline(self, dev: dict) -> float:
+        return max(self.parts(dev).values())
+
+    def row(self) -> dict:
+        parts = self.parts(V100)
+        r = max(parts.values())
+        bound = max(r, (self.h200_us or 0) * 1e-6)
+        eff = r * (self.h200_us * 1e-6 / self.roofline(H200)) if self.h200_us else r
+        return {"kernel": self.name, "count": self.count, "mb": self.bytes / 1e6, "gflop": self.flops / 1e9,
+                "unit": self.unit, "v100_roofline_us": r * 1e6, "h200_us": self.h200_us,
+                "v100_bound_us": bound * 1e6, "v100_h200eff_us": max(eff, bound) * 1e6,
+                "limit": max(parts, key=parts.get)}
+
+
+def gemm(m: int, k: int, n: int) -> float:
+    return 2.0 * m * k * n
+
+
+def decode(bs: int, h200: dict[str, float]) -> list[Kernel]:
+    """One decode step of ``bs`` sequences at CTX tokens of context, on the sm70 paths (Triton everywhere but
+    lm_head; decode configs decode1 / decode16-pre-sm80, split-KV attention)."""
+    cc = 70
+    assert paths.choose("dense_gemm", bs, cc) in ("gemv", "skinny") and paths.choose("moe", bs, cc).startswith("decode")
+    qkv_n = (NQ + 2 * NKV) * D
+    distinct = E * (1 - (1 - TOPK / E) ** bs)
+    act = bs * H * 2
+    kv = bs * CTX * 2 * NKV * D * 2
+    ks = [
+        Kernel("rms_norm (input; bs16 also post-attention)", L * (1 if bs == 1 else 2), 3 * act + H * 2, 0, "fma",
+               h200_us=h200.get("rms")),
+        Kernel("qkv GEMV / skinny (+ memset, reduce at bs16)", L, gptq_bytes(H, qkv_n) + act, gemm(bs, H, qkv_n),
+               "fma", dequant=H * qkv_n, h200_us=h200.get("qkv")),
+        Kernel("q/k-norm + RoPE + KV store", L, bs * qkv_n * 2 * 2, 0, "fma", h200_us=h200.get("rope")),
+        Kernel(f"paged attention, {CTX}-token contexts (split-KV)", L, kv + bs * NQ * D * 4,
+               4.0 * bs * CTX * D * NQ, "fma", h200_us=h200.get("attn")),
+        Kernel("segment reduce", L, bs * NQ * 16 * D * 4, 0, "fma", h200_us=h200.get("reduce")),
+        Kernel("o_proj GEMV / skinny", L, gptq_bytes(NQ * D, H) + act, gemm(bs, NQ * D, H), "fma",
+               dequant=NQ * D * H, h200_us=h200.get("o")),
+        Kernel("router GEMV + routing (bs1: with the norm, one launch)", L, E * H * 2 + act, gemm(bs, H, E), "fma",
+               h200_us=h200.get("route")),
+        Kernel(f"decode MoE, 2 stages ({distinct:.0f} distinct experts)", L,
+               distinct * (2 * gptq_bytes(H, I) + gptq_bytes(I, H)), bs * TOPK * (gemm(1, H, 2 * I) + gemm(1, I, H)),
+               "fma", dequant=distinct * 3 * H * I, h200_us=h200.get("moe")),
+        Kernel("lm_head (fp16, cuBLAS)", 1, V * H * 2 + act, gemm(bs, H, V), "tc", h200_us=h200.get("lm_head")),
+    ]
+    if bs > 1:
+        ks.insert(-1, Kernel("MoE finish", L, bs * H * 6, 0, "fma", h200_us=h200.get("finish")))
+    return ks
+
+
+def prefill(h200: dict[str, float]) -> list[Kernel]:
+    """One 4,096-token prefill on the sm70 paths: dense GEMMs dequantize + cuBLAS (>= 65 rows), the MoE
+    dequantizes all experts and runs one cuBLAS GEMM per expert (>= 256 tokens), attention is Triton (FMA)."""
+    t, cc = PREFILL, 70
+    assert paths.choose("dense_gemm", t, cc) == "cublas" and paths.choose("moe", t, cc) == "per-expert"
+    qkv_n = (NQ + 2 * NKV) * D
+    act = t * H * 2
+    p = t * TOPK
+    # causal: each query block of 8 tokens x 8 heads reads the keys up to its last token (no L2 reuse counted)
+    kv_reads = (t / 8) * NKV * (t / 2) * D * 2 * 2
+    experts_w = 3 * E * H * I
+    return [
+        Kernel("rms_norm x 2", 2 * L, 3 * act, 0, "fma"),
+        Kernel("dequantize qkv + o_proj weights (Triton)", L, gptq_bytes(H, qkv_n) + gptq_bytes(NQ * D, H)
+               + (H * qkv_n + NQ * D * H) * 2, 0, "fma", dequant=H * qkv_n + NQ * D * H),
+        Kernel("qkv + o_proj GEMMs (cuBLAS fp16)", L, act * 3 + (H * qkv_n + NQ * D * H) * 2 + t * qkv_n * 2,
+               gemm(t, H, qkv_n) + gemm(t, NQ * D, H), "tc"),
+        Kernel("q/k-norm + RoPE + KV store", L, t * qkv_n * 2 * 2, 0, "fma"),
+        Kernel("paged attention, causal 4k (Triton, FMA on sm70)", L, kv_reads + 2 * t * NQ * D * 2,
+               4.0 * NQ * D * t * t / 2, "fma", h200_us=h200.get("attn")),
+        Kernel("router (cuBLAS) + routing", L, act + E * H * 2 + t * E * 2, gemm(t, H, E), "tc"),
+        Kernel("dequantize all experts, 3 projections (Triton)", L, 3 * E * gptq_bytes(H, I) + experts_w * 2, 0,
+               "fma", dequant=experts_w, h200_us=h200.get("moe_dequant")),
+        Kernel(f"expert GEMMs: one cuBLAS GEMM per expert x 3 ({3 * E} launches from Python)", L,
+               experts_w * 2 + p * H * 2 * 3 + p * I * 2 * 3, p * (gemm(1, H, 2 * I) + gemm(1, I, H)), "tc",
+               h200_us=h200.get("moe_gemm"), host_s=3 * E * HOST_MATMUL_S),
+        Kernel("top-k gather + sum", L, p * H * 2 + t * H * 4, 0, "fma"),
+    ]
+
+
+# H200 measured, us per launch (BENCHMARKS.md). bs1: T1 profile (8 layers / 8); bs16 and prefill: run I.
+H200_BS1 = {"rms": 14 / 8, "qkv": 5.8, "rope": 20 / 8, "attn": 33 / 8, "reduce": 15 / 8, "o": 5.8, "route": 42 / 8,
+            "moe": 145 / 8, "lm_head": 144}
+H200_BS16 = {"rms": 3.9 / 2, "qkv": 10.0, "rope": 2.8, "attn": 11.6, "reduce": 2.6, "o": 10.0, "route": 5.2 + 4.5,
+             "moe": 80.7, "finish": 1.1, "lm_head": 147}
+H200_PREFILL = {"attn": 530, "moe_dequant": 3 * 152, "moe_gemm": 3 * 186}
+
+
+def table(kernels: list[Kernel], tokens: int) -> dict:
+    rows = [k.row() for k in kernels]
+    tot = {c: sum(r[c] * r["count"] for r in rows) for c in ("v100_roofline_us", "v100_bound_us", "v100_h200eff_us")}
+    top = max(rows, key=lambda r: r["v100_bound_us"] * r["count"])
+    return {"rows": rows, "step_us": tot, "tok_s": {c: tokens / (v * 1e-6) for c, v in tot.items()},
+            "dominant": top["kernel"], "dominant_share": top["v100_bound_us"] * top["count"] / tot["v100_bound_us"]}
+
+
+def markdown(title: str, t: dict) -> str:
+    head = ("| kernel | launches | MB / launch | GFLOP / launch | limit | V100 roofline µs | H200 measured µs | "
+            "V100 bound µs | V100 at H200's efficiency µs |")
+    out = [f"**{title}**", "", head, "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |"]
+    for r in t["rows"]:
+        h = "—" if r["h200_us"] is None else f"{r['h200_us']:.1f}"
+        out.append(f"| {r['kernel']} | {r['count']} | {r['mb']:.2f} | {r['gflop']:.3f} | {r['limit']} | "
+                   f"{r['v100_roofline_us']:.1f} | {h} | {r['v100_bound_us']:.1f} | {r['v100_h200eff_us']:.1f} |")
+    s, k = t["step_us"], t["tok_s"]
+    out.append(f"| **step** | | | | | **{s['v100_roofline_us'] / 1e3:.2f} ms** | | **{s['v100_bound_us'] / 1e3:.2f} ms** | "
+               f"**{s['v100_h200eff_us'] / 1e3:.2f} ms** |")
+    out.append(f"| **tok/s** | | | | | **{k['v100_roofline_us']:,.0f}** | | **{k['v100_bound_us']:,.0f}** | "
+               f"**{k['v100_h200eff_us']:,.0f}** |")
+    out.append("")
+    out.append(f"Dominant (bound column): {t['dominant']}, {100 * t['dominant_share']:.0f}% of the step.")
+    return "\n".join(out)
+
+
+def main(out: str | None = None) -> dict:
+    res = {"bs1": table(decode(1, H200_BS1), 1), "bs16": table(decode(16, H200_BS16), 16),
+           "prefill4096": table(prefill(H200_PREFILL), PREFILL),
+           "assumptions": {"v100": V100, "h200": H200, "dequant_ops": DEQUANT_OPS, "host_matmul_s": HOST_MATMUL_S,
+                           "context": CTX, "group_size": G}}
+    print(markdown("Decode, batch 1, 512-token context (per launch; 48 layers)", res["bs1"]), "\n")
+    print(markdown("Decode, batch 16, 512-token contexts", res["bs16"]), "\n")
+    print(markdown("Prefill, one 4,096-token prompt", res["prefill4096"]))
+    if out:
+        Path(out).write_text(json.dumps(res, indent=1, default=lambda o: asdict(o)))
+    return res
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else None)

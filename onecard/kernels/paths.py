@@ -1,0 +1,299 @@
+"""The kernel-path table: every capability- and size-dependent choice of a kernel path, and the one function
+that answers "which compute capability is this?".
+
+Contract: the ``choose_*`` functions are pure functions of (tokens, capability[, what is available]) and
+return a path name; the thresholds they use are the constants below. ``dispatch.py``, the Triton wrappers,
+``runner/precompile.py`` (dry shapes: ``token_boundaries``), ``plan.py`` (activation estimate) and
+``hardware.py`` (``onecard probe``'s description: ``describe``) read them; nothing else keeps a copy.
+Capabilities are ints (70 = sm70). ``capability(device)`` is the only place that asks the device (through
+torch, imported lazily: this module imports nothing heavy) and the only place that honours the emulation
+switch ``ONECARD_EMULATE_CC`` (``config.Env.emulate_cc``): with it every decision here takes that
+capability's branch while Triton still compiles for the real card (Triton asks its own driver, not us).
+
+Paths (``choose(op, tokens, cc)``):
+  dense_gemm  gemv (M = 1) | skinny (M <= SMALL_M_MAX) | tiled | cublas (dequantize + torch.matmul: on a GPU
+              at M >= DENSE_CUBLAS_MIN_M, below sm80 already at M >= CUBLAS_MIN_M_PRE_AMPERE: tl.dot has no
+              tensor cores there)
+  moe         decode1 | decode16 | decode16-pre-sm80 (T <= DECODE_MAX_TOKENS) | sorted16 | sorted64 (Triton
+              sorted GEMM; sorted16 up to SORTED16_MAX_TOKENS, and always below sm80: sorted64 spills there)
+              | grouped (PyTorch grouped GEMM, T >= GROUPED_MIN_TOKENS, sm80+, where the start-up probe found a
+              working grouped-GEMM dtype) | per-expert (same T below sm80: one cuBLAS GEMM per expert)
+Other decisions: ``attention_tiles`` (BLOCK_N, warps by capability), ``split_kv_segments``, ``use_pdl``
+(programmatic dependent launch: sm90+, decode-sized launches), ``grouped_gemm_dtype`` (bf16 on sm90+ for
+fp16 inputs), ``bf16_allowed`` (the dtype rule: sm80+).
+"""
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable
+from typing import Any
+
+CAPABILITIES = (70, 75, 80, 86, 89, 90)   # the values ONECARD_EMULATE_CC accepts (the tests use 70/75/80/90)
+INTERPRETER_CC = 80                   # TRITON_INTERPRET on the CPU counts as sm80 (exercises the tensor-core paths)
+
+TENSOR_CORE_DOT_MIN_CC = 80           # tl.dot uses tensor cores from sm80 (Triton >= 3.2 dropped MMAv1)
+BF16_MIN_CC = 80                      # bf16 arithmetic (as vLLM: bf16 needs sm80+)
+PDL_MIN_CC = 90                       # griddepcontrol (programmatic dependent launch)
+GROUPED_BF16_MIN_CC = 90              # PyTorch's fast grouped GEMM (CUTLASS) takes bf16 only, sm90+
+
+SMALL_M_MAX = 16                      # dense GEMM: split-K GEMV / skinny kernel up to this M
+DENSE_CUBLAS_MIN_M = 128              # dense GEMM: dequantize + cuBLAS from this M, on every GPU
+CUBLAS_MIN_M_PRE_AMPERE = 65          # ... and below sm80 already from this M
+DECODE_MAX_TOKENS = 16                # fused MoE: the split-K decode kernels up to this many tokens
+SORTED16_MAX_TOKENS = 64              # fused MoE: sorted16 up to here (sm80+), sorted64 above
+GROUPED_MIN_TOKENS = 256              # fused MoE: dequantize + grouped / per-expert cuBLAS GEMM from here
+SPLIT_MIN_SEQ_LEN = 1024              # attention: split-KV only pays off for long decode contexts
+MAX_SEGMENTS = 16                     # attention: split-KV segments at most
+ATTN_BLOCK_N, ATTN_WARPS = 64, 4      # attention tiles, sm80+
+
+OPS = ("dense_gemm", "moe")
+
+
+# ---------------------------------------------------------------- the capability question (one function)
+class _Emulation:
+    """Set by ``set_emulated_capability`` (tests, benches); unset: read once from config.Env."""
+
+    override: int | None = None
+    overridden = False
+
+
+def set_emulated_capability(cc: int | None, *, clear: bool = False) -> None:
+    """Emulate capability ``cc`` (None: the real one) in this process, overriding ONECARD_EMULATE_CC;
+    ``clear=True`` drops the override (the environment decides again)."""
+    if cc is not None and cc not in CAPABILITIES:
+        raise ValueError(f"emulated capability {cc} is not one of {CAPABILITIES}")
+    _Emulation.override, _Emulation.overridden = cc, not clear
+
+
+@functools.lru_cache(maxsize=1)
+def _env_emulation() -> int | None:
+    from onecard.config import Env  # the one reader of the environment
+
+    return Env.read().emulate_cc
+
+
+def emulated_capability() -> int | None:
+    return _Emulation.override if _Emulation.overridden else _env_emulation()
+
+
+@functools.cache
+def device_props(index: int) -> tuple[int, int]:
+    """(real compute capability, SM count) of CUDA device ``index``; read once (no GPU sync)."""
+    import torch
+
+    p = torch.cuda.get_device_properties(index)
+    return p.major * 10 + p.minor, p.multi_processor_count
+
+
+def _index(device: Any) -> int:
+    idx = getattr(device, "index", device)
+    if idx is None:
+        import torch
+
+        return torch.cuda.current_device()
+    return int(idx)
+
+
+def capability(device: Any = None) -> int:
+    """THE compute capability every decision uses, like 90 for sm90. ``device``: a torch.device, a CUDA
+    index, or None (the current CUDA device). A non-CUDA device is the Triton interpreter: INTERPRETER_CC.
+    ONECARD_EMULATE_CC (or set_emulated_capability) replaces the answer for every device."""
+    emu = emulated_capability()
+    if emu is not None:
+        return emu
+    if device is not None and getattr(device, "type", "cuda") != "cuda":
+        return INTERPRETER_CC
+    return device_props(_index(device))[0]
+
+
+def real_capability(device: Any = None) -> int:
+    """The card's own capability, ignoring emulation: only for reporting it (probe) and for Triton targets."""
+    return device_props(_index(device))[0]
+
+
+def as_int(cc: tuple[int, int] | int | None) -> int | None:
+    """(7, 0) -> 70; ints pass; None stays None."""
+    if cc is None or isinstance(cc, int):
+        return cc
+    return int(cc[0]) * 10 + int(cc[1])
+
+
+# ---------------------------------------------------------------- decisions
+def tensor_core_dot(cc: int) -> bool:
+    return cc >= TENSOR_CORE_DOT_MIN_CC
+
+
+def bf16_allowed(cc: int) -> bool:
+    return cc >= BF16_MIN_CC
+
+
+def dense_cublas_min_m(cc: int) -> int:
+    return DENSE_CUBLAS_MIN_M if tensor_core_dot(cc) else CUBLAS_MIN_M_PRE_AMPERE
+
+
+def choose_dense_gemm(m: int, cc: int, gpu: bool = True) -> str:
+    """W4A16 dense GEMM of M rows. ``gpu``: cuBLAS exists (not the interpreter)."""
+    if gpu and m >= dense_cublas_min_m(cc):
+        return "cublas"
+    return triton_gemm_config(m)
+
+
+def triton_gemm_config(m: int) -> str:
+    """The Triton GEMM's block config (gptq_gemm/triton._CONFIGS) for M rows."""
+    if m == 1:
+        return "gemv"
+    return "skinny" if m <= SMALL_M_MAX else "tiled"
+
+
+def choose_decode_moe(tokens: int, cc: int) -> str:
+    """The decode MoE's config (fused_moe/stages.DECODE_CONFIGS), T <= DECODE_MAX_TOKENS. Below sm80 decode16
+    on 2 warps spills (tl.dot is FMA code there); 4 warps do not."""
+    if tokens == 1:
+        return "decode1"
+    return "decode16" if tensor_core_dot(cc) else "decode16-pre-sm80"
+
+
+def triton_moe_config(tokens: int, cc: int) -> str:
+    """The Triton fused MoE's config for T tokens: a decode config, sorted16 or sorted64 (sorted64's gated
+    GEMM spills below sm80: 704 B of stack per thread on sm70; sorted16 serves there up to the per-expert path)."""
+    if tokens <= DECODE_MAX_TOKENS:
+        return choose_decode_moe(max(tokens, 1), cc)
+    return "sorted16" if (tokens <= SORTED16_MAX_TOKENS or not tensor_core_dot(cc)) else "sorted64"
+
+
+def per_expert_moe(cc: int) -> bool:
+    """The prefill MoE below sm80: one cuBLAS GEMM per expert (PyTorch's grouped GEMM is not built there)."""
+    return not tensor_core_dot(cc)
+
+
+def grouped_gemm_dtype(act: str, cc: int, supported: Iterable[str]) -> str | None:
+    """The dtype the grouped GEMM runs in for activations ``act`` ("float16" ...), given the dtypes the
+    start-up probe found working (``supported``); None: no grouped GEMM. fp16 runs as bf16 on sm90+: PyTorch's
+    fast grouped GEMM takes bf16 only, and its fp16 fallback (a host sync and one cuBLAS call per group) was
+    ~36% of a 4,096-token prefill on the H200. Where the preferred dtype does not work, bf16 does the job."""
+    ok = set(supported)
+    preferred = "bfloat16" if (act == "float16" and cc >= GROUPED_BF16_MIN_CC) else act
+    for d in (preferred, "bfloat16"):
+        if d in ok:
+            return d
+    return None
+
+
+def choose_moe(tokens: int, cc: int, gpu: bool = True, act: str = "float16",
+               grouped_dtypes: Iterable[str] = ("float16", "bfloat16", "float32")) -> str:
+    """Fused MoE path for T tokens. ``grouped_dtypes``: what PyTorch's grouped GEMM runs here (start-up probe)."""
+    if gpu and tokens >= GROUPED_MIN_TOKENS:
+        if per_expert_moe(cc):
+            return "per-expert"
+        if grouped_gemm_dtype(act, cc, grouped_dtypes) is not None:
+            return "grouped"
+    return triton_moe_config(tokens, cc)
+
+
+def choose(op: str, tokens: int, cc: int, **kw: Any) -> str:
+    """The path of ``op`` (one of OPS) for ``tokens`` rows on capability ``cc``."""
+    if op == "dense_gemm":
+        return choose_dense_gemm(tokens, cc, **kw)
+    if op == "moe":
+        return choose_moe(tokens, cc, **kw)
+    raise ValueError(f"unknown op {op!r}; one of {OPS}")
+
+
+def attention_tiles(cc: int, block_m: int) -> tuple[int, int]:
+    """(BLOCK_N, num_warps) of paged attention for a program of block_m = BLOCK_Q * GROUP_PAD query rows.
+
+    sm80+: tensor-core tl.dot, 64-key tiles on 4 warps. Below sm80 tl.dot is FMA code that keeps its operand
+    tiles in registers, and those tiles spill: at the served shape (D 128, JIT-aligned sm70 compile) 432 B of
+    stack per thread for decode (16 rows) and 13,032 B for prefill (64 rows). The tiles used there are the
+    largest found that compile with no spill on 8 warps (decode 32 keys: 210 registers; prefill 16 keys: 239);
+    tests/kernels/test_aot.py checks the no-spill part. Not timed on a V100 (none available)."""
+    if tensor_core_dot(cc):
+        return ATTN_BLOCK_N, ATTN_WARPS
+    return (32, 8) if block_m <= 16 else (16, 8)
+
+
+def split_kv_segments(num_seqs: int, decode_only: bool, max_seq_len: int, kv_heads: int, sms: int) -> int:
+    """Split-KV segments for a paged-attention launch: only decode-only batches with long contexts split,
+    into enough programs for ~2 per SM."""
+    if not decode_only or max_seq_len < SPLIT_MIN_SEQ_LEN:
+        return 1
+    want = 2 * sms // max(1, num_seqs * kv_heads)
+    return max(1, min(MAX_SEGMENTS, 1 if want <= 1 else 1 << (int(want) - 1).bit_length()))
+
+
+def use_pdl(num_tokens: int, cc: int, max_tokens: int) -> bool:
+    """Programmatic dependent launch for a ``num_tokens``-token launch (on a real GPU): sm90+, and at most
+    ``max_tokens`` tokens (ONECARD_PDL_MAX_TOKENS; measured slower at batch 16, so the default is 1)."""
+    return 0 < num_tokens <= max_tokens and cc >= PDL_MIN_CC
+
+
+# ---------------------------------------------------------------- what reads the table
+def token_boundaries(limit: int = 4 * GROUPED_MIN_TOKENS, caps: Iterable[int] = CAPABILITIES) -> list[int]:
+    """Every token count T at which some op's path differs from its path at T - 1, on some capability
+    (GPU, every grouped dtype available). The precompile's dry shapes include T - 1 and T for each."""
+    out: set[int] = set()
+    for cc in caps:
+        for op in OPS:
+            prev = choose(op, 1, cc)
+            for t in range(2, limit + 1):
+                cur = choose(op, t, cc)
+                if cur != prev:
+                    out.add(t)
+                prev = cur
+    return sorted(out)
+
+
+def describe(cc: int | None, quantized: bool) -> dict[str, str]:
+    """The probe's one-line description of each op's kernels on capability ``cc`` (None: CPU)."""
+    if cc is None:
+        ref = "reference PyTorch (CPU mode: no GPU kernels)"
+        return {"attention": ref, "dense_gemm": ref, "moe": ref, "sampling": "PyTorch on CPU (fp32 logits)"}
+    sampling = "PyTorch on the GPU (fp32 logits, top-k/top-p/min-p on device)"
+    tc = tensor_core_dot(cc)
+    dot = "tl.dot tensor cores" if tc else "tl.dot runs as FMA on sm70/75"
+    pdl = f"; PDL for launches of <= 1 token by default (sm{PDL_MIN_CC}+)" if cc >= PDL_MIN_CC else ""
+    if not quantized:
+        dense = "cuBLAS torch.matmul" + ("" if tc else " (tensor cores via cuBLAS; tl.dot has none before sm80)")
+    elif tc:
+        dense = (f"triton w4a16 GEMM (tl.dot tensor cores) up to {DENSE_CUBLAS_MIN_M - 1} rows; "
+                 f"prefill (>= {DENSE_CUBLAS_MIN_M} tokens): dequantize + cuBLAS")
+    else:
+        dense = (f"prefill (>= {CUBLAS_MIN_M_PRE_AMPERE} tokens): dequantize + cuBLAS (tl.dot has no tensor "
+                 "cores before sm80); decode: triton w4a16 GEMV (memory-bound)")
+    if per_expert_moe(cc):
+        moe = (f"prefill (>= {GROUPED_MIN_TOKENS} tokens): dequantize + one cuBLAS GEMM per expert; "
+               f"smaller batches: triton fused MoE (FMA on sm70/75)")
+    else:
+        gd = "bf16" if cc >= GROUPED_BF16_MIN_CC else "the serving dtype"
+        moe = (f"prefill (>= {GROUPED_MIN_TOKENS} tokens): dequantize + PyTorch grouped GEMM in {gd}; "
+               f"smaller batches: triton fused MoE (tl.dot tensor cores)")
+    return {"attention": f"triton paged attention ({dot}){pdl}", "dense_gemm": dense, "moe": moe,
+            "sampling": sampling}
+
+
+__all__ = [
+    "CAPABILITIES",
+    "OPS",
+    "as_int",
+    "attention_tiles",
+    "bf16_allowed",
+    "capability",
+    "choose",
+    "choose_decode_moe",
+    "choose_dense_gemm",
+    "choose_moe",
+    "dense_cublas_min_m",
+    "describe",
+    "device_props",
+    "emulated_capability",
+    "grouped_gemm_dtype",
+    "per_expert_moe",
+    "real_capability",
+    "set_emulated_capability",
+    "split_kv_segments",
+    "tensor_core_dot",
+    "token_boundaries",
+    "triton_gemm_config",
+    "triton_moe_config",
+    "use_pdl",
+]

@@ -1,0 +1,162 @@
+"""The kernel-path table (onecard/kernels/paths.py) and the emulation switch ONECARD_EMULATE_CC.
+
+Each capability decision is asked at sm70/75/80/90 and must take the branch the kernels were built for
+(documented in README/BENCHMARKS: cuBLAS prefill GEMMs from 65 rows below sm80, per-expert MoE below sm80, the
+spill-free pre-sm80 tiles, PDL on sm90 only, bf16 grouped GEMM on sm90, bf16 from sm80); then the switch must
+flip the one capability function, and everything that asks it (config's dtype rule, the Triton wrappers'
+helpers, preflight's decision), on this CPU machine.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from onecard.kernels import paths
+
+PRE = (70, 75)
+POST = (80, 90)
+
+
+@pytest.fixture
+def emulate(monkeypatch):
+    """Set ONECARD_EMULATE_CC for this test (the environment is what a user sets; the cache is re-read)."""
+    def set_(value: str | None):
+        if value is None:
+            monkeypatch.delenv("ONECARD_EMULATE_CC", raising=False)
+        else:
+            monkeypatch.setenv("ONECARD_EMULATE_CC", value)
+        paths._env_emulation.cache_clear()
+    yield set_
+    monkeypatch.delenv("ONECARD_EMULATE_CC", raising=False)
+    paths._env_emulation.cache_clear()
+    paths.set_emulated_capability(None, clear=True)
+
+
+@pytest.mark.parametrize("cc", PRE + POST)
+def test_dense_gemm_cublas_threshold_by_capability(cc):
+    first = 65 if cc < 80 else 128                     # tl.dot has no tensor cores below sm80: cuBLAS earlier
+    assert paths.choose("dense_gemm", first - 1, cc) != "cublas"
+    assert paths.choose("dense_gemm", first, cc) == "cublas"
+    assert [paths.choose("dense_gemm", m, cc) for m in (1, 2, 16, 17)] == ["gemv", "skinny", "skinny", "tiled"]
+    assert paths.choose("dense_gemm", 4096, cc, gpu=False) == "tiled"   # the interpreter has no cuBLAS path
+
+
+@pytest.mark.parametrize("cc", PRE + POST)
+def test_moe_paths_by_capability(cc):
+    pre = cc < 80
+    assert paths.choose("moe", 1, cc) == "decode1"
+    assert paths.choose("moe", 16, cc) == ("decode16-pre-sm80" if pre else "decode16")
+    assert paths.choose("moe", 17, cc) == "sorted16"
+    assert paths.choose("moe", 65, cc) == ("sorted16" if pre else "sorted64")     # sorted64 spills on sm70
+    assert paths.choose("moe", 255, cc) == ("sorted16" if pre else "sorted64")
+    assert paths.choose("moe", 256, cc) == ("per-expert" if pre else "grouped")
+    # no grouped-GEMM dtype works (the start-up probe found none): the Triton sorted GEMM serves sm80+
+    assert paths.choose("moe", 4096, cc, grouped_dtypes=()) == ("per-expert" if pre else "sorted64")
+    assert paths.choose("moe", 4096, cc, gpu=False) == ("sorted16" if pre else "sorted64")
+
+
+def test_grouped_gemm_dtype():
+    allofthem = ("float16", "bfloat16", "float32")
+    assert paths.grouped_gemm_dtype("float16", 90, allofthem) == "bfloat16"     # CUTLASS grouped GEMM: bf16
+    assert paths.grouped_gemm_dtype("float16", 80, allofthem) == "float16"
+    assert paths.grouped_gemm_dtype("float32", 90, allofthem) == "float32"
+    assert paths.grouped_gemm_dtype("float16", 80, ("bfloat16",)) == "bfloat16"  # fp16 does not run: bf16 does
+    assert paths.grouped_gemm_dtype("float16", 90, ("float16",)) is None          # as before: bf16 or nothing
+    assert paths.grouped_gemm_dtype("float16", 90, ()) is None
+
+
+@pytest.mark.parametrize("cc", PRE + POST)
+def test_tiles_pdl_and_dtype_rules_by_capability(cc):
+    pre = cc < 80
+    assert paths.attention_tiles(cc, 16) == ((32, 8) if pre else (64, 4))
+    assert paths.attention_tiles(cc, 64) == ((16, 8) if pre else (64, 4))
+    assert paths.use_pdl(1, cc, 1) is (cc >= 90)
+    assert paths.use_pdl(2, cc, 1) is False and paths.use_pdl(1, cc, 0) is False
+    assert paths.bf16_allowed(cc) is not pre
+    assert paths.per_expert_moe(cc) is pre
+
+
+def test_split_kv_segments():
+    assert paths.split_kv_segments(1, True, 1023, 4, 132) == 1                   # short context: one segment
+    assert paths.split_kv_segments(1, False, 65536, 4, 132) == 1                 # a prefill row in the batch
+    assert paths.split_kv_segments(1, True, 32768, 4, 132) == 16                 # 2*132/4 = 66 -> 16 (cap)
+    assert paths.split_kv_segments(16, True, 8192, 4, 132) == 4                  # 264 // 64 = 4
+    assert paths.split_kv_segments(12, True, 8192, 4, 132) == 8                  # 264 // 48 = 5 -> pow2 8
+    assert paths.split_kv_segments(64, True, 8192, 4, 132) == 1                  # 264 // 256 = 1
+
+
+def test_boundaries_are_where_paths_change():
+    b = paths.token_boundaries()
+    assert b == [2, 17, 65, 128, 256]
+    for t in b:
+        assert any(paths.choose(op, t - 1, cc) != paths.choose(op, t, cc) for op in paths.OPS
+                   for cc in paths.CAPABILITIES)
+
+
+def test_describe_reads_the_table():
+    pre, post = paths.describe(70, True), paths.describe(90, True)
+    assert f">= {paths.CUBLAS_MIN_M_PRE_AMPERE} tokens" in pre["dense_gemm"]
+    assert f">= {paths.DENSE_CUBLAS_MIN_M} tokens" in post["dense_gemm"]
+    assert "per expert" in pre["moe"] and "grouped GEMM in bf16" in post["moe"]
+    assert "PDL" in post["attention"] and "PDL" not in paths.describe(80, True)["attention"]
+
+
+@pytest.mark.parametrize("cc", [70, 75, 80, 90])
+def test_switch_flips_the_one_capability_function(emulate, cc):
+    import torch
+
+    from onecard.config import Env
+    from onecard.kernels.triton_common import compute_capability, pdl
+
+    emulate(None)
+    assert paths.capability(torch.device("cpu")) == paths.INTERPRETER_CC and Env.read().emulate_cc is None
+    emulate(str(cc))
+    assert Env.read().emulate_cc == cc
+    assert paths.capability(torch.device("cpu")) == cc == compute_capability(torch.device("cpu"))
+    assert paths.capability() == cc                                             # no device asked at all
+    assert pdl(torch.device("cpu"), 1) is False                                 # PDL needs a real GPU too
+
+
+@pytest.mark.parametrize("cc,want", [("70", "float16"), ("75", "float16"), ("80", "bfloat16"), ("90", "bfloat16")])
+def test_switch_flips_the_dtype_rule(emulate, cc, want):
+    """--dtype auto of a bf16 checkpoint on a GPU: fp16 below sm80 (as vLLM), asked through the one function."""
+    from onecard.config import EngineArgs
+
+    emulate(cc)
+    assert EngineArgs(model="x")._resolve_dtype({"torch_dtype": "bfloat16"}, None, "cuda") == want
+
+
+def test_switch_reaches_preflight_decision(emulate):
+    """preflight asks paths.capability for the card; emulated sm70 refuses bf16 as on a V100."""
+    from onecard.hardware import decide
+    from onecard.preflight import _detect
+
+    emulate("70")
+    cc, *_ = _detect(None, 1, 1, [])
+    assert cc == (7, 0)
+    assert not decide(cc, "bfloat16", None, "auto").allowed
+
+
+@pytest.mark.parametrize("bad", ["65", "sm100", "x"])
+def test_switch_rejects_unknown_capabilities(emulate, bad):
+    from onecard.config import ConfigError, Env
+
+    emulate(bad)
+    with pytest.raises(ConfigError, match="ONECARD_EMULATE_CC"):
+        Env.read()
+
+
+def test_one_capability_function():
+    """Nothing but kernels/paths.py asks torch for the compute capability (so the switch reaches everything)."""
+    root = Path(paths.__file__).resolve().parents[1]
+    offenders = []
+    for f in root.rglob("*.py"):
+        if f.name == "paths.py" and f.parent.name == "kernels":
+            continue
+        text = f.read_text()
+        if re.search(r"get_device_capability|\.major\b", text):
+            offenders.append(str(f.relative_to(root)))
+    # hardware.py reads the device properties for the probe's name and memory, not the capability
+    assert offenders == [], offenders

@@ -128,6 +128,22 @@ def cases(quick: bool):
         yield (f"paged_attn decode B={b} ctx={ctx}",
                lambda q=q, kc=kc, vc=vc, md=md: at_t.paged_attention(q, kc, vc, md, s),
                lambda q=q, kc=kc, vc=vc, md=md: at_r.paged_attention(q, kc, vc, md, s), b * ctx * HKV * D * 2 * 2)
+    from onecard.kernels.attention import fp8
+    fp8_formats = [("e5m2", fp8.E5M2, 1.0, 1.0)]
+    if torch.cuda.get_device_capability() >= (8, 9):
+        fp8_formats.append(("e4m3", fp8.E4M3, 0.5, 2.0))
+    for name, cdt, ks, vs in fp8_formats:                 # fp8 KV: ref reads the dequantized cache (same values)
+        for b, ctx in ((1, 8192), (16, 8192)):
+            kc, vc, md, _, _ = make_paged_batch([ctx] * b, [1] * b, HKV, D, 16, dtype=torch.float16)
+            k8, v8 = fp8.quantize(kc, cdt, ks).to(DEV), fp8.quantize(vc, cdt, vs).to(DEV)
+            kd, vd = fp8.dequantize(k8, ks).half(), fp8.dequantize(v8, vs).half()
+            md = type(md)(md.slot_mapping.to(DEV), md.query_start_loc.to(DEV), md.seq_lens.to(DEV),
+                          md.block_table.to(DEV), 1, ctx, b)
+            q = torch.randn(b, HQ, D, device=DEV, dtype=torch.float16)
+            s = 1 / math.sqrt(D)
+            yield (f"paged_attn decode B={b} ctx={ctx} kv={name}",
+                   lambda q=q, k8=k8, v8=v8, md=md, ks=ks, vs=vs, s=s: at_t.paged_attention(q, k8, v8, md, s, ks, vs),
+                   lambda q=q, kd=kd, vd=vd, md=md, s=s: at_r.paged_attention(q, kd, vd, md, s), b * ctx * HKV * D * 2)
     kc, vc, md, _, _ = make_paged_batch([2048, 1024], [512, 1024], HKV, D, 16, dtype=torch.float16)
     kc, vc = kc.to(DEV), vc.to(DEV)
     md = type(md)(md.slot_mapping.to(DEV), md.query_start_loc.to(DEV), md.seq_lens.to(DEV),

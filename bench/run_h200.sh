@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU facts, kernel checks, tiny-checkpoint engine checks, the full-size benchmark.
 # Usage (repo root, on the H200): OUT=/some/dir bash bench/run_h200.sh [parts...]
-# parts: apimem probe kernels checks full asyncab capab hosttier loadab nopdl pdl16 emu70 longctx gputests startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
+# parts: apimem probe kernels checks full asyncab kvdtype capab hosttier loadab nopdl pdl16 emu70 longctx gputests startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
 #   emu70: the full-size bench with every kernel-path decision on sm70's branch (ONECARD_EMULATE_CC=70): run it
 #          beside `full` in one call for the relative figure (a functional check, not a V100 timing)
 #   longctx: decode at batch 1 with 32k and 64k of context, batch 16 with 8k each, vs the bandwidth floor
@@ -24,6 +24,9 @@ for p in $parts; do
     asyncab) log asyncab  # decode with the synchronous loop vs --async-scheduling, alternating, one engine
           [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30
           timeout 300 python3 bench/async_ab.py /tmp/q30 "$OUT/async_ab.json" ;;
+    kvdtype) log kvdtype  # KV tokens at util 0.9, decode bs1/bs16 and prefill 4k: fp16 vs fp8_e5m2 (and fp8_e4m3 on sm89+)
+          [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30
+          timeout 540 python3 bench/kv_dtype.py /tmp/q30 "$OUT/kv_dtype.json" ;;
     hosttier) log hosttier  # TTFT of a 32k-token prompt cold vs from the host KV tier (--kv-offloading-size)
           [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30
           timeout 400 python3 bench/host_tier.py /tmp/q30 "$OUT/host_tier.json" ;;

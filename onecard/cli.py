@@ -75,7 +75,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     g.add_argument("--trust-remote-code", action="store_true", help="accepted for compatibility; no effect")
 
     g = parser.add_argument_group("KV cache")
-    g.add_argument("--kv-cache-dtype", default="auto", help="auto (the model dtype); fp8 is not supported yet")
+    g.add_argument("--kv-cache-dtype", default="auto", help=
+                   "auto (the serving dtype); fp8_e5m2: 1 byte per element, half the KV bytes, every card "
+                   "(sm70+); fp8 = fp8_e4m3: 1 byte, sm89+, per-layer k/v scales from the checkpoint (else 1.0)")
     g.add_argument("--block-size", type=int, default=16, help="tokens per KV block: 8, 16, 32, 64 or 128")
     g.add_argument("--gpu-memory-utilization", type=_fraction, default=0.9,
                    help="fraction of GPU memory for weights + activations + KV cache (0, 1]")

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from onecard.kv_dtype import KV_CACHE_DTYPES
+
 
 class ConfigError(ValueError):
     """A configuration that cannot work. The message names the option, the value and what would."""
@@ -174,7 +176,7 @@ class ModelConfig:
 @dataclass(slots=True)
 class CacheConfig:
     block_size: int = 16
-    kv_cache_dtype: str = "auto"               # "auto" = model dtype
+    kv_cache_dtype: str = "auto"               # as given (vLLM's names); kv_dtype.resolve() -> stored format
     gpu_memory_utilization: float = 0.9
     kv_cache_memory_bytes: int | None = None   # overrides the profiled size
     enable_prefix_caching: bool = True
@@ -254,12 +256,9 @@ class EngineArgs:
             raise ConfigError(f"--gpu-memory-utilization={self.gpu_memory_utilization} must be in (0, 1].")
         if self.block_size not in (8, 16, 32, 64, 128):
             raise ConfigError(f"--block-size={self.block_size} is not supported; use 8, 16, 32, 64 or 128.")
-        if self.kv_cache_dtype not in ("auto", "float16", "bfloat16", "float32", "fp8", "fp8_e4m3", "fp8_e5m2"):
-            raise ConfigError(f"--kv-cache-dtype={self.kv_cache_dtype} is unknown; use auto.")
-        if self.kv_cache_dtype.startswith("fp8"):
-            raise ConfigError(
-                f"--kv-cache-dtype={self.kv_cache_dtype} is not supported by onecard yet (FP8 also needs "
-                "compute capability 8.9+); use --kv-cache-dtype=auto.")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ConfigError(f"--kv-cache-dtype={self.kv_cache_dtype} is unknown; use one of "
+                              f"{', '.join(KV_CACHE_DTYPES)}.")
 
         self._check_offloading()
 

@@ -5,8 +5,9 @@ Contract:
   (``(7, 0)`` for a V100, ``None`` for CPU), the serving dtype, the quantization method and the KV-cache dtype.
   ``Decision.allowed`` is False with ``refusal`` naming the cause when onecard cannot serve that combination;
   ``backends`` maps attention / dense_gemm / moe / sampling to the backend used on that card, with its reason.
-  Rules: fp16 everywhere; bf16 needs sm80+; FP8 (weights or KV cache) needs sm89+ and onecard implements
-  neither yet (refused on every card); GPTQ runs fp16 on a GPU (bf16 refused, as in vLLM); sm < 7.0 refused.
+  Rules: fp16 everywhere; bf16 needs sm80+; FP8 weights need sm89+ and onecard does not implement them
+  (refused on every card); KV-cache dtypes as kv_dtype.hardware_problem says (fp8_e5m2 on every card,
+  fp8 / fp8_e4m3 on sm89+); GPTQ runs fp16 on a GPU (bf16 refused, as in vLLM); sm < 7.0 refused.
   ``probe() -> ProbeReport`` inspects GPUs, driver, torch and Triton (never raises); ``main_probe(as_json)``
   prints it and returns 0, or 1 when a check failed (``failed_step`` names it). No GPU = CPU mode, exit 0.
   ``host_memory() -> HostMemory | None``: this machine's RAM (total, available now), the room for a host KV tier
@@ -21,6 +22,7 @@ import subprocess
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from onecard import kv_dtype
 from onecard.kernels import paths
 
 logger = logging.getLogger(__name__)
@@ -83,13 +85,10 @@ def decide(cc: tuple[int, int] | None, dtype: str, quantization: str | None, kv_
                       "use a 4-bit GPTQ checkpoint.")
     if quant is not None and quant not in GPTQ_NAMES:
         return refuse(f"--quantization={quant} is not supported; onecard runs 4-bit GPTQ (gptq).")
-    if kv.startswith("fp8"):
-        hw = "" if cc is not None and cc >= (8, 9) else f"FP8 needs compute capability 8.9+ and this is {where}; "
-        return refuse(f"--kv-cache-dtype={kv_cache_dtype}: {hw}onecard does not implement an FP8 KV cache yet; "
-                      "use --kv-cache-dtype=auto.")
-    kv_dt = dt if kv == "auto" else normalize_dtype(kv)
-    if kv_dt is None:
-        return refuse(f"--kv-cache-dtype={kv_cache_dtype} is unknown; use auto.")
+    try:
+        kv_fmt = kv_dtype.resolve(kv, dt)
+    except ValueError as e:
+        return refuse(str(e))
     if dt == "bfloat16" and quant in GPTQ_NAMES:
         return refuse("--dtype=bfloat16 is not supported with GPTQ (as in vLLM): the w4a16 kernels compute in "
                       "float16; use --dtype=float16.")
@@ -97,13 +96,16 @@ def decide(cc: tuple[int, int] | None, dtype: str, quantization: str | None, kv_
         if dt == "bfloat16" and not paths.bf16_allowed(paths.as_int(cc)):
             return refuse(f"--dtype=bfloat16 needs compute capability 8.0+ and this is {where}; use "
                           "--dtype=float16 (same memory; Qwen3 runs with fp32 accumulation and fp32 norms).")
-        if kv_dt == "bfloat16" and not paths.bf16_allowed(paths.as_int(cc)):
-            return refuse(f"--kv-cache-dtype=bfloat16 needs compute capability 8.0+ and this is {where}; use auto.")
         if dt == "float32" and quant in GPTQ_NAMES:
             return refuse("GPTQ on a GPU runs in float16 only (as in vLLM); use --dtype=float16.")
+        kv_why = kv_dtype.hardware_problem(kv_fmt, (int(cc[0]), int(cc[1])))
+        if kv_why:
+            return refuse(kv_why)
         if quant == "gptq_marlin":
             d.reasons.append("gptq_marlin is served by onecard's own GPTQ kernels (no Marlin).")
     d.reasons.append(f"dtype {dt} allowed on {where}" + (" (bf16 needs sm80+, FP8 sm89+)" if cc else ""))
+    if kv_dtype.is_fp8(kv_fmt):
+        d.reasons.append(f"KV cache {kv_fmt}: 1 byte per element, half the bytes per token of fp16")
     if cc is not None and not paths.tensor_core_dot(paths.as_int(cc)):
         d.reasons.append("tl.dot has no tensor cores before sm80: large prefill GEMMs go through cuBLAS")
     return d
@@ -117,6 +119,9 @@ def allowed_dtypes(cc: tuple[int, int] | None) -> dict[str, str]:
         out[dt] = "allowed" if dec.allowed else str(dec.refusal)
     dec = decide(cc, "float16", "fp8", "auto")
     out["fp8"] = str(dec.refusal)
+    for kv in kv_dtype.FP8_FORMATS:
+        dec = decide(cc, "float16", None, kv)
+        out[f"kv {kv}"] = "allowed" if dec.allowed else str(dec.refusal)
     return out
 
 

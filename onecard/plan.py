@@ -9,7 +9,8 @@ Arithmetic (bytes; "A" = serving-dtype bytes, T = --max-num-batched-tokens, S = 
   weights   GPTQ qweight/qzeros as stored (int32), scales at fp16, g_idx only with desc_act (the loader drops
             a trivial g_idx), float tensors at the serving dtype (bf16 served as fp16 = same bytes, fp32 served
             as fp16 = half), other tensors as stored.
-  kv/token  2 x layers x kv_heads x head_dim x kv-dtype bytes.
+  kv/token  2 x layers x kv_heads x head_dim x kv-dtype bytes (kv_dtype.bytes_per_token: 1 for fp8_e5m2 /
+            fp8_e4m3, 2 for fp16 / bf16, 4 for fp32).
   activations  T x [4H (residual, hidden, normed, layer out) + (Hq + 2Hkv) D + Hq D (qkv, attn out)] x A
             + MoE: T x top_k x (3 I_moe + H) x A + T x E x 4 (router) + T x top_k x 8 (ids, weights)
               or dense MLP: T x 3 I x A
@@ -47,6 +48,8 @@ from typing import Any
 from onecard.checkpoint_meta import FLOAT_DTYPES, CheckpointMeta, read_checkpoint_meta
 from onecard.config import ConfigError, EngineArgs, host_tier_blocks
 from onecard.hardware import decide, host_memory, normalize_dtype, sm
+from onecard.kv_dtype import bytes_per_token_hf
+from onecard.kv_dtype import resolve as resolve_kv_dtype
 from onecard.kernels import paths
 
 GIB = 2**30
@@ -230,14 +233,6 @@ def weight_bytes(meta: CheckpointMeta, dtype: str, device: str = "cuda") -> tupl
     return sum(out.values()), out
 
 
-def kv_bytes_per_token(hf_config: dict[str, Any], kv_bytes: int) -> int:
-    c = hf_config
-    heads = int(c["num_attention_heads"])
-    kv_heads = int(c.get("num_key_value_heads") or heads)
-    head_dim = int(c.get("head_dim") or int(c["hidden_size"]) // heads)
-    return 2 * int(c["num_hidden_layers"]) * kv_heads * head_dim * kv_bytes
-
-
 def activation_bytes(meta: CheckpointMeta, tokens: int, seqs: int, act_bytes: int,
                      cc: tuple[int, int] | None) -> tuple[int, dict[str, int]]:
     c = meta.hf_config
@@ -290,7 +285,10 @@ def plan_from_meta(meta: CheckpointMeta, settings: PlanSettings, total_memory: i
         reasons.append(decision.refusal)
     if arch_why:
         reasons.insert(0, arch_why)
-    kv_dt = dtype if s.kv_cache_dtype == "auto" else (normalize_dtype(s.kv_cache_dtype) or dtype)
+    try:
+        kv_dt = resolve_kv_dtype(s.kv_cache_dtype, dtype)
+    except ValueError:
+        kv_dt = dtype                                   # the decision above names the unknown value
     max_pos = int(c.get("max_position_embeddings", 4096))
     max_len = int(s.max_model_len or max_pos)
     if max_len > max_pos and not c.get("rope_scaling"):
@@ -300,7 +298,7 @@ def plan_from_meta(meta: CheckpointMeta, settings: PlanSettings, total_memory: i
     tokens = s.max_num_batched_tokens or (8192 if s.enable_chunked_prefill else max(max_len, 2048))
     w_total, w_parts = weight_bytes(meta, dtype)
     try:
-        kv_tok = kv_bytes_per_token(c, DTYPE_BYTES.get(kv_dt, 1))
+        kv_tok = bytes_per_token_hf(c, kv_dt)
         a_total, a_parts = activation_bytes(meta, tokens, s.max_num_seqs, DTYPE_BYTES.get(dtype, 2), cc)
     except KeyError as e:
         raise ConfigError(f"{meta.path / 'config.json'} lacks {e.args[0]!r}; cannot size the KV cache "

@@ -95,4 +95,8 @@ class EngineInfo:
     quantization: str | None
     device: str
     load_seconds: float
+    kv_cache_dtype: str = "auto"                  # the stored format (kv_dtype.resolve): float16, fp8_e5m2, ...
+    kv_bytes_per_token: int = 0                   # kv_dtype.bytes_per_token
+    gpu_memory_utilization: float = 0.9
+    enable_prefix_caching: bool = True
     num_host_blocks: int = 0                      # host KV tier (--kv-offloading-size), 0 = off

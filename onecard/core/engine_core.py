@@ -19,6 +19,7 @@ import logging
 import time
 from typing import Callable
 
+from onecard import kv_dtype
 from onecard.config import EngineConfig
 from onecard.core.request import Request
 from onecard.core.scheduler import Scheduler
@@ -55,16 +56,22 @@ class EngineCore:
         self.last_step_tokens = 0
         bs = config.cache.block_size
         capacity = self.scheduler.kv_cache_manager.num_usable_blocks * bs   # block 0 is the null block
+        m = config.model
+        kv_format = kv_dtype.resolve(config.cache.kv_cache_dtype, m.dtype)
         self.info = EngineInfo(
             num_gpu_blocks=num_blocks, block_size=bs, kv_capacity_tokens=capacity,
             max_concurrency_at_max_len=capacity / config.scheduler.max_model_len,
             weights_bytes=self.runner.weights_bytes, kv_cache_bytes=self.runner.kv_cache_bytes,
             dtype=config.model.dtype, quantization=config.model.quant.method if config.model.quant else None,
-            device=config.device, load_seconds=time.perf_counter() - t0, num_host_blocks=num_host_blocks)
+            device=config.device, load_seconds=time.perf_counter() - t0, kv_cache_dtype=kv_format,
+            kv_bytes_per_token=kv_dtype.bytes_per_token(m.num_layers, m.num_kv_heads, m.head_dim, kv_format),
+            gpu_memory_utilization=config.cache.gpu_memory_utilization,
+            enable_prefix_caching=config.cache.enable_prefix_caching, num_host_blocks=num_host_blocks)
         gc.collect()
         gc.freeze()  # start-up objects never die: keep them out of the collector's scans (tail latency)
-        logger.info("engine ready: %d KV blocks (%d tokens), %.2f GiB weights, %.1f s", num_blocks, capacity,
-                    self.info.weights_bytes / 2**30, self.info.load_seconds)
+        logger.info("engine ready: %d KV blocks (%d tokens, %s at %d B/token), %.2f GiB weights, %.1f s",
+                    num_blocks, capacity, kv_format, self.info.kv_bytes_per_token, self.info.weights_bytes / 2**30,
+                    self.info.load_seconds)
         if num_host_blocks:
             logger.info("host KV tier: %d blocks (%d prefix tokens) in %.2f GiB of host memory", num_host_blocks,
                         num_host_blocks * bs, config.cache.kv_offloading_size)

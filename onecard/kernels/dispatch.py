@@ -14,15 +14,19 @@ Ops (all tensors on one device; "T" = flattened tokens):
   norm_moe(x[T,H], residual[T,H]|None, norm_weight[H], eps, gate[E,H], w_gate, w_up, w_down, top_k, renormalize)
       -> (out[T,H], residual_out[T,H]): rms_norm, then fused_moe(h, moe_router(h, gate), ...); out in the model
       dtype or float32 (the Triton batch-1 path: the next rms_norm takes it as x)
-  store_kv(k[T,Hkv,D], v[T,Hkv,D], k_cache[NB,BS,Hkv,D], v_cache, slot_mapping[T]) -> None (in place; -1 skipped)
-  paged_attention(q[T,Hq,D], k_cache, v_cache, md: AttentionMetadata, scale) -> [T,Hq,D]  (causal, GQA)
+  store_kv(k[T,Hkv,D], v[T,Hkv,D], k_cache[NB,BS,Hkv,D], v_cache, slot_mapping[T], k_scale=1.0, v_scale=1.0)
+      -> None (in place; -1 skipped). The cache's dtype is its format: the model dtype, or torch.float8_e5m2 /
+      float8_e4m3fn for an fp8 cache (stored = value / scale, see onecard/kv_dtype.py and attention/fp8.py)
+  paged_attention(q[T,Hq,D], k_cache, v_cache, md: AttentionMetadata, scale, k_scale=1.0, v_scale=1.0)
+      -> [T,Hq,D]  (causal, GQA; an fp8 cache is read as stored x k_scale / v_scale)
   rms_norm(x[T,H], weight[H], eps, residual[T,H]|None) -> (out[T,H], residual_out[T,H])
       residual None: residual_out = x; else residual_out = x + residual; out = norm(residual_out) * weight
       (statistics in fp32; outputs in residual's dtype, x's without one; x may be fp32 with a residual)
   qk_norm_rope(q[T,Hq,D], k[T,Hkv,D], q_weight[D], k_weight[D], positions[T], cos_sin_cache[P,D], eps)
       -> (q_out, k_out): per-head RMSNorm then neox RoPE; cos_sin_cache fp32 = cat(cos[P,D/2], sin[P,D/2])
   qk_norm_rope_store(q, k, v[T,Hkv,D], q_weight, k_weight, positions, cos_sin_cache, eps, k_cache, v_cache,
-      slot_mapping) -> q_out: qk_norm_rope, then store_kv(k_out, v, ...) (one launch on the Triton backend)
+      slot_mapping, k_scale=1.0, v_scale=1.0) -> q_out: qk_norm_rope, then store_kv(k_out, v, ...) (one launch
+      on the Triton backend)
   silu_and_mul(x[T,2I]) -> [T,I]   (silu(x[:, :I]) * x[:, I:])
 """
 from __future__ import annotations
@@ -143,12 +147,12 @@ def moe_router(x, weight):
     return _impl("moe_router", x.device)(x, weight)
 
 
-def store_kv(k, v, k_cache, v_cache, slot_mapping):
-    return _impl("store_kv", k.device)(k, v, k_cache, v_cache, slot_mapping)
+def store_kv(k, v, k_cache, v_cache, slot_mapping, k_scale=1.0, v_scale=1.0):
+    return _impl("store_kv", k.device)(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
 
 
-def paged_attention(q, k_cache, v_cache, md, scale):
-    return _impl("paged_attention", q.device)(q, k_cache, v_cache, md, scale)
+def paged_attention(q, k_cache, v_cache, md, scale, k_scale=1.0, v_scale=1.0):
+    return _impl("paged_attention", q.device)(q, k_cache, v_cache, md, scale, k_scale, v_scale)
 
 
 def rms_norm(x, weight, eps, residual=None):
@@ -159,9 +163,10 @@ def qk_norm_rope(q, k, q_weight, k_weight, positions, cos_sin_cache, eps):
     return _impl("qk_norm_rope", q.device)(q, k, q_weight, k_weight, positions, cos_sin_cache, eps)
 
 
-def qk_norm_rope_store(q, k, v, q_weight, k_weight, positions, cos_sin_cache, eps, k_cache, v_cache, slot_mapping):
+def qk_norm_rope_store(q, k, v, q_weight, k_weight, positions, cos_sin_cache, eps, k_cache, v_cache, slot_mapping,
+                       k_scale=1.0, v_scale=1.0):
     return _impl("qk_norm_rope_store", q.device)(q, k, v, q_weight, k_weight, positions, cos_sin_cache, eps,
-                                                  k_cache, v_cache, slot_mapping)
+                                                  k_cache, v_cache, slot_mapping, k_scale, v_scale)
 
 
 def silu_and_mul(x):

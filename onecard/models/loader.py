@@ -9,12 +9,15 @@ shapes, fused projections, stacked experts, completeness) is the model's declara
 models/weights.py); this file answers ``can_fuse`` from the formats (all float, or GPTQ with one group layout
 and no act-order), iterates the shards, routes each tensor to its spec and assembles float and GPTQ tensors
 (experts stacked [E, ...], float as [E, K, N]; the GPTQ format is ``kernels/gptq_gemm/format.py``'s).
+FP8 KV-cache scales (k_scale / v_scale / kv_scale / k_proj.output_scale ..., the names vLLM reads) set the
+attention layers' k_scale / v_scale (a per-head vector is reduced to its max, so no head overflows).
 Host memory holds at most the tensors of the shard being read plus one layer's pending experts.
 Every problem raises ``LoadError`` (a ConfigError) naming the tensor or option.
 """
 from __future__ import annotations
 
 import logging
+import re
 import sys
 from collections import defaultdict
 from collections.abc import Collection
@@ -33,6 +36,11 @@ from onecard.models.weights import ExpertsSpec, LinearSpec, Param, Spec, missing
 logger = logging.getLogger(__name__)
 
 _DIRECT_COPY_MIN_BYTES = 256 << 10    # experts' parts at least this big go to the device one by one
+
+
+# FP8 KV-cache scales, under every name vLLM's maybe_remap_kv_scale_name reads (kv_scale: one for both)
+_KV_SCALE = re.compile(r"^model\.layers\.(\d+)\.self_attn\.(?:(?:attn\.|k_proj\.|v_proj\.)?(k|v|kv)_scale"
+                       r"|(k|v)_proj\.output_scale)$")
 
 
 class LoadError(ConfigError):
@@ -271,6 +279,19 @@ def _fusable(cfg: ModelConfig, names: dict[str, Path], modules: list[str]) -> bo
     return len(groups) == 1
 
 
+def _set_kv_scale(model, key: str, m: re.Match, t: torch.Tensor) -> None:
+    i, which = int(m.group(1)), m.group(2) or m.group(3)
+    if i >= len(model.layers):
+        raise LoadError(f"tensor {key} names layer {i} but the config has {len(model.layers)} layers.")
+    value = float(t.float().max())
+    if not 0 < value < float("inf"):                                      # also refuses NaN
+        raise LoadError(f"tensor {key} = {value}: a KV-cache scale must be positive and finite.")
+    attn = model.layers[i].self_attn
+    for kv in ("k", "v") if which == "kv" else (which,):
+        setattr(attn, f"{kv}_scale", value)
+        attn.kv_scales_from_checkpoint.add(kv)
+
+
 def load_model(config: ModelConfig, device: torch.device, dtype: torch.dtype):
     """Build the model (fusion decided from the checkpoint's formats), stream every shard into it, check that
     every declared weight arrived."""
@@ -289,6 +310,9 @@ def load_model(config: ModelConfig, device: torch.device, dtype: torch.dtype):
         with _open(f) as h:
             for key in h.keys():
                 bar.update(1)
+                if m := _KV_SCALE.match(key):
+                    _set_kv_scale(model, key, m, h.get_tensor(key))
+                    continue
                 asm.add(key, h.get_tensor(key))
     bar.close()
     model.tie_weights()

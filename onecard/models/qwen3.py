@@ -45,6 +45,10 @@ class Attention(nn.Module):
         self.q_norm: torch.Tensor | None = None   # [D]
         self.k_norm: torch.Tensor | None = None   # [D]
         self.scale = self.head_dim ** -0.5
+        # fp8 KV cache: stored = value / scale (kv_dtype.py); the checkpoint's, else 1.0 (the runner warns)
+        self.k_scale = 1.0
+        self.v_scale = 1.0
+        self.kv_scales_from_checkpoint: set[str] = set()
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
                 kv_cache: tuple[torch.Tensor, torch.Tensor], md: AttentionMetadata) -> torch.Tensor:
@@ -58,8 +62,8 @@ class Attention(nn.Module):
         v = v.reshape(t, self.num_kv_heads, self.head_dim)               # [T, Hkv, D]
         k_cache, v_cache = kv_cache
         q = ops.qk_norm_rope_store(q, k, v, self.q_norm, self.k_norm, positions, cos_sin, self.eps, k_cache,
-                                   v_cache, md.slot_mapping)              # k, v -> the cache
-        o = ops.paged_attention(q, k_cache, v_cache, md, self.scale)     # [T, Hq, D]
+                                   v_cache, md.slot_mapping, self.k_scale, self.v_scale)   # k, v -> the cache
+        o = ops.paged_attention(q, k_cache, v_cache, md, self.scale, self.k_scale, self.v_scale)   # [T, Hq, D]
         return self.o_proj(o.reshape(t, self.q_size))
 
 

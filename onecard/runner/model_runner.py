@@ -5,7 +5,9 @@ it applies (``compile_pool``; ``precompile()`` uses and closes them, runner/prec
 ``determine_num_blocks()`` sizes the KV pool (GPU: profile a forward at max_num_batched_tokens, then blocks =
 (total × util − peak torch memory − non-torch memory) / bytes per block; ``kv_cache_memory_bytes`` or
 ``num_gpu_blocks`` override; CPU: ``Env.cpu_kv_cache_bytes``); ``initialize_kv_cache(num_blocks)``
-allocates ``[num_blocks, block_size, kv_heads, head_dim]`` K and V per layer; ``submit(SchedulerOutput) ->
+allocates ``[num_blocks, block_size, kv_heads, head_dim]`` K and V per layer in the KV format
+(``kv_format``, from --kv-cache-dtype: the serving dtype, or an fp8 dtype allocated as uint8 and viewed; bytes per
+block from onecard/kv_dtype.py; an fp8_e4m3 cache without checkpoint scales logs a warning and uses 1.0); ``submit(SchedulerOutput) ->
 PendingOutput`` queues one forward over the flattened batch and the sampling of each request's last position
 when it ``samples``, and returns without waiting for the GPU; ``PendingOutput.result()`` is the step's only host
 sync (its sampled ids). ``execute(sched)`` is ``submit(sched).result()``. A step may be submitted while the
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from onecard import kv_dtype
 from onecard.config import ConfigError, EngineConfig, host_tier_blocks
 from onecard.core.outputs import RunnerOutput, SchedulerOutput
 from onecard.kernels import dispatch
@@ -39,6 +42,7 @@ from onecard.runner.structured import GrammarMasker, apply_token_bitmask
 logger = logging.getLogger(__name__)
 
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+_KV_DTYPES = {**_DTYPES, "fp8_e5m2": torch.float8_e5m2, "fp8_e4m3": torch.float8_e4m3fn}
 
 
 @dataclass(slots=True)
@@ -80,6 +84,9 @@ class ModelRunner:
         self.num_layers = config.model.num_layers
         self.num_kv_heads = config.model.num_kv_heads
         self.head_dim = config.model.head_dim
+        self.kv_format = kv_dtype.resolve(config.cache.kv_cache_dtype, config.model.dtype)
+        self.kv_torch_dtype = _KV_DTYPES[self.kv_format]
+        self._check_kv_scales()
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.num_blocks = 0
         self.sampler = Sampler(config.model.seed, self.device)
@@ -98,11 +105,27 @@ class ModelRunner:
                                      config.scheduler.max_num_seqs, self.device, eager=self.device.type == "cuda")
         self.host_pool = None  # HostKVPool, set by initialize_host_tier()
 
+    def _check_kv_scales(self) -> None:
+        """fp8_e4m3 needs scales to use its range; vLLM warns and uses 1.0 where the checkpoint has none."""
+        attns = [layer.self_attn for layer in getattr(self.model, "layers", [])]
+        if not kv_dtype.is_fp8(self.kv_format):
+            for a in attns:                      # a native cache takes no scale: none may leak into the kernels
+                a.k_scale = a.v_scale = 1.0
+            return
+        missing = sum(1 for a in attns if a.kv_scales_from_checkpoint != {"k", "v"})
+        if missing and self.kv_format == "fp8_e4m3":
+            logger.warning("Using KV cache scaling factor 1.0 for fp8_e4m3 in %d of %d layers: the checkpoint has "
+                           "no k_scale / v_scale for them. If this is unintended, verify that the checkpoint "
+                           "provides k/v scaling factors.", missing, len(attns))
+
     # ------------------------------------------------------------------ KV sizing
     @property
+    def kv_bytes_per_token(self) -> int:
+        return kv_dtype.bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, self.kv_format)
+
+    @property
     def block_bytes(self) -> int:
-        elem = torch.empty((), dtype=self.dtype).element_size()
-        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * elem
+        return self.block_size * self.kv_bytes_per_token
 
     def determine_num_blocks(self) -> int:
         cache = self.config.cache
@@ -176,13 +199,19 @@ class ModelRunner:
 
     def initialize_kv_cache(self, num_blocks: int, log: bool = True) -> None:
         shape = (num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
-        self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
-                           torch.zeros(shape, dtype=self.dtype, device=self.device))
-                          for _ in range(self.num_layers)]
+        dt = self.kv_torch_dtype
+        # fp8: allocated as bytes (a plain zero fill on every card) and viewed as the fp8 dtype
+        alloc = torch.uint8 if kv_dtype.is_fp8(self.kv_format) else dt
+
+        def one() -> torch.Tensor:
+            return torch.zeros(shape, dtype=alloc, device=self.device).view(dt)
+
+        self.kv_caches = [(one(), one()) for _ in range(self.num_layers)]
         self.num_blocks = num_blocks
         if log:
-            logger.info("KV cache: %d blocks x %d tokens = %d tokens, %.2f GiB", num_blocks, self.block_size,
-                        num_blocks * self.block_size, num_blocks * self.block_bytes / 2**30)
+            logger.info("KV cache: %s, %d B/token; %d blocks x %d tokens = %d tokens, %.2f GiB", self.kv_format,
+                        self.kv_bytes_per_token, num_blocks, self.block_size, num_blocks * self.block_size,
+                        num_blocks * self.block_bytes / 2**30)
 
     @property
     def kv_cache_bytes(self) -> int:

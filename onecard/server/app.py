@@ -105,10 +105,10 @@ def log_engine_info(state: ServerState) -> None:
         return
     logger.info(
         "onecard ready: model=%s served as %s; dtype=%s, quantization=%s, device=%s; weights %.2f GiB; "
-        "KV cache %.2f GiB = %d tokens (%d blocks of %d), max concurrency at max-model-len %d: %.2fx; "
-        "engine load %.1f s, ready in %.1f s", s.model_root, ", ".join(s.served_model_names), info.dtype,
-        info.quantization or "none", info.device, info.weights_bytes / 2**30, info.kv_cache_bytes / 2**30,
-        info.kv_capacity_tokens, info.num_gpu_blocks, info.block_size, s.max_model_len,
+        "KV cache %s (%d B/token) %.2f GiB = %d tokens (%d blocks of %d), max concurrency at max-model-len %d: "
+        "%.2fx; engine load %.1f s, ready in %.1f s", s.model_root, ", ".join(s.served_model_names), info.dtype,
+        info.quantization or "none", info.device, info.weights_bytes / 2**30, info.kv_cache_dtype,
+        info.kv_bytes_per_token, info.kv_cache_bytes / 2**30, info.kv_capacity_tokens, info.num_gpu_blocks, info.block_size, s.max_model_len,
         info.max_concurrency_at_max_len, info.load_seconds, time.perf_counter() - state.started_at)
 
 

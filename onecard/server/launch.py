@@ -60,7 +60,7 @@ def make_state(engine_config: EngineConfig, core: CoreClient, settings: ServerSe
                tokenizer: Any = None) -> ServerState:
     settings = settings or settings_from(engine_config)
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(engine_config.model.tokenizer)
-    metrics = ServerMetrics(settings.served_model_names[0], lambda: core.stats)
+    metrics = ServerMetrics(settings.served_model_names[0], lambda: core.stats, lambda: getattr(core, "info", None))
     listeners = getattr(core, "stats_listeners", None)
     if listeners is not None:
         listeners.append(metrics.on_step)

@@ -8,7 +8,9 @@ handler}``, as vLLM's instrumentator names it); ``on_step(stats)`` observes ``vl
 gauges (running, waiting, KV usage, prefix-cache queries/hits, preemptions, and the host KV tier's
 lookups/hits as vLLM's "external" prefix cache, its bytes copied each way as vLLM's offload
 ``kv_offload_total_bytes{transfer_type}`` and its usage as ``cpu_cache_usage_perc``) are read from
-``stats_fn()`` (the latest ``EngineStats``) at scrape time. ``render()`` returns the text exposition and its
+``stats_fn()`` (the latest ``EngineStats``) at scrape time; once the engine is up, ``info_fn()`` (its
+``EngineInfo``) adds vLLM's ``vllm:cache_config_info`` (labels: block_size, cache_dtype, num_gpu_blocks, ...)
+and ``onecard:kv_cache_capacity_tokens`` / ``onecard:kv_cache_bytes_per_token`` (the KV pool in tokens). ``render()`` returns the text exposition and its
 content type. ``throughput_line()`` is the periodic log line (vLLM's "Avg prompt throughput ..."), None when
 idle. Every series carries ``model_name`` (the first served name) and ``engine="0"``, as vLLM v1 labels them.
 """
@@ -23,7 +25,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from onecard.protocol import EngineStats
+from onecard.protocol import EngineInfo, EngineStats
 
 _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                  20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
@@ -35,9 +37,11 @@ _E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 
 
 
 class _EngineStatsCollector(Collector):
-    def __init__(self, labels: dict[str, str], stats_fn: Callable[[], EngineStats]):
+    def __init__(self, labels: dict[str, str], stats_fn: Callable[[], EngineStats],
+                 info_fn: Callable[[], EngineInfo | None] | None = None):
         self.labels = labels
         self.stats_fn = stats_fn
+        self.info_fn = info_fn
 
     def collect(self) -> Iterable:
         s = self.stats_fn()
@@ -76,14 +80,31 @@ class _EngineStatsCollector(Collector):
         yield offload
         yield gauge("vllm:cpu_cache_usage_perc", "Host KV tier usage. 1 means 100 percent usage.",
                     s.host_kv_cache_usage)
+        info = self.info_fn() if self.info_fn is not None else None
+        if info is not None:
+            yield from self._cache_info(info, gauge)
+
+    def _cache_info(self, info: EngineInfo, gauge: Callable) -> Iterable:
+        cfg = {"block_size": str(info.block_size), "cache_dtype": info.kv_cache_dtype,
+               "num_gpu_blocks": str(info.num_gpu_blocks), "gpu_memory_utilization": str(info.gpu_memory_utilization),
+               "enable_prefix_caching": str(info.enable_prefix_caching)}
+        g = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
+                              labels=list(cfg) + list(self.labels))
+        g.add_metric(list(cfg.values()) + list(self.labels.values()), 1.0)
+        yield g
+        yield gauge("onecard:kv_cache_capacity_tokens", "Tokens the KV cache holds (usable blocks x block size).",
+                    info.kv_capacity_tokens)
+        yield gauge("onecard:kv_cache_bytes_per_token", "KV-cache bytes per token (all layers, K and V).",
+                    info.kv_bytes_per_token)
 
 
 class ServerMetrics:
-    def __init__(self, model_name: str, stats_fn: Callable[[], EngineStats]):
+    def __init__(self, model_name: str, stats_fn: Callable[[], EngineStats],
+                 info_fn: Callable[[], EngineInfo | None] | None = None):
         self.registry = CollectorRegistry(auto_describe=True)
         self.labels = {"model_name": model_name, "engine": "0"}
         names = list(self.labels)
-        self.registry.register(_EngineStatsCollector(self.labels, stats_fn))
+        self.registry.register(_EngineStatsCollector(self.labels, stats_fn, info_fn))
         self._prompt = Counter("vllm:prompt_tokens", "Number of prefill tokens processed.", names,
                                registry=self.registry).labels(**self.labels)
         self._generation = Counter("vllm:generation_tokens", "Number of generation tokens processed.", names,

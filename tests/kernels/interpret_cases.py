@@ -37,6 +37,14 @@ NORM_MOE = [(1, 64, 32, 8, 2, True, True), (1, 200, 48, 6, 3, False, True), (1, 
 ATTN = [([5, 9, 1], [5, 9, 1], 8, 2, 4, 0), ([7, 70, 33], [1, 4, 1], 6, 2, 16, 1),
         ([130, 2100], [1, 1], 4, 1, 16, 2), ([17], [17], 4, 4, 8, 0)]
 
+# fp8 KV caches (fp16 activations): the e5m2 encoder on every fp16 bit pattern and the e4m3 store (exact: 0
+# bytes differ from the spec); the fused store (in fp8 ulps, <= 1: the fp32 k may round differently); attention
+# (max of: relative error vs ref on the same fp8 cache / 1e-2, and error vs attention on the exact KV / the bound
+# derived from the format's precision, kernels_testlib.fp8_attention_bound): all must be <= 1
+FP8_EXACT = ["e5m2_encode_all", "e4m3_encode_all", "store_kv-fp8e4m3"]
+FP8_CASES = (FP8_EXACT + [f"qk_norm_rope_store-fp8{f}" for f in ("e5m2", "e4m3")]
+             + [f"attn{i}-fp8e5m2" for i in range(len(ATTN))] + [f"attn{i}-sm70-fp8e5m2" for i in (1, 2)]
+             + [f"attn{i}-fp8e4m3" for i in (0, 2)])
 CASES = ([f"gemm{i}-{dt}" for i in range(len(GEMM)) for dt in (F32, F16)] + ["dequant"]
          + [f"moe{i}-{w}-{dt}" for i in range(len(MOE)) for w in ("float", "gptq") for dt in (F32, F16)]
          + [f"router{i}-{dt}" for i in range(len(ROUTER)) for dt in (F32, F16)]
@@ -46,11 +54,103 @@ CASES = ([f"gemm{i}-{dt}" for i in range(len(GEMM)) for dt in (F32, F16)] + ["de
          + [f"store_kv-{dt}" for dt in (F32, F16)]
          + [f"rms_norm-{r}-{dt}" for r in ("res", "nores", "x32res") for dt in (F32, F16)]
          + [f"qk_norm_rope-{dt}" for dt in (F32, F16)] + [f"qk_norm_rope_store-{dt}" for dt in (F32, F16)]
-         + [f"silu_and_mul-{dt}" for dt in (F32, F16)])
+         + [f"silu_and_mul-{dt}" for dt in (F32, F16)]
+         + FP8_CASES)
 
 
 def _rel(out, ref) -> float:
     return float((out.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
+
+
+def _fp8_case(name: str, seed: int) -> float:
+    import torch
+    from kernels_testlib import e5m2_bits_np, fp8_attention_bound, make_paged_batch
+
+    from onecard.kernels.attention import fp8
+
+    kind, _, rest = name.partition("-")
+    fmt = name.rsplit("fp8", 1)[-1] if "fp8" in name else "e5m2"
+    cdt = fp8.E5M2 if fmt == "e5m2" else fp8.E4M3
+    k_scale, v_scale = (1.0, 1.0) if fmt == "e5m2" else (0.37, 2.5)    # e4m3: scales reach both K and V
+    if kind == "e5m2_encode_all":
+        from onecard.kernels.attention import triton as tk
+        allh = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.float16).reshape(16, 8, 512)
+        kc = torch.zeros(4, 4, 8, 512, dtype=torch.uint8).view(fp8.E5M2)
+        vc = kc.clone()
+        tk.store_kv(allh, allh, kc, vc, torch.arange(16))
+        want = e5m2_bits_np(allh.reshape(-1).numpy())
+        return float((kc.view(torch.uint8).reshape(-1).numpy() != want).sum())
+    if kind == "e4m3_encode_all":                # every finite fp16 (saturating past 448), scale 1 and 2^-3
+        from onecard.kernels.attention import triton as tk
+        allh = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.float16).reshape(16, 8, 512)
+        finite = allh.isfinite().reshape(-1)
+        bad = 0
+        for sc in (1.0, 0.125):
+            kc = torch.zeros(4, 4, 8, 512, dtype=torch.uint8).view(fp8.E4M3)
+            tk.store_kv(allh, allh, kc, kc.clone(), torch.arange(16), sc, sc)
+            want = (allh.float() / sc).clamp(-448, 448).to(fp8.E4M3).view(torch.uint8).reshape(-1)
+            bad += int((kc.view(torch.uint8).reshape(-1) != want)[finite].sum())
+        return float(bad)
+    if kind == "store_kv":
+        from onecard.kernels.attention import ref
+        from onecard.kernels.attention import triton as tk
+        k, v = (torch.randn(5, 2, 16) * 300).half(), torch.randn(5, 2, 16).half()      # k: some saturate
+        slots = torch.tensor([3, -1, 0, 11, 6])
+        caches = [(torch.zeros(3, 4, 2, 16, dtype=torch.uint8).view(cdt),) * 1 for _ in range(2)]
+        a = (torch.zeros(3, 4, 2, 16, dtype=torch.uint8).view(cdt), torch.zeros(3, 4, 2, 16, dtype=torch.uint8).view(cdt))
+        b = (a[0].clone(), a[1].clone())
+        del caches
+        tk.store_kv(k, v, *a, slots, k_scale, v_scale)
+        ref.store_kv(k, v, *b, slots, k_scale, v_scale)
+        return float((torch.cat(a).view(torch.uint8) != torch.cat(b).view(torch.uint8)).sum())
+    if kind == "qk_norm_rope_store":
+        from onecard.kernels.rope import ref
+        from onecard.kernels.rope import triton as tk
+        t, hq, hkv, d = 5, 6, 3, 32
+        qkv = torch.randn(t, (hq + 2 * hkv) * d).half()
+        q, k, v = (x.reshape(t, -1, d) for x in qkv.split([hq * d, hkv * d, hkv * d], dim=-1))
+        qw, kw = torch.randn(d).half(), torch.randn(d).half()
+        ang = torch.outer(torch.arange(64).float(), 1.0 / (1e4 ** (torch.arange(0, d, 2).float() / d)))
+        cache = torch.cat([ang.cos(), ang.sin()], dim=-1)
+        pos = torch.randint(0, 64, (t,))
+        slots = torch.tensor([3, -1, 0, 11, 6])
+        ca = [torch.zeros(3, 4, hkv, d, dtype=torch.uint8).view(cdt) for _ in range(2)]
+        cb = [c.clone() for c in ca]
+        qa = tk.qk_norm_rope_store(q, k, v, qw, kw, pos, cache, 1e-6, *ca, slots, k_scale, v_scale)
+        qb = ref.qk_norm_rope_store(q, k, v, qw, kw, pos, cache, 1e-6, *cb, slots, k_scale, v_scale)
+        m = 2 if fmt == "e5m2" else 3
+        ulps = 0.0
+        for x, y, sc in ((ca[0], cb[0], k_scale), (ca[1], cb[1], v_scale)):
+            xa, ya = fp8.dequantize(x, sc), fp8.dequantize(y, sc)
+            tiny = sc * (2.0 ** -14 if fmt == "e5m2" else 2.0 ** -6)          # the smallest normal
+            ulps = max(ulps, float(((xa - ya).abs() / (ya.abs().clamp_min(tiny) * 2.0 ** -m)).max()))
+        return max(_rel(qa, qb) / 1e-2, ulps)
+    if kind.startswith("attn"):
+        from onecard.kernels.attention import ref
+        from onecard.kernels.attention import triton as tk
+        seq_lens, qlens, hq, hkv, bs, dec = ATTN[int(kind[4:])]
+        kc, vc, md, ks, vs = make_paged_batch(seq_lens, qlens, hkv, 32, bs, dtype=torch.float32, seed=seed,
+                                              pad_rows=1)
+        md.num_decode_tokens = dec
+        k8, v8 = fp8.quantize(kc, cdt, k_scale), fp8.quantize(vc, cdt, v_scale)
+        q = torch.randn(sum(qlens) + 1, hq, 32).half()
+        s = 1 / math.sqrt(32)
+        cc = tk.compute_capability
+        if rest.startswith("sm70"):
+            tk.compute_capability = lambda device: 70
+        try:
+            out = tk.paged_attention(q, k8, v8, md, s, k_scale, v_scale)
+        finally:
+            tk.compute_capability = cc
+        same = _rel(out, ref.paged_attention(q, k8, v8, md, s, k_scale, v_scale)) / 1e-2
+        exact = ref.paged_attention(q.float(), kc, vc, md, s)
+        bound = fp8_attention_bound(q.float(), ks, vs, qlens, fmt, s, k_scale, v_scale)
+        vmax = max(float(v.abs().max()) for v in vs)
+        slack = 2e-3 * vmax                                                   # fp16 q / p / output
+        n = sum(qlens)
+        ratio = (out.double() - exact.double()).abs()[:n] / (bound[:n] + slack)
+        return max(same, float(ratio.max()))
+    raise KeyError(name)
 
 
 def run_case(name: str, seed: int) -> float:
@@ -58,21 +158,26 @@ def run_case(name: str, seed: int) -> float:
     from kernels_testlib import make_paged_batch, random_gptq
 
     torch.manual_seed(seed)
+    if name in FP8_CASES:
+        return _fp8_case(name, seed)
     dt = torch.float16 if name.endswith(F16) else torch.float32
     kind, _, rest = name.partition("-")
     if kind.startswith("gemm"):
-        from onecard.kernels.gptq_gemm import ref, triton as tk
+        from onecard.kernels.gptq_gemm import ref
+        from onecard.kernels.gptq_gemm import triton as tk
         m, k, n, gs, desc, has_bias = GEMM[int(kind[4:])]
         w, _ = random_gptq(k, n, gs, desc_act=desc, seed=seed)
         x = torch.randn(m, k).to(dt)
         bias = torch.randn(n).to(dt) if has_bias else None
         return _rel(tk.w4a16_gemm(x, w, bias), ref.w4a16_gemm(x, w, bias))
     if kind == "dequant":
-        from onecard.kernels.gptq_gemm import ref, triton as tk
+        from onecard.kernels.gptq_gemm import ref
+        from onecard.kernels.gptq_gemm import triton as tk
         w, _ = random_gptq(64, 24, 16, desc_act=True, seed=seed)
         return _rel(tk.dequantize(w, torch.float32), ref.dequantize_gptq(w))
     if kind.startswith("moe"):
-        from onecard.kernels.fused_moe import ref, triton as tk
+        from onecard.kernels.fused_moe import ref
+        from onecard.kernels.fused_moe import triton as tk
         t, h, i, e, top_k, renorm, desc = MOE[int(kind[3:])]
         x, logits = torch.randn(t, h).to(dt), torch.randn(t, e)
         if rest.startswith("float"):
@@ -83,7 +188,8 @@ def run_case(name: str, seed: int) -> float:
                   random_gptq(i, h, 16, experts=e, desc_act=desc, seed=seed + 3)[0]]
         return _rel(tk.fused_moe(x, logits, *ws, top_k, renorm), ref.fused_moe(x, logits, *ws, top_k, renorm))
     if kind.startswith("norm_moe"):
-        from onecard.kernels.fused_moe import ref, triton as tk
+        from onecard.kernels.fused_moe import ref
+        from onecard.kernels.fused_moe import triton as tk
         t, h, i, e, top_k, renorm, has_res = NORM_MOE[int(kind[8:])]
         x, res = torch.randn(t, h).to(dt), (torch.randn(t, h).to(dt) if has_res else None)
         nw, gate = (1 + 0.1 * torch.randn(h)).to(dt), (torch.randn(e, h) / math.sqrt(h)).to(dt)
@@ -96,12 +202,14 @@ def run_case(name: str, seed: int) -> float:
         (o1, r1), (o2, r2) = tk.norm_moe(x, res, *args), ref.norm_moe(x, res, *args)
         return max(_rel(o1, o2), _rel(r1, r2))
     if kind.startswith("router"):
-        from onecard.kernels.fused_moe import ref, triton as tk
+        from onecard.kernels.fused_moe import ref
+        from onecard.kernels.fused_moe import triton as tk
         t, h, e = ROUTER[int(kind[6:])]
         x, w = torch.randn(t, h + 3).to(dt)[:, :h], (torch.randn(e, h) / math.sqrt(h)).to(dt)  # x: strided rows
         return _rel(tk.moe_router(x, w), ref.moe_router(x.float(), w.float()))
     if kind.startswith("attn"):
-        from onecard.kernels.attention import ref, triton as tk
+        from onecard.kernels.attention import ref
+        from onecard.kernels.attention import triton as tk
         seq_lens, qlens, hq, hkv, bs, dec = ATTN[int(kind[4:])]
         kc, vc, md, _, _ = make_paged_batch(seq_lens, qlens, hkv, 32, bs, dtype=dt, seed=seed, pad_rows=1)
         md.num_decode_tokens = dec
@@ -115,7 +223,8 @@ def run_case(name: str, seed: int) -> float:
         finally:
             paths.set_emulated_capability(None, clear=True)
     if kind == "store_kv":
-        from onecard.kernels.attention import ref, triton as tk
+        from onecard.kernels.attention import ref
+        from onecard.kernels.attention import triton as tk
         kc = torch.randn(3, 4, 2, 16).to(dt)
         vc = torch.randn(3, 4, 2, 16).to(dt)
         k, v = torch.randn(5, 2, 16).to(dt), torch.randn(5, 2, 16).to(dt)
@@ -125,7 +234,8 @@ def run_case(name: str, seed: int) -> float:
         ref.store_kv(k, v, *b, slots)
         return _rel(torch.cat([a[0], a[1]]), torch.cat([b[0], b[1]]))
     if kind == "rms_norm":
-        from onecard.kernels.norm import ref, triton as tk
+        from onecard.kernels.norm import ref
+        from onecard.kernels.norm import triton as tk
         x, r, w = torch.randn(5, 40).to(dt), torch.randn(5, 40).to(dt), torch.randn(40).to(dt)
         res = r if rest.startswith(("res", "x32")) else None
         if rest.startswith("x32"):
@@ -133,7 +243,8 @@ def run_case(name: str, seed: int) -> float:
         (o1, r1), (o2, r2) = tk.rms_norm(x, w, 1e-6, res), ref.rms_norm(x, w, 1e-6, res)
         return max(_rel(o1, o2), _rel(r1, r2))
     if kind == "qk_norm_rope":
-        from onecard.kernels.rope import ref, triton as tk
+        from onecard.kernels.rope import ref
+        from onecard.kernels.rope import triton as tk
         t, hq, hkv, d = 5, 6, 3, 32
         q, k = torch.randn(t, hq + 2, d).to(dt)[:, :hq], torch.randn(t, hkv, d).to(dt)   # q: a strided view
         qw, kw = torch.randn(d).to(dt), torch.randn(d).to(dt)
@@ -143,7 +254,8 @@ def run_case(name: str, seed: int) -> float:
         a, b = tk.qk_norm_rope(q, k, qw, kw, pos, cache, 1e-6), ref.qk_norm_rope(q, k, qw, kw, pos, cache, 1e-6)
         return max(_rel(a[0], b[0]), _rel(a[1], b[1]))
     if kind == "qk_norm_rope_store":
-        from onecard.kernels.rope import ref, triton as tk
+        from onecard.kernels.rope import ref
+        from onecard.kernels.rope import triton as tk
         t, hq, hkv, d = 5, 6, 3, 32
         qkv = torch.randn(t, (hq + 2 * hkv) * d).to(dt)                  # q, k, v: strided views, as in the model
         q, k, v = (x.reshape(t, -1, d) for x in qkv.split([hq * d, hkv * d, hkv * d], dim=-1))
@@ -158,7 +270,8 @@ def run_case(name: str, seed: int) -> float:
         qb = ref.qk_norm_rope_store(q, k, v, qw, kw, pos, cache, 1e-6, *caches[1], slots)
         return max(_rel(qa, qb), _rel(torch.cat(caches[0]), torch.cat(caches[1])))
     if kind == "silu_and_mul":
-        from onecard.kernels.activation import ref, triton as tk
+        from onecard.kernels.activation import ref
+        from onecard.kernels.activation import triton as tk
         x = torch.randn(3, 2 * 1100).to(dt)
         return _rel(tk.silu_and_mul(x), ref.silu_and_mul(x))
     raise KeyError(name)

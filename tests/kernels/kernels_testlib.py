@@ -76,3 +76,61 @@ def make_paged_batch(seq_lens: list[int], query_lens: list[int], hkv: int, d: in
                            max_query_len=max(query_lens), max_seq_len=max(seq_lens),
                            num_decode_tokens=0)
     return k_cache, v_cache, md, ks, vs
+
+
+# ---------------------------------------------------------------- fp8 KV: independent references
+# (mantissa bits, half the smallest subnormal step) of each fp8 format, from its definition
+FP8_PRECISION = {"e5m2": (2, 2.0 ** -17), "e4m3": (3, 2.0 ** -10)}
+
+
+def e5m2_bits_np(h: np.ndarray) -> np.ndarray:
+    """fp16 array -> e5m2 bytes, in numpy from the definition: the upper byte of the fp16 bits, rounded to nearest
+    even on the lower byte (ties to the even upper byte); NaNs stay NaNs (0x7E / 0xFE), overflow goes to inf."""
+    u = h.astype(np.float16).view(np.uint16).astype(np.uint32)
+    hi, lo = u >> 8, u & 0xFF
+    up = (lo > 0x80) | ((lo == 0x80) & ((hi & 1) == 1))
+    out = hi + up.astype(np.uint32)
+    nan = (u & 0x7FFF) > 0x7C00
+    out = np.where(nan, (u >> 8) | 0x2, out)
+    return out.astype(np.uint8)
+
+
+def fp8_attention_bound(q: torch.Tensor, ks: list[torch.Tensor], vs: list[torch.Tensor], query_lens: list[int],
+                        fmt: str, scale: float, k_scale: float = 1.0, v_scale: float = 1.0,
+                        sigmas: float = 6.0) -> torch.Tensor:
+    """Per output element [T, Hq, D], a bound on |attention(fp8 KV) - attention(exact KV)| derived from the
+    format's precision. Each stored element x/s rounds to nearest with |error| <= u|x| + a (u = 2^-(m+1), a = half
+    a subnormal step, times the scale) and, being a rounding of an unrelated value, has variance <= that^2 / 3.
+    To first order o_d changes by sum_j p_j dv_jd + sum_j p_j (ds_j - sum_i p_i ds_i) v_jd with
+    ds_j = scale * q . dk_j; its standard deviation is at most sqrt(sum_j p_j^2 (var dv_jd + var(ds_j) (v_jd - o_d)^2))
+    (the softmax-centring only shrinks it); the bound is ``sigmas`` of those, plus a quadratic term
+    (sum_j p_j |ds_j|)^2 max|v| for what first order leaves out."""
+    m, a = FP8_PRECISION[fmt]
+    u = 2.0 ** -(m + 1)
+    t, hq, d = q.shape
+    out = torch.zeros(t, hq, d, dtype=torch.float64)
+    start = 0
+    for k, v, n in zip(ks, vs, query_lens):
+        hkv = k.shape[1]
+        g = hq // hkv
+        k64 = k.double().repeat_interleave(g, dim=1)                          # [L, Hq, D]
+        v64 = v.double().repeat_interleave(g, dim=1)
+        qs = q[start:start + n].double()                                      # [n, Hq, D]
+        L = k.shape[0]
+        s = torch.einsum("nhd,lhd->hnl", qs, k64) * scale                     # [Hq, n, L]
+        q_pos = L - n + torch.arange(n)
+        s = s.masked_fill(torch.arange(L)[None, None, :] > q_pos[None, :, None], float("-inf"))
+        p = torch.softmax(s, dim=-1)                                          # [Hq, n, L]
+        o = torch.einsum("hnl,lhd->nhd", p, v64)                              # [n, Hq, D]
+        err_k = u * k64.abs() + a * k_scale                                   # [L, Hq, D]
+        err_v = u * v64.abs() + a * v_scale
+        var_s = torch.einsum("nhd,lhd->hnl", qs ** 2, err_k ** 2 / 3) * scale ** 2        # [Hq, n, L]
+        max_ds = torch.einsum("nhd,lhd->hnl", qs.abs(), err_k) * scale
+        centred = (v64[None] - o[:, None]) ** 2                               # [n, L, Hq, D]
+        var_o = torch.einsum("hnl,lhd->nhd", p ** 2, err_v ** 2 / 3) \
+            + torch.einsum("hnl,nlhd->nhd", p ** 2 * var_s, centred)
+        quad = torch.einsum("hnl,hnl->hn", p, max_ds) ** 2                     # [Hq, n]
+        vmax = v64.abs().amax(dim=0)                                          # [Hq, D]
+        out[start:start + n] = sigmas * var_o.sqrt() + quad.T[:, :, None] * vmax[None]
+        start += n
+    return out

@@ -122,8 +122,17 @@ def test_every_dispatcher_config_is_listed():
                for s in (1, 2) for f, r in ((False, False), (False, True), (True, False)))
     assert all(f"w4a16[{n},per_row,fp16]" in names for n in ("gemv", "skinny"))
     bqs = {attn.block_q(8, q) for q in (1, 2, 3, 100, 10000)}
-    assert {f"paged_attn[bq={b}{t},fp16]" for b in bqs for t in ("", ",pre-sm80")} <= {
+    assert {f"paged_attn[bq={b}{t},fp16{kv}]" for b in bqs for t in ("", ",pre-sm80") for kv in ("", ",kv=e5m2")} \
+        | {f"paged_attn[bq={b},{a},kv=e4m3]" for b in bqs for a in ("fp16", "bf16")} <= {
         c.name for c in attn.aot_configs()}
+
+
+def test_every_kv_format_compiles_for_its_targets(compiled):
+    """fp8_e5m2 stores and attention compile for sm70/75/80/90; fp8_e4m3 (sm89+) for sm90 (the fused store too)."""
+    for kv, targets in ((",kv=e5m2", set(TARGETS)), (",kv=e4m3", {90})):
+        for kernel in ("store_kv[", "paged_attn[", "qk_norm_rope[store=True"):
+            ok = {r[1] for r in compiled if r[2].startswith(kernel) and kv in r[2] and r[3] is None}
+            assert ok == targets, (kernel, kv, ok)
 
 
 @pytest.mark.parametrize("module", MODULES)
@@ -170,5 +179,6 @@ def test_pre_sm80_tiles_do_not_spill(compiled):
                for t in range(17, GROUPED_MIN_TOKENS) for g in (True, False)}
     rows = [r for r in compiled if r[1] == 70 and r[2].endswith("(JIT-aligned)") and (
         (r[2].startswith("paged_attn") and "pre-sm80" in r[2]) or r[2].removesuffix(" (JIT-aligned)") in chosen)]
-    assert len(rows) == 2 + 4 + 2, [r[2] for r in rows]   # attention: decode, prefill; MoE: decode 1, 16; sorted
+    # attention: decode, prefill, each with an fp16 and an fp8_e5m2 cache; MoE: decode 1, 16; sorted
+    assert len(rows) == 2 * 2 + 4 + 2, [r[2] for r in rows]
     assert all(r[6] == 0 for r in rows), [(r[2], r[6]) for r in rows]

@@ -65,7 +65,7 @@ def test_model_positional_and_flag_must_agree():
 @pytest.mark.parametrize("flag,named", [
     ("--tensor-parallel-size=2", "--tensor-parallel-size=2"),
     ("--pipeline-parallel-size=2", "--pipeline-parallel-size=2"),
-    ("--kv-cache-dtype=fp8", "--kv-cache-dtype=fp8"),
+    ("--kv-cache-dtype=int4", "--kv-cache-dtype=int4"),
     ("--reasoning-parser=nope", "--reasoning-parser=nope"),
     ("--tool-call-parser=nope", "--tool-call-parser=nope"),
     ("--enable-auto-tool-choice", "--enable-auto-tool-choice requires --tool-call-parser"),

@@ -31,13 +31,26 @@ def test_bf16_needs_sm80(cc):
 
 
 @pytest.mark.parametrize("cc", ALL)
-@pytest.mark.parametrize("kv", ["fp8", "fp8_e4m3", "fp8_e5m2"])
-def test_fp8_kv_refused_on_every_card(cc, kv):
+def test_fp8_e5m2_kv_allowed_on_every_card(cc):
+    d = decide(cc, "float16", "gptq", "fp8_e5m2")
+    assert d.allowed, d.refusal
+    assert any("fp8_e5m2" in r for r in d.reasons)
+
+
+@pytest.mark.parametrize("cc", ALL)
+@pytest.mark.parametrize("kv", ["fp8", "fp8_e4m3"])
+def test_fp8_e4m3_kv_needs_sm89(cc, kv):
     d = decide(cc, "float16", "gptq", kv)
-    assert not d.allowed
-    assert "not implement" in d.refusal
-    # Below sm89 the hardware reason is named too.
-    assert ("8.9" in d.refusal) == (cc is None or cc < (8, 9))
+    if cc is None or cc >= (8, 9):                     # CPU: the reference kernels convert in software
+        assert d.allowed, d.refusal
+    else:                                              # the reason names the card, the need and what works
+        assert not d.allowed
+        assert "8.9" in d.refusal and f"sm{cc[0]}{cc[1]}" in d.refusal and "fp8_e5m2" in d.refusal
+
+
+def test_unknown_kv_dtype_refused():
+    d = decide((9, 0), "float16", "gptq", "int4")
+    assert not d.allowed and "--kv-cache-dtype=int4" in d.refusal and "fp8_e5m2" in d.refusal
 
 
 @pytest.mark.parametrize("cc", ALL)
@@ -103,6 +116,8 @@ def test_allowed_dtypes_table():
     v100, h200 = allowed_dtypes(SM70), allowed_dtypes(SM90)
     assert v100["float16"] == "allowed" and v100["bfloat16"] != "allowed"
     assert h200["bfloat16"] == "allowed" and "not implemented" in h200["fp8"]
+    assert v100["kv fp8_e5m2"] == "allowed" and "8.9" in v100["kv fp8_e4m3"]
+    assert h200["kv fp8_e5m2"] == h200["kv fp8_e4m3"] == "allowed"
 
 
 @pytest.mark.parametrize("cc,arch,ok", [

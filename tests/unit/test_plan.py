@@ -176,7 +176,7 @@ def test_fp8_refused_on_v100(capsys, coder_gptq, coder_gptq_meta, tmp_path):
     h200 = find_gpu("H200")
     r = plan_from_meta(coder_gptq_meta, PlanSettings(max_model_len=65536, kv_cache_dtype="fp8"),
                        int(h200.memory_gib * 2**30), h200.cc, h200.name)
-    assert not r.ok and "not implement" in r.refusal and "8.9" not in r.refusal
+    assert r.ok, r.refusal                                 # e4m3 runs on sm89+
     fp8 = small_moe(tmp_path / "fp8", quantization_config={"quant_method": "fp8", "activation_scheme": "dynamic"})
     code, d = run_plan(capsys, fp8, "--gpu", "V100-32GB", "--max-model-len", 4096)
     assert code == 1 and d["quantization"] == "fp8" and "8.9" in d["refusal"]

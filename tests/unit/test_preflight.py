@@ -66,13 +66,14 @@ def test_bf16_refused_below_sm80(tiny_moe_dir):
     preflight(cfg, cc=(8, 0), total_memory=16 * GIB, arch_list=["sm_80"])
 
 
-def test_fp8_kv_refused(tiny_moe_gptq_dir):
+def test_fp8_kv_by_card(tiny_moe_gptq_dir):
     cfg = cuda_config(tiny_moe_gptq_dir)
-    cfg.cache.kv_cache_dtype = "fp8"        # config.py refuses it too; the preflight must not rely on that
-    with pytest.raises(PreflightError, match="8.9"):
+    cfg.cache.kv_cache_dtype = "fp8"        # e4m3: sm89+, refused on a V100 naming what runs there
+    with pytest.raises(PreflightError, match="8.9.*fp8_e5m2"):
         preflight(cfg, cc=(7, 0), total_memory=32 * GIB)
-    with pytest.raises(PreflightError, match="not implement"):
-        preflight(cfg, cc=(9, 0), total_memory=140 * GIB)
+    preflight(cfg, cc=(9, 0), total_memory=140 * GIB)
+    cfg.cache.kv_cache_dtype = "fp8_e5m2"   # every card
+    preflight(cfg, cc=(7, 0), total_memory=32 * GIB)
 
 
 def test_unsupported_architecture_named(tmp_path, tiny_moe_dir):

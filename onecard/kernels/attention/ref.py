@@ -4,34 +4,37 @@ Caches are [num_blocks, block_size, Hkv, D]; slot s = block * block_size + offse
 rows query_start_loc[i]:query_start_loc[i+1]; its keys are positions 0..seq_lens[i]-1 read through
 block_table[i]; query row j sits at position seq_lens[i] - query_len + j and attends to keys <= it.
 Query head h uses KV head h // (Hq // Hkv). Rows outside every sequence (padding) come back as zeros.
+An fp8 cache (dtype float8_e5m2 / float8_e4m3fn) stores value / scale and is read as stored x scale, with
+k_scale for K and v_scale for V (fp8.quantize / fp8.dequantize); other caches ignore the scales.
 """
 from __future__ import annotations
 
 import torch
 
+from onecard.kernels.attention.fp8 import dequantize, quantize
 from onecard.runner.attn_metadata import AttentionMetadata
 
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
+             slot_mapping: torch.Tensor, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
     """Write k/v [T, Hkv, D] into the caches at slot_mapping[T] (entries < 0 are skipped), in place."""
     nb, bs, hkv, d = k_cache.shape
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
-    k_cache.view(nb * bs, hkv, d)[slots] = k[keep].to(k_cache.dtype)
-    v_cache.view(nb * bs, hkv, d)[slots] = v[keep].to(v_cache.dtype)
+    k_cache.view(nb * bs, hkv, d)[slots] = quantize(k[keep], k_cache.dtype, k_scale)
+    v_cache.view(nb * bs, hkv, d)[slots] = quantize(v[keep], v_cache.dtype, v_scale)
 
 
-def gather_kv(cache: torch.Tensor, block_row: torch.Tensor, seq_len: int) -> torch.Tensor:
+def gather_kv(cache: torch.Tensor, block_row: torch.Tensor, seq_len: int, scale: float = 1.0) -> torch.Tensor:
     """cache [NB, BS, Hkv, D] -> the first seq_len tokens of one sequence, float32 [L, Hkv, D]."""
     bs = cache.shape[1]
     pos = torch.arange(seq_len, device=cache.device)
     blocks = block_row.long()[pos // bs]
-    return cache[blocks, pos % bs].float()
+    return dequantize(cache[blocks, pos % bs], scale)
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, md: AttentionMetadata,
-                    scale: float) -> torch.Tensor:
+                    scale: float, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
     """q [T, Hq, D] -> [T, Hq, D] in q.dtype: causal GQA attention over each sequence's paged context."""
     _, hq, d = q.shape
     hkv = k_cache.shape[2]
@@ -42,8 +45,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         q0, q1 = starts[i], starts[i + 1]
         if q1 == q0:
             continue
-        k = gather_kv(k_cache, md.block_table[i], seq_len).repeat_interleave(group, dim=1)   # [L, Hq, D]
-        v = gather_kv(v_cache, md.block_table[i], seq_len).repeat_interleave(group, dim=1)   # [L, Hq, D]
+        k = gather_kv(k_cache, md.block_table[i], seq_len, k_scale).repeat_interleave(group, dim=1)  # [L, Hq, D]
+        v = gather_kv(v_cache, md.block_table[i], seq_len, v_scale).repeat_interleave(group, dim=1)  # [L, Hq, D]
         qs = q[q0:q1].float()                                                               # [n, Hq, D]
         scores = torch.einsum("nhd,lhd->hnl", qs, k) * scale                                # [Hq, n, L]
         q_pos = seq_len - (q1 - q0) + torch.arange(q1 - q0, device=q.device)                 # [n]

@@ -7,6 +7,9 @@ token by token through the block table (any cache block size), causal rule key_p
 online softmax in fp32 (exp2, scale folded in). Split-KV: with NUM_SEGMENTS > 1 (decode-only batches of few
 sequences), each segment covers a slice of the key tiles and writes (acc, max, sum) partials; a reduce kernel
 merges them. The grid depends only on host-known sizes (B, max_query_len, segments): no syncs.
+FP8 caches (fp8.py): the kernels take their bytes and a KV_FMT constexpr; K/V tiles are decoded to fp16 after
+the load (e5m2: a shift; e4m3: the sm89+ conversion), k_scale is folded into the softmax scale and v_scale
+into the output (or the split-KV partials), so the inner loop gains one conversion per element.
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from onecard.kernels.attention.fp8 import fmt_code, kernel_view, kv_decode, kv_store_value
 from onecard.kernels import paths
 from onecard.kernels.triton_dot import dot
 from onecard.kernels.triton_common import (
@@ -30,8 +34,8 @@ from onecard.runner.attn_metadata import AttentionMetadata
 
 
 @triton.jit
-def _store_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, stride_kt, stride_vt, HD,
-                     BLOCK: tl.constexpr):
+def _store_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, stride_kt, stride_vt, HD, k_scale, v_scale,
+                     BLOCK: tl.constexpr, KV_FMT: tl.constexpr):
     t = tl.program_id(0)
     slot = tl.load(slot_ptr + t).to(tl.int64)
     if slot < 0:
@@ -40,16 +44,17 @@ def _store_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, stride_kt, stride_v
     mask = offs < HD
     k = tl.load(k_ptr + t * stride_kt + offs, mask=mask)
     v = tl.load(v_ptr + t * stride_vt + offs, mask=mask)
-    tl.store(kc_ptr + slot * HD + offs, k.to(kc_ptr.dtype.element_ty), mask=mask)
-    tl.store(vc_ptr + slot * HD + offs, v.to(vc_ptr.dtype.element_ty), mask=mask)
+    tl.store(kc_ptr + slot * HD + offs, kv_store_value(k, k_scale, KV_FMT, kc_ptr.dtype.element_ty), mask=mask)
+    tl.store(vc_ptr + slot * HD + offs, kv_store_value(v, v_scale, KV_FMT, vc_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit(do_not_specialize=["stride_bt", "num_segments"])  # runtime-varying: one compile serves all
 def _paged_attn_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, qsl_ptr, seqlen_ptr, bt_ptr,
                        scale_log2, stride_qt, stride_qh, stride_ot, stride_oh, stride_bt, block_size,
-                       num_segments,
+                       num_segments, v_scale,
                        HQ: tl.constexpr, HKV: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
-                       D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr):
+                       D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
+                       KV_FMT: tl.constexpr):
     pdl_enter(PDL)                                                        # before the early return
     seq = tl.program_id(0)
     qblk = tl.program_id(1)
@@ -87,8 +92,11 @@ def _paged_attn_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, qsl_ptr
         blk = tl.load(bt_ptr + seq * stride_bt + k_pos // block_size, mask=k_ok, other=0).to(tl.int64)
         slot = blk * block_size + k_pos % block_size                      # [BN]
         kv_off = (slot[:, None] * HKV + kvh) * D + offs_d[None, :]        # [BN, D]
-        k = tl.load(kc_ptr + kv_off, mask=k_ok[:, None], other=0.0)
-        v = tl.load(vc_ptr + kv_off, mask=k_ok[:, None], other=0.0)
+        k = tl.load(kc_ptr + kv_off, mask=k_ok[:, None], other=0)
+        v = tl.load(vc_ptr + kv_off, mask=k_ok[:, None], other=0)
+        if KV_FMT != 0:                                                   # fp8 bytes -> q's dtype (exact)
+            k = kv_decode(k, KV_FMT).to(q.dtype)
+            v = kv_decode(v, KV_FMT).to(q.dtype)
         s = dot(q, tl.trans(k.to(q.dtype))) * scale_log2               # [BM, BN] log2 units
         allowed = k_ok[None, :] & (k_pos[None, :] <= q_pos[:, None])
         s = tl.where(allowed, s, -float("inf"))
@@ -98,6 +106,8 @@ def _paged_attn_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, qsl_ptr
         l_i = l_i * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + dot(p.to(v.dtype), v.to(q.dtype)).to(tl.float32)
         m_i = m_new
+    if KV_FMT != 0:
+        acc = acc * v_scale                                               # before the split-KV merge: linear
     if num_segments == 1:
         o = acc / tl.maximum(l_i, 1e-30)[:, None]
         tl.store(out_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
@@ -150,7 +160,7 @@ def num_segments(md: AttentionMetadata, num_tokens: int, hkv: int, device: torch
 
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
+             slot_mapping: torch.Tensor, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
     t, hkv, d = k.shape
     if t == 0:
         return
@@ -159,12 +169,13 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     if v.stride(2) != 1 or v.stride(1) != d:
         v = v.contiguous()
     assert k_cache.is_contiguous() and v_cache.is_contiguous()
-    _store_kv_kernel[(t,)](k, v, k_cache, v_cache, slot_mapping, k.stride(0), v.stride(0), hkv * d,
-                           BLOCK=next_pow2(hkv * d))
+    _store_kv_kernel[(t,)](k, v, kernel_view(k_cache), kernel_view(v_cache), slot_mapping, k.stride(0),
+                           v.stride(0), hkv * d, float(k_scale), float(v_scale), BLOCK=next_pow2(hkv * d),
+                           KV_FMT=fmt_code(k_cache))
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, md: AttentionMetadata,
-                    scale: float) -> torch.Tensor:
+                    scale: float, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
     t, hq, d = q.shape
     hkv = k_cache.shape[2]
     group = hq // hkv
@@ -185,11 +196,14 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     grid = (b, triton.cdiv(md.max_query_len, bq), hkv * segs)
     block_n, warps = attn_tiles(compute_capability(q.device), bq * gp)
     use_pdl = pdl(q.device, t)
+    fmt = fmt_code(k_cache)
+    if fmt == 0:
+        k_scale = v_scale = 1.0                                           # scales belong to fp8 caches only
     _paged_attn_kernel[grid](
-        q, k_cache, v_cache, out, part, ml, md.query_start_loc, md.seq_lens, md.block_table,
-        scale * 1.4426950408889634, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        md.block_table.stride(0), k_cache.shape[1], segs,
-        HQ=hq, HKV=hkv, GROUP=group, GROUP_PAD=gp, D=d, BLOCK_Q=bq, BLOCK_N=block_n, PDL=use_pdl,
+        q, kernel_view(k_cache), kernel_view(v_cache), out, part, ml, md.query_start_loc, md.seq_lens,
+        md.block_table, scale * float(k_scale) * 1.4426950408889634, q.stride(0), q.stride(1), out.stride(0),
+        out.stride(1), md.block_table.stride(0), k_cache.shape[1], segs, float(v_scale),
+        HQ=hq, HKV=hkv, GROUP=group, GROUP_PAD=gp, D=d, BLOCK_Q=bq, BLOCK_N=block_n, PDL=use_pdl, KV_FMT=fmt,
         num_warps=warps, num_stages=2, launch_pdl=use_pdl)
     if segs > 1:
         # decode-only: every sequence's single query row is row i (query_start_loc = arange)
@@ -199,35 +213,45 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     return out
 
 
+KV_FORMATS = (("", 0, 70), (",kv=e5m2", 1, 70), (",kv=e4m3", 2, 89))   # (name tag, KV_FMT, min cc)
+
+
 def aot_configs() -> list[AotConfig]:
     """Qwen3-30B-A3B shapes (32 q / 4 kv heads, D 128) at decode and prefill BLOCK_Q, fp16 (bf16 on sm80+);
-    paged attention also with the tiles used below sm80 (``pre-sm80``; compiled for every target)."""
+    paged attention also with the tiles used below sm80 (``pre-sm80``; compiled for every target). Each KV
+    format: the native cache, fp8_e5m2 (every target) and fp8_e4m3 (sm89+: compiled for sm90)."""
     out: list[AotConfig] = []
     hq, hkv, d = 32, 4, 128
     group = hq // hkv
     gp = next_pow2(group)
-    for act, min_cc in (("fp16", 70), ("bf16", 80)):
-        cx = dict(BLOCK=next_pow2(hkv * d))
-        args = dict(k_ptr=f"*{act}", v_ptr=f"*{act}", kc_ptr=f"*{act}", vc_ptr=f"*{act}", slot_ptr="*i64",
-                    stride_kt="i32", stride_vt="i32", HD="i32")
-        out.append(AotConfig(_store_kv_kernel, signature(args, cx), cx, 4, 1, min_cc, f"store_kv[{act}]"))
-        for bq in sorted({block_q(gp, 1), block_q(gp, 1 << 20)}):
-            for tiles_cc, tag in ((80, ""), (70, ",pre-sm80")):      # the tiles of sm80+ and of below
-                if tag and act != "fp16":
-                    continue
-                block_n, warps = attn_tiles(tiles_cc, bq * gp)
-                cx = dict(HQ=hq, HKV=hkv, GROUP=group, GROUP_PAD=gp, D=d, BLOCK_Q=bq, BLOCK_N=block_n, PDL=False)
-                args = dict(q_ptr=f"*{act}", kc_ptr=f"*{act}", vc_ptr=f"*{act}", out_ptr=f"*{act}",
-                            part_ptr="*fp32", ml_ptr="*fp32", qsl_ptr="*i32", seqlen_ptr="*i32", bt_ptr="*i32",
-                            scale_log2="fp32", stride_qt="i32", stride_qh="i32", stride_ot="i32", stride_oh="i32",
-                            stride_bt="i32", block_size="i32", num_segments="i32")
-                out.append(AotConfig(_paged_attn_kernel, signature(args, cx), cx, warps, 2, min_cc,
-                                     f"paged_attn[bq={bq}{tag},{act}]"))
+    for act, act_cc in (("fp16", 70), ("bf16", 80)):
+        for kv_tag, kv_fmt, kv_cc in KV_FORMATS:
+            min_cc = max(act_cc, kv_cc)
+            cache = f"*{act}" if kv_fmt == 0 else "*u8"
+            cx = dict(BLOCK=next_pow2(hkv * d), KV_FMT=kv_fmt)
+            args = dict(k_ptr=f"*{act}", v_ptr=f"*{act}", kc_ptr=cache, vc_ptr=cache, slot_ptr="*i64",
+                        stride_kt="i32", stride_vt="i32", HD="i32", k_scale="fp32", v_scale="fp32")
+            out.append(AotConfig(_store_kv_kernel, signature(args, cx), cx, 4, 1, min_cc,
+                                 f"store_kv[{act}{kv_tag}]"))
+            for bq in sorted({block_q(gp, 1), block_q(gp, 1 << 20)}):
+                for tiles_cc, tag in ((80, ""), (70, ",pre-sm80")):      # the tiles of sm80+ and of below
+                    if tag and (act != "fp16" or kv_cc > 70):
+                        continue
+                    block_n, warps = attn_tiles(tiles_cc, bq * gp)
+                    cx = dict(HQ=hq, HKV=hkv, GROUP=group, GROUP_PAD=gp, D=d, BLOCK_Q=bq, BLOCK_N=block_n,
+                              PDL=False, KV_FMT=kv_fmt)
+                    args = dict(q_ptr=f"*{act}", kc_ptr=cache, vc_ptr=cache, out_ptr=f"*{act}",
+                                part_ptr="*fp32", ml_ptr="*fp32", qsl_ptr="*i32", seqlen_ptr="*i32", bt_ptr="*i32",
+                                scale_log2="fp32", stride_qt="i32", stride_qh="i32", stride_ot="i32",
+                                stride_oh="i32", stride_bt="i32", block_size="i32", num_segments="i32",
+                                v_scale="fp32")
+                    out.append(AotConfig(_paged_attn_kernel, signature(args, cx), cx, warps, 2, min_cc,
+                                         f"paged_attn[bq={bq}{tag},{act}{kv_tag}]"))
         for segs in sorted({next_pow2(s) for s in range(2, MAX_SEGMENTS + 1)}):
             cx = dict(HQ=hq, D=d, BLOCK_S=segs, PDL=False)
             args = dict(part_ptr="*fp32", ml_ptr="*fp32", out_ptr=f"*{act}", stride_ot="i32", stride_oh="i32",
                         num_segments="i32")
-            out.append(AotConfig(_segment_reduce_kernel, signature(args, cx), cx, 4, 1, min_cc,
+            out.append(AotConfig(_segment_reduce_kernel, signature(args, cx), cx, 4, 1, act_cc,
                                  f"segment_reduce[s={segs},{act}]"))
     return out
 

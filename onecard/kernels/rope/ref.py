@@ -27,10 +27,11 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
 
 def qk_norm_rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: torch.Tensor,
                        k_weight: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor, eps: float,
-                       k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
+                       k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                       k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
     """qk_norm_rope, then store_kv of (k_out, v): -> q_out [T, Hq, D]; the caches are written in place."""
     from onecard.kernels.attention.ref import store_kv
 
     q_out, k_out = qk_norm_rope(q, k, q_weight, k_weight, positions, cos_sin_cache, eps)
-    store_kv(k_out, v, k_cache, v_cache, slot_mapping)
+    store_kv(k_out, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
     return q_out

@@ -62,6 +62,18 @@ _OK: dict[tuple[str, str], tuple[str, dict[str, Any] | None]] = {
                  "properties": {"object": {"const": "text_completion"}, "choices": _CHOICES,
                                 "usage": _USAGE}}),
         **_SSE}),
+    ("/v1/responses", "post"): (("A response object, or with stream=true the Responses event stream "
+                                 "(response.created ... response.completed)."), {
+        **_json({"type": "object", "required": ["id", "object", "status", "output"],
+                 "properties": {"object": {"const": "response"}, "output": {"type": "array"}}}),
+        **_SSE}),
+    ("/v1/messages", "post"): (("An Anthropic message, or with stream=true Anthropic's event stream "
+                                "(message_start ... message_stop)."), {
+        **_json({"type": "object", "required": ["id", "type", "role", "content", "usage"],
+                 "properties": {"type": {"const": "message"}, "content": {"type": "array"}}}),
+        **_SSE}),
+    ("/v1/messages/count_tokens", "post"): ("The prompt's token count.", _json({
+        "type": "object", "required": ["input_tokens"], "properties": {"input_tokens": {"type": "integer"}}})),
     ("/tokenize", "post"): ("The prompt's token ids.", _json({
         "type": "object", "required": ["count", "max_model_len", "tokens"],
         "properties": {"count": {"type": "integer"}, "max_model_len": {"type": "integer"},

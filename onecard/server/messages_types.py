@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from onecard.sampling_params import SamplingParams
+from onecard.server.openai_types import sampling_defaults
 
 _DEFAULTABLE = ("temperature", "top_p", "top_k")
 
@@ -96,13 +97,7 @@ class MessagesRequest(CountTokensRequest):
     metadata: dict[str, Any] | None = None
 
     def to_sampling_params(self, defaults: dict[str, Any]) -> SamplingParams:
-        values: dict[str, Any] = {}
-        for name in _DEFAULTABLE:
-            v = getattr(self, name)
-            if v is None:
-                v = defaults.get(name)
-            if v is not None:
-                values[name] = v
+        values = sampling_defaults(self, _DEFAULTABLE, defaults)
         return SamplingParams(max_tokens=self.max_tokens, stop=list(self.stop_sequences or []) or None, **values)
 
 

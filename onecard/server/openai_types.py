@@ -25,6 +25,19 @@ Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
 _DEFAULTABLE = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
 
+def sampling_defaults(request: Any, names: tuple[str, ...], defaults: dict[str, Any]) -> dict[str, Any]:
+    """The sampling fields ``names`` of ``request`` (any API's request model), each from the request, else from the
+    server's ``defaults`` (generation_config), left out where neither sets it (SamplingParams' default then)."""
+    values: dict[str, Any] = {}
+    for name in names:
+        v = getattr(request, name)
+        if v is None:
+            v = defaults.get(name)
+        if v is not None:
+            values[name] = v
+    return values
+
+
 def random_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
@@ -132,13 +145,7 @@ class _SamplingFields(_Base):
                 self.guided_decoding_backend).startswith("xgrammar"):
             raise ValueError(f"guided_decoding_backend {self.guided_decoding_backend!r} is not available; use "
                              "xgrammar (or auto).")
-        values: dict[str, Any] = {}
-        for name in _DEFAULTABLE:
-            v = getattr(self, name)
-            if v is None:
-                v = defaults.get(name)
-            if v is not None:
-                values[name] = v
+        values = sampling_defaults(self, _DEFAULTABLE, defaults)
         return SamplingParams(
             n=self.n, presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
             seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos,

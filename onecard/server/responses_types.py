@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from onecard.sampling_params import SamplingParams
+from onecard.server.openai_types import sampling_defaults
 
 _DEFAULTABLE = ("temperature", "top_p")
 
@@ -142,13 +143,7 @@ class ResponsesRequest(_Base):
         return messages
 
     def to_sampling_params(self, defaults: dict[str, Any]) -> SamplingParams:
-        values: dict[str, Any] = {}
-        for name in _DEFAULTABLE + ("top_k", "min_p", "repetition_penalty"):
-            v = getattr(self, name)
-            if v is None:
-                v = defaults.get(name)
-            if v is not None:
-                values[name] = v
+        values = sampling_defaults(self, _DEFAULTABLE + ("top_k", "min_p", "repetition_penalty"), defaults)
         return SamplingParams(max_tokens=self.max_output_tokens, seed=self.seed, stop=self.stop,
                               ignore_eos=self.ignore_eos, **values)
 

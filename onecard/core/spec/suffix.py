@@ -101,10 +101,9 @@ class SuffixDrafter:
         k = min(max_k, self.k)
         if k <= 0 or not req.tail:
             return []
-        pattern = req.tail
-        draft = req.tree.speculate(pattern, k, self.spec_factor, self.min_prob)
+        draft = req.tree.speculate_tail(0, k, self.spec_factor, self.min_prob)
         if self._cached:
-            other = self.global_tree.speculate(pattern, k, self.spec_factor, self.min_prob)
+            other = self.global_tree.speculate(req.tail, k, self.spec_factor, self.min_prob)
             if other.score > draft.score:
                 draft = other
         return draft.tokens

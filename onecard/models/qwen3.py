@@ -18,11 +18,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from onecard.kernels import dispatch as ops
+from onecard.kernels.attention.metadata import AttentionMetadata
 from onecard.kernels.types import MoEWeight
 from onecard.layers.linear import Linear
 from onecard.layers.rotary import rope_cache
 from onecard.models.weights import ExpertProj, ExpertsSpec, LinearSpec, Param, Spec
-from onecard.runner.attn_metadata import AttentionMetadata
 
 
 class Attention(nn.Module):

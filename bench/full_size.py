@@ -264,7 +264,9 @@ KV_BYTES_PER_TOKEN = 2 * L * NKV * D * 2            # fp16 K and V of every laye
 
 def gptq_bytes(k: int, n: int) -> float:
     """Bytes of one W4 g128 GPTQ weight [K, N] as a kernel reads it: nibbles, fp16 scales, packed zeros."""
-    return k * n / 2 + (k // G) * n * 2 + (k // G) * n / 2
+    from onecard.core.spec.cost import gptq_weight_bytes
+
+    return gptq_weight_bytes(k, n, 4, G)
 
 
 def step_weight_bytes(bs: int) -> float:
@@ -272,7 +274,9 @@ def step_weight_bytes(bs: int) -> float:
     experts per layer): attention GEMMs, router, lm_head (fp16) and the distinct experts' GEMMs."""
     attn = L * (gptq_bytes(H, (NQ + 2 * NKV) * D) + gptq_bytes(NQ * D, H))
     expert = 2 * gptq_bytes(H, I) + gptq_bytes(I, H)
-    distinct = E * (1 - (1 - TOPK / E) ** bs)
+    from onecard.core.spec.cost import expected_distinct_experts
+
+    distinct = expected_distinct_experts(bs, E, TOPK)
     return attn + L * E * H * 2 + V * H * 2 + L * distinct * expert
 
 

@@ -245,3 +245,41 @@ def test_a_sequence_held_off_drifts_back_to_probing(shape):
         steps += 1
         assert steps < 500
     assert steps > 5                                          # not at once: the evidence fades over steps
+
+
+# ------------------------------------------------------------------ the GPU bench's CPU side: projection
+def _load_project():
+    path = Path(__file__).resolve().parents[2] / "bench" / "spec_verify_project.py"
+    spec = importlib.util.spec_from_file_location("spec_verify_project_for_test", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("layout", ["nested", "records"])
+def test_projection_from_acceptance_histograms(tmp_path, layout):
+    proj = _load_project()
+    alpha, k = 0.7, 4
+    hist = [1000 * alpha ** j * (1 - alpha) for j in range(k)] + [1000 * alpha ** k]     # geometric, truncated
+    if layout == "nested":
+        data = {"methods": {"ngram": {"k": {str(k): {"histogram": hist}}}, "suffix": {"2": [5, 3, 2]}}}
+    else:
+        data = {"results": [{"method": "ngram", "k": k, "accepted_hist": hist},
+                            {"method": "suffix", "k": 2, "accepted_hist": [5, 3, 2]}]}
+    path = tmp_path / "acc.json"
+    path.write_text(json.dumps(data))
+    acc = proj.load_acceptance(path)
+    assert set(acc) == {"ngram", "suffix"} and set(acc["ngram"]) == {k} and set(acc["suffix"]) == {2}
+    table = {"context": 512, "step_s": {"1": {"1": 2e-3, "5": 3e-3}, "16": {"1": 6e-3, "3": 9e-3, "5": 12e-3}}}
+    out = proj.project(acc, table, [1, 16])
+    row = out["methods"]["ngram"][k]
+    assert row["alpha"] == pytest.approx(alpha)
+    mean = sum(j * c for j, c in enumerate(hist)) / sum(hist)
+    assert row["mean_accepted"] == pytest.approx(mean)
+    assert row["speedup"][1] == pytest.approx((1 + mean) * 2e-3 / 3e-3)
+    assert row["speedup"][16] == pytest.approx((1 + mean) * 6e-3 / 12e-3)
+    assert out["best"]["suffix"][1][0] == 2
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({"note": "nothing"}))
+    with pytest.raises(ValueError):
+        proj.load_acceptance(empty)

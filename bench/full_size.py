@@ -136,7 +136,7 @@ def bench_onecard(model_dir: str, out: str) -> dict:
 
     try:
         res.update(check_logits(core))
-    except Exception as e:  # noqa: BLE001 - report and go on to the timings
+    except Exception as e:
         res["logits_check_error"] = repr(e)
     _run(core, [prompt(64)], 8)  # warm-up (JIT compile of the prefill shapes)
     for bs in (1, 16):
@@ -156,7 +156,7 @@ def bench_onecard(model_dir: str, out: str) -> dict:
         from bench.step_breakdown import breakdown
         for bs in (1, 16):
             res.update(breakdown(core, bs, V))
-    except Exception as e:  # noqa: BLE001 - report and go on
+    except Exception as e:
         res["breakdown_error"] = repr(e)
     _run(core, [prompt(4096)], 1)
     pre = []
@@ -262,7 +262,9 @@ KV_BYTES_PER_TOKEN = 2 * L * NKV * D * 2            # fp16 K and V of every laye
 
 def gptq_bytes(k: int, n: int) -> float:
     """Bytes of one W4 g128 GPTQ weight [K, N] as a kernel reads it: nibbles, fp16 scales, packed zeros."""
-    return k * n / 2 + (k // G) * n * 2 + (k // G) * n / 2
+    from onecard.core.spec.cost import gptq_weight_bytes
+
+    return gptq_weight_bytes(k, n, 4, G)
 
 
 def step_weight_bytes(bs: int) -> float:
@@ -270,7 +272,9 @@ def step_weight_bytes(bs: int) -> float:
     experts per layer): attention GEMMs, router, lm_head (fp16) and the distinct experts' GEMMs."""
     attn = L * (gptq_bytes(H, (NQ + 2 * NKV) * D) + gptq_bytes(NQ * D, H))
     expert = 2 * gptq_bytes(H, I) + gptq_bytes(I, H)
-    distinct = E * (1 - (1 - TOPK / E) ** bs)
+    from onecard.core.spec.cost import expected_distinct_experts
+
+    distinct = expected_distinct_experts(bs, E, TOPK)
     return attn + L * E * H * 2 + V * H * 2 + L * distinct * expert
 
 

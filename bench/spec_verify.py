@@ -65,6 +65,7 @@ class Setup:
         self.new_tokens = 6 if tiny else NEW_TOKENS
         self.k = 2 if tiny else 8
         self.repeats = 1 if tiny else REPEATS
+        self.e2e_repeats = 1 if tiny else 3
 
 
 def engine(model_dir: str, s: Setup, spec: dict | None = None):
@@ -272,7 +273,24 @@ class TeacherForcedDrafter:
         pass
 
 
-def e2e_part(model_dir: str, s: Setup, vocab: int, parts: set[str]) -> dict:
+def _spec_run(core, spec, prompts, new: int, off: float, ref: dict, reps: int) -> dict:
+    """Runs with the speculator on: median tok/s, speed-up over ``off``, equal tokens (every run), acceptance."""
+    core.scheduler.speculator = spec
+    before = spec.stats()
+    rates, equal = [], True
+    for _ in range(reps):
+        got: dict[int, list[int]] = {}
+        rates.append(run(core, prompts, new, got))
+        equal = equal and got == ref
+    on = statistics.median(rates)
+    after = spec.stats()
+    drafted = after.num_draft_tokens - before.num_draft_tokens
+    return {"tok_s": on, "tok_s_runs": rates, "speedup": on / off, "tokens_equal": equal, "draft_tokens": drafted,
+            "acceptance": (after.num_accepted_tokens - before.num_accepted_tokens) / max(1, drafted),
+            "verify_steps": after.num_drafts - before.num_drafts}
+
+
+def e2e_part(model_dir: str, s: Setup, vocab: int, parts: set[str], alphas: tuple[float, ...] = ALPHAS) -> dict:
     try:
         from onecard.core.spec.speculator import Speculator  # noqa: F401 - presence of the speculative engine
     except ImportError:
@@ -287,28 +305,17 @@ def e2e_part(model_dir: str, s: Setup, vocab: int, parts: set[str]) -> dict:
         core.scheduler.speculator = None
         run(core, prompts, 4)
         ref: dict[int, list[int]] = {}
-        off = run(core, prompts, s.new_tokens, ref)
-        row: dict = {"off_tok_s": off}
+        offs = [run(core, prompts, s.new_tokens, ref) for _ in range(s.e2e_repeats)]
+        off = statistics.median(offs)
+        row: dict = {"off_tok_s": off, "off_tok_s_runs": offs}
         if "e2e" in parts:
             reference = {tuple(p): ref[i] for i, p in enumerate(prompts)}
-            for a in ALPHAS:
+            for a in alphas:
                 spec.drafter = TeacherForcedDrafter(reference, a, vocab)
-                core.scheduler.speculator = spec
-                got: dict[int, list[int]] = {}
-                before = spec.stats()
-                on = run(core, prompts, s.new_tokens, got)
-                after = spec.stats()
-                drafted = after.num_draft_tokens - before.num_draft_tokens
-                row[f"teacher_alpha{a}"] = {
-                    "tok_s": on, "speedup": on / off, "tokens_equal": got == ref,
-                    "acceptance": (after.num_accepted_tokens - before.num_accepted_tokens) / max(1, drafted),
-                    "draft_tokens": drafted}
+                row[f"teacher_alpha{a:.3f}"] = _spec_run(core, spec, prompts, s.new_tokens, off, ref, s.e2e_repeats)
         if "random" in parts:
             spec.drafter = own_drafter
-            core.scheduler.speculator = spec
-            got = {}
-            on = run(core, prompts, s.new_tokens, got)
-            row["random_ngram"] = {"tok_s": on, "speedup": on / off, "tokens_equal": got == ref}
+            row["random_ngram"] = _spec_run(core, spec, prompts, s.new_tokens, off, ref, s.e2e_repeats)
         core.scheduler.speculator = spec
         res[b] = row
         print(f"e2e B={b}: " + json.dumps(row), flush=True)
@@ -361,8 +368,13 @@ def main(argv: list[str] | None = None) -> dict:
     if a.acceptance and table is not None:
         res["projection"] = project(load_acceptance(a.acceptance), table, s.batches)
     if parts & {"e2e", "random"}:
+        alphas = ALPHAS
+        if a.acceptance:                       # the edit workload's own per-token acceptance, per method
+            fitted = project(load_acceptance(a.acceptance), None, ())["alpha_at_max_k"]
+            res["fitted_alpha"] = fitted
+            alphas = tuple(sorted(set(ALPHAS) | {round(x, 3) for x in fitted.values()}))
         try:
-            res["e2e"] = e2e_part(model, s, shape.vocab, parts)
+            res["e2e"] = e2e_part(model, s, shape.vocab, parts, alphas)
         except Exception as e:
             res["e2e"] = {"error": repr(e)[:500]}
             print(f"e2e failed: {e!r}", flush=True)

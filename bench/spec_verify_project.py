@@ -4,7 +4,7 @@ Contract: ``load_acceptance(path) -> {method: {k: [c_0 .. c_k]}}`` reads bench/s
 tolerantly: any list of >= 2 non-negative numbers is a histogram of accepted draft lengths (c_j = verify steps
 that accepted j of k proposed tokens); its k is the nearest enclosing key or ``k`` field that is an integer with
 k + 1 == len(list) (else len − 1), its method the nearest enclosing ``method`` field or non-numeric key that is
-not a generic word. ``project(acceptance, table, batches) -> dict``: per method and k, the mean accepted length
+not a generic word. ``project(acceptance, table, batches) -> dict`` (``table`` None: acceptance only): per method and k, the mean accepted length
 a_k = Σ j·c_j / Σ c_j, the truncated-geometric acceptance α = Σ j·c_j / (Σ j·c_j + Σ_{j<k} c_j), and per
 batch B the projected speed-up (1 + a_k) · T(B, 1) / T(B, 1 + k) (every sequence drafting alike), plus the
 best k per method and batch. Derived from measurements, not a measurement.
@@ -71,9 +71,9 @@ def load_acceptance(path: str | Path) -> dict[str, dict[int, list[float]]]:
 
 def project(acceptance: dict[str, dict[int, list[float]]], table: Any, batches) -> dict:
     """``table``: a MeasuredTable (cost.py) or its JSON dict (``step_s``)."""
-    tab = table if isinstance(table, MeasuredTable) else MeasuredTable.from_json(table)
+    tab = table if isinstance(table, MeasuredTable) or table is None else MeasuredTable.from_json(table)
     out: dict = {"note": "derived: measured verify-step table x CPU-measured acceptance; not an end-to-end run",
-                 "methods": {}, "best": {}}
+                 "methods": {}, "best": {}, "alpha_at_max_k": {}}
     for method, per_k in acceptance.items():
         rows = {}
         for k, hist in sorted(per_k.items()):
@@ -86,8 +86,10 @@ def project(acceptance: dict[str, dict[int, list[float]]], table: Any, batches) 
             alpha = acc / (acc + fails) if acc + fails > 0 else 0.0
             rows[k] = {"steps": total, "mean_accepted": a_k, "alpha": alpha,
                        "speedup": {b: (1 + a_k) * tab.interpolate(b, 1) / tab.interpolate(b, 1 + k)
-                                   for b in batches if b in tab.step_s}}
+                                   for b in batches if tab is not None and b in tab.step_s}}
         out["methods"][method] = rows
+        if rows:
+            out["alpha_at_max_k"][method] = rows[max(rows)]["alpha"]
         out["best"][method] = {b: max(((k, r["speedup"][b]) for k, r in rows.items() if b in r["speedup"]),
                                       key=lambda kv: kv[1], default=None) for b in batches}
     return out

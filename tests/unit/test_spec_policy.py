@@ -283,3 +283,15 @@ def test_projection_from_acceptance_histograms(tmp_path, layout):
     empty.write_text(json.dumps({"note": "nothing"}))
     with pytest.raises(ValueError):
         proj.load_acceptance(empty)
+
+
+def test_cost_model_for_an_engine_config(tiny_moe_gptq_dir):
+    from onecard.config import EngineArgs
+
+    cfg = EngineArgs(model=str(tiny_moe_gptq_dir), device="cpu").create_config()
+    m = CostModel.for_engine(cfg, "NVIDIA H200")
+    meta = read_checkpoint_meta(Path(tiny_moe_gptq_dir))
+    assert (m.shape.bits, m.shape.group_size) == (meta.quant.bits, meta.quant.group_size)
+    assert m.shape.num_experts == int(meta.hf_config["num_experts"]) and m.card.name == "H200"
+    elem = {"float32": 4, "float16": 2, "bfloat16": 2}[cfg.model.dtype]              # KV "auto" = the model's
+    assert m.shape.kv_bytes_per_token == cfg.model.num_layers * 2 * cfg.model.num_kv_heads * m.shape.head_dim * elem

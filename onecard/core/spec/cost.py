@@ -9,7 +9,8 @@ Contract:
   ``ModelShape.from_hf_config(config, bits=4, group_size=128)``: the sizes the model below needs.
   ``CARDS`` / ``card_spec(name)``: per-card constants of the analytic model (documented below, assumptions
   marked). ``CostModel(shape, card, table=None)``; ``CostModel.for_card(name, shape, table_path=None)`` takes
-  the measured table of that card from a ``bench/spec_verify.py`` JSON when there is one.
+  the measured table of that card from a ``bench/spec_verify.py`` JSON when there is one;
+  ``CostModel.for_engine(engine_config, card, table_path=None)`` builds the shape from an ``EngineConfig``.
   ``step_time(batch, tokens, context=512) -> s``: one step of ``batch`` decode sequences and ``tokens`` query
   tokens in all (tokens >= batch; non-integer tokens per sequence interpolate). ``verify_cost(batch,
   k_per_seq, context=512) -> s`` = step_time(len(k_per_seq), Σ(1 + k_i)); ``relative_cost`` = that over the
@@ -238,6 +239,19 @@ class CostModel:
     card: CardSpec
     table: MeasuredTable | None = None
     _cache: dict = field(default_factory=dict, repr=False)
+
+    @staticmethod
+    def for_engine(config: Any, card: str, table_path: str | Path | None = None) -> CostModel:
+        """From an ``EngineConfig`` (the model's config.json, its GPTQ bits and group, the KV format) on ``card``
+        (the device name torch reports, e.g. "NVIDIA H200")."""
+        from onecard.kv_dtype import resolve
+
+        m = config.model
+        q = m.quant
+        shape = ModelShape.from_hf_config(m.hf_config, bits=None if q is None else q.bits,
+                                          group_size=128 if q is None else q.group_size,
+                                          kv_format=resolve(config.cache.kv_cache_dtype, m.dtype))
+        return CostModel.for_card(card, shape, table_path)
 
     @staticmethod
     def for_card(name: str, shape: ModelShape, table_path: str | Path | None = None) -> CostModel:

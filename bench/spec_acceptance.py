@@ -22,12 +22,17 @@ JSON (argv[1]):
          output_tokens: {workload: n}}
   Times are CPU time of the calling thread (time.thread_time), so that other processes on a shared
   machine do not inflate them; "us" = microseconds.
-  results: list of {workload, method, params, k, requests, steps, emitted, draft_tokens, accepted,
+  results: list of {workload, method, vllm_method, params, k, requests, steps, emitted, draft_tokens, accepted,
          mean_acceptance_length (emitted / steps: tokens per verify step, the bonus token included),
          acceptance_rate (accepted / draft_tokens), nonempty_draft_fraction, us_per_step_mean,
-         us_per_step_p99, hist}
-    hist[d][a] = number of verify steps that carried d draft tokens of which the first a were accepted
-    (d, a in 0..k): a step verifies 1 + d tokens and emits a + 1; the cost model's input.
+         us_per_step_p99, accepted_hist, steps_by_draft_len}
+    method = "<workload>:<label>" (label: ngram, ngram[2-5], ngram[1-3], suffix), unique per row group so
+      that a loader keyed by method (bench/spec_verify_project.py) keeps workloads and settings apart;
+      vllm_method + params = the `--speculative-config` that ran.
+    accepted_hist[a] = verify steps whose first a draft tokens were accepted (a in 0..k; steps with an
+      empty draft count under a = 0);
+    steps_by_draft_len[d][a] = the same, split by the draft length d the step carried (string keys, only
+      non-zero entries): a step verifies 1 + d tokens and emits a + 1 — the cost model's input.
   long_prompt: list of {method, params, prompt_tokens, observe_chunk, observe_us_per_chunk_mean,
          observe_us_per_chunk_max, observe_us_per_token, propose_us_mean, propose_us_p99} — a 64k-token
          prompt (concatenated corpus files) indexed in prefill-sized chunks, then 300 proposals while its
@@ -192,7 +197,8 @@ class Prefix:
         return self.tokens[i]
 
 
-def simulate(method: str, params: dict, k: int, reqs: list[tuple[list[int], list[int]]]) -> dict:
+def simulate(workload: str, method: str, params: dict, k: int,
+             reqs: list[tuple[list[int], list[int]]]) -> dict:
     drafter = make_drafter(method, k, **params)
     hist = [[0] * (k + 1) for _ in range(k + 1)]
     times: list[float] = []
@@ -221,14 +227,28 @@ def simulate(method: str, params: dict, k: int, reqs: list[tuple[list[int], list
             pos += gain
         drafter.finish(rid, seq)
     times.sort()
-    return {"method": method, "params": params, "k": k, "requests": len(reqs), "steps": steps,
+    return {"method": f"{workload}:{label(method, params)}", "vllm_method": method, "params": params, "k": k,
+            "requests": len(reqs), "steps": steps,
             "emitted": emitted, "draft_tokens": drafted, "accepted": accepted,
             "mean_acceptance_length": emitted / steps if steps else 0.0,
             "acceptance_rate": accepted / drafted if drafted else 0.0,
             "nonempty_draft_fraction": nonempty / steps if steps else 0.0,
             "us_per_step_mean": 1e6 * statistics.fmean(times) if times else 0.0,
             "us_per_step_p99": 1e6 * times[int(0.99 * (len(times) - 1))] if times else 0.0,
-            "hist": hist}
+            **hist_fields(hist)}
+
+
+def label(method: str, params: dict) -> str:
+    if not params:
+        return method
+    return f"{method}[{params['prompt_lookup_min']}-{params['prompt_lookup_max']}]"
+
+
+def hist_fields(hist: list[list[int]]) -> dict:
+    """accepted_hist and steps_by_draft_len from hist[d][a] (see the module docstring)."""
+    return {"accepted_hist": [sum(row[a] for row in hist) for a in range(len(hist))],
+            "steps_by_draft_len": {str(d): {str(a): c for a, c in enumerate(row) if c}
+                                   for d, row in enumerate(hist) if any(row)}}
 
 
 def long_prompt(method: str, params: dict, tokens: list[int], out: list[int], chunk: int = 2048) -> dict:
@@ -260,9 +280,8 @@ def markdown(doc: dict) -> str:
             "| --- | --- | " + " | ".join("---" for _ in KS) + " | --- |"]
     by = {}
     for r in doc["results"]:
-        by.setdefault((r["workload"], r["method"], json.dumps(r["params"])), {})[r["k"]] = r
-    for (workload, method, params), per_k in by.items():
-        name = method + ("" if params == "{}" else " " + params.replace('"prompt_lookup_', "").replace('"', ""))
+        by.setdefault((r["workload"], label(r["vllm_method"], r["params"])), {})[r["k"]] = r
+    for (workload, name), per_k in by.items():
         cells = [f"{per_k[k]['mean_acceptance_length']:.2f} ({per_k[k]['acceptance_rate']:.2f}, "
                  f"{per_k[k]['nonempty_draft_fraction']:.2f})" for k in KS]
         last = per_k[KS[-1]]
@@ -271,8 +290,7 @@ def markdown(doc: dict) -> str:
     rows += ["", ("| method (64k-token prompt) | observe µs/token | ms per 2048-token chunk (mean / max) "
                   "| propose µs mean / p99 |"), "| --- | --- | --- | --- |"]
     for r in doc["long_prompt"]:
-        name = r["method"] + ("" if not r["params"] else " " + json.dumps(r["params"]).replace(
-            '"prompt_lookup_', "").replace('"', ""))
+        name = label(r["method"], r["params"])
         rows.append(f"| {name} | {r['observe_us_per_token']:.1f} | {r['observe_us_per_chunk_mean'] / 1e3:.1f} / "
                     f"{r['observe_us_per_chunk_max'] / 1e3:.1f} | {r['propose_us_mean']:.0f} / "
                     f"{r['propose_us_p99']:.0f} |")
@@ -318,7 +336,7 @@ def main() -> None:
     for workload, reqs in workloads.items():
         for method, params in METHODS:
             for k in KS:
-                res = {"workload": workload, **simulate(method, params, k, reqs)}
+                res = {"workload": workload, **simulate(workload, method, params, k, reqs)}
                 results.append(res)
                 print(f"{workload:5} {method:6} {json.dumps(params):48} k={k} "
                       f"len {res['mean_acceptance_length']:.2f} rate {res['acceptance_rate']:.2f} "

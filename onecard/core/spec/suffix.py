@@ -29,8 +29,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from onecard.core.spec.drafter import check_int
-from onecard.core.spec.ngram import as_ints
+from onecard.core.spec.common import as_ints, check_int
 from onecard.core.spec.suffix_tree import SuffixTree
 
 

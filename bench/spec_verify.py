@@ -93,7 +93,7 @@ class VerifyStep:
     """Static inputs of one verify step: B sequences, t query tokens each, ``ctx`` tokens of KV before them."""
 
     def __init__(self, runner, batch: int, t: int, ctx: int, vocab: int, gen: torch.Generator):
-        from onecard.runner.attn_metadata import AttentionMetadata
+        from onecard.kernels.attention.metadata import AttentionMetadata
 
         dev, bs = runner.device, runner.block_size
         per = -(-(ctx + t) // bs)

@@ -295,3 +295,16 @@ def test_cost_model_for_an_engine_config(tiny_moe_gptq_dir):
     assert m.shape.num_experts == int(meta.hf_config["num_experts"]) and m.card.name == "H200"
     elem = {"float32": 4, "float16": 2, "bfloat16": 2}[cfg.model.dtype]              # KV "auto" = the model's
     assert m.shape.kv_bytes_per_token == cfg.model.num_layers * 2 * cfg.model.num_kv_heads * m.shape.head_dim * elem
+
+
+def test_policy_keeps_steps_off_the_expensive_kernel_paths(shape):
+    from onecard.kernels import paths
+
+    cost = CostModel.for_card("H200", shape)
+    # the dequantize + cuBLAS dense path costs 2 fp16 copies of the attention weights per layer
+    assert cost.step_time(16, 128) - cost.step_time(16, 127) > 0.1 * cost.step_time(16, 16)
+    p = SpecPolicy(8, cost, prior_acceptance=0.9)
+    ks = p.choose(_drafts(16))
+    assert 16 + sum(ks.values()) < paths.DENSE_CUBLAS_MIN_M <= 16 * 9
+    ks = p.choose(_drafts(32))
+    assert 32 + sum(ks.values()) < paths.GROUPED_MIN_TOKENS <= 32 * 9

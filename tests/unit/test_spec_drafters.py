@@ -19,7 +19,7 @@ import pytest
 from onecard.core.spec.drafter import Drafter, make_drafter
 from onecard.core.spec.ngram import NgramDrafter
 from onecard.core.spec.suffix import SuffixDrafter
-from onecard.core.spec.suffix_tree import SuffixTree
+from onecard.core.spec.suffix_tree import ROOT, SuffixTree
 
 # -- references ----------------------------------------------------------------------------------------
 
@@ -226,6 +226,19 @@ def test_suffix_equals_recount_reference(depth, k, factor, min_prob):
     assert drafter.cached_requests == [f"r{r}" for r in range(len(seqs) - 3, len(seqs))]
 
 
+def test_suffix_ties_go_to_the_smaller_token():
+    """Tiny alphabets make equal counts common: the draft follows the smaller token id, as the reference."""
+    d = SuffixDrafter(4, max_tree_depth=4, max_cached_requests=0, min_token_prob=0.0)
+    assert d.propose("t", [1, 5, 1, 3, 1], 1) == [3]  # after 1: 5 once, 3 once
+    assert d.propose("u", [1, 3, 1, 5, 1], 1) == [3]  # the order of appearance does not matter
+    rng = random.Random(21)
+    for r in range(30):
+        seq = [rng.randrange(3) for _ in range(40)]
+        d = SuffixDrafter(3, max_tree_depth=4, max_cached_requests=0, min_token_prob=0.0)
+        for n_tok in range(1, len(seq) + 1):
+            assert d.propose(f"t{r}", seq[:n_tok], 3) == suffix_ref(seq[:n_tok], [], 4, 3, 1.0, 0.0)
+
+
 def test_suffix_tree_counts_survive_removals():
     """Counts after interleaved appends and removals equal a recount, for every substring <= depth."""
     rng = random.Random(11)
@@ -250,27 +263,30 @@ def test_suffix_tree_counts_survive_removals():
             pat = src[a : a + rng.randrange(1, depth + 2)]
             found = tree.match(pat)
             want = _count(seqs, pat, depth)
-            got = 0 if found is None else found[0].count
+            got = 0 if found is None else tree.count[found[0]]
             assert got == want, (step, pat)
-        assert tree.root.count == sum(len(s) for s in seqs)
+        assert tree.count[ROOT] == sum(len(s) for s in seqs)
         _check_compressed(tree, removed)
 
 
 def _check_compressed(tree: SuffixTree, removed: list[list[int]]) -> None:
     """Structure: labels keyed by their first token, counts >= the children's sum, no chain of equal
-    counts left unmerged (the tree stays O(tokens) nodes), no label pointing into a removed token list."""
-    stack = [tree.root]
+    counts left unmerged (the tree stays O(tokens) nodes), no label pointing into a removed token list,
+    every freed id unreachable and every reachable id live."""
+    stack, seen = [ROOT], set()
     while stack:
         node = stack.pop()
-        kids = node.children or {}
-        assert node.count >= sum(c.count for c in kids.values())
-        if node is not tree.root:
-            assert node.count >= 1 and node.length >= 1
-            assert not (len(kids) == 1 and next(iter(kids.values())).count == node.count)
-            assert all(node.buf is not r for r in removed)
+        seen.add(node)
+        kids = tree.children[node] or {}
+        assert tree.count[node] >= sum(tree.count[c] for c in kids.values())
+        if node != ROOT:
+            assert tree.count[node] >= 1 and tree.length[node] >= 1
+            assert not (len(kids) == 1 and tree.count[next(iter(kids.values()))] == tree.count[node])
+            assert all(tree.buf[node] is not r for r in removed)
         for key, child in kids.items():
-            assert child.parent is node and child.buf[child.start] == key
+            assert tree.parent[child] == node and tree.buf[child][tree.start[child]] == key
             stack.append(child)
+    assert not seen & set(tree._free) and len(seen) == tree.num_nodes
 
 
 def test_suffix_incremental_equals_one_shot_and_chunked():
@@ -305,7 +321,7 @@ def test_suffix_global_cache_reuse_abort_and_fifo_bound():
     # Aborting b forgets its partial output; a stays.
     d.finish("b", None)
     assert d.cached_requests == ["a"] and "b" not in d._reqs
-    assert d.global_tree.root.count == len(out)
+    assert d.global_tree.count[ROOT] == len(out)
     # Two more requests: the oldest-started (a) is evicted, and its output no longer drafts.
     for rid, toks in (("c", [3, 40, 41, 42]), ("e", [3, 7, 8, 9, 10, 50])):
         d.observe(rid, toks[:1])
@@ -318,12 +334,8 @@ def test_suffix_global_cache_reuse_abort_and_fifo_bound():
     assert d.cached_requests == ["e", "f"]  # f's start evicted c
     # The evicted token lists are not kept alive by edge labels that pointed into them.
 
-    def labels(node):
-        yield node.buf
-        for child in (node.children or {}).values():
-            yield from labels(child)
-
-    assert all(buf is not a_tokens for buf in labels(d.global_tree.root))
+    tree = d.global_tree
+    assert all(tree.buf[n] is not a_tokens for n in range(len(tree.buf)) if n not in tree._free)
 
 
 def test_suffix_work_per_call_is_bounded():

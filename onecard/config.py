@@ -196,6 +196,77 @@ class SchedulerConfig:
     async_scheduling: bool = False             # schedule step n+1 while step n runs (engine_core.py)
 
 
+# Draft methods onecard runs, and the vLLM methods it names in its refusal (they need a draft model or heads).
+SPEC_METHODS = ("ngram", "suffix")
+_SPEC_UNSUPPORTED = ("eagle", "eagle3", "mtp", "medusa", "mlp_speculator", "draft_model", "deepseek_mtp",
+                     "ernie_mtp", "qwen3_next_mtp", "longcat_flash_mtp")
+_SPEC_KEYS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max")
+_SPEC_SUFFIX_PREFIX = "suffix_decoding_"
+MAX_SPECULATIVE_TOKENS = 16
+
+
+@dataclass(slots=True)
+class SpeculativeConfig:
+    """``--speculative-config`` / ``LLM(speculative_config=...)``, vLLM's keys: ``method`` ("ngram" | "suffix"),
+    ``num_speculative_tokens`` (k, the most drafts verified per sequence and step), ``prompt_lookup_min`` /
+    ``prompt_lookup_max`` (ngram) and ``suffix_decoding_*`` (suffix); the method's keys pass through to
+    ``make_drafter`` as ``params``. Draft methods that need a draft model or heads (eagle, mtp, ...) are refused.
+    Not combined with ``--async-scheduling`` (refused at start, as vLLM did before it supported the pair): a
+    verify step's accepted length must be known before the next step is scheduled."""
+
+    method: str
+    num_speculative_tokens: int
+    params: dict[str, Any] = field(default_factory=dict)
+
+    @staticmethod
+    def parse(value: str | dict | None) -> SpeculativeConfig | None:
+        """The JSON text (CLI) or dict (``LLM``) checked; None (off) for None / "" / {}."""
+        flag = "--speculative-config"
+        if value is None or value == "" or value == {}:
+            return None
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"{flag} is not valid JSON ({e}); e.g. "
+                                  '\'{"method": "ngram", "num_speculative_tokens": 4}\'.') from None
+        if isinstance(value, SpeculativeConfig):
+            return value
+        if not isinstance(value, dict):
+            raise ConfigError(f"{flag} must be a JSON object, got {type(value).__name__}.")
+        unknown = [k for k in value if k not in _SPEC_KEYS and not k.startswith(_SPEC_SUFFIX_PREFIX)]
+        if unknown:
+            raise ConfigError(f"{flag} has unknown key(s) {sorted(unknown)}; onecard reads "
+                              f"{', '.join(_SPEC_KEYS)} and suffix_decoding_*.")
+        method = value.get("method")
+        if method is None:
+            raise ConfigError(f'{flag} needs "method": one of {", ".join(SPEC_METHODS)}.')
+        method = str(method).lower()
+        if method not in SPEC_METHODS:
+            why = (" (it needs a draft model or draft heads, which onecard does not run)"
+                   if method in _SPEC_UNSUPPORTED else "")
+            raise ConfigError(f"{flag} method {method!r} is not supported{why}; use one of "
+                              f"{', '.join(SPEC_METHODS)}.")
+        k = value.get("num_speculative_tokens")
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
+            raise ConfigError(f"{flag} num_speculative_tokens={k!r} must be an integer in 1..{MAX_SPECULATIVE_TOKENS}.")
+        params: dict[str, Any] = {}
+        if method == "ngram":
+            lo, hi = value.get("prompt_lookup_min"), value.get("prompt_lookup_max")
+            for name, v in (("prompt_lookup_min", lo), ("prompt_lookup_max", hi)):
+                if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                    raise ConfigError(f"{flag} {name}={v!r} must be a positive integer.")
+            if lo is not None and hi is not None and lo > hi:
+                raise ConfigError(f"{flag} prompt_lookup_min={lo} is larger than prompt_lookup_max={hi}.")
+            params.update({n: v for n, v in (("prompt_lookup_min", lo), ("prompt_lookup_max", hi)) if v is not None})
+        else:
+            params.update({n: v for n, v in value.items() if n.startswith(_SPEC_SUFFIX_PREFIX)})
+        other = [n for n in value if n not in ("method", "num_speculative_tokens") and n not in params]
+        if other:
+            raise ConfigError(f"{flag} key(s) {sorted(other)} do not apply to method {method!r}.")
+        return SpeculativeConfig(method=method, num_speculative_tokens=k, params=params)
+
+
 @dataclass(slots=True)
 class EngineConfig:
     model: ModelConfig
@@ -205,6 +276,7 @@ class EngineConfig:
     enforce_eager: bool
     env: Env
     engine_threads: int = 1        # torch intra-op threads in the engine (see default_engine_threads)
+    speculative: SpeculativeConfig | None = None   # None = no speculative decoding
 
 
 # ---------------------------------------------------------------- engine args (vLLM names)
@@ -239,6 +311,7 @@ class EngineArgs:
     engine_threads: int | None = None          # None: ONECARD_ENGINE_THREADS, else default_engine_threads
     kv_offloading_size: float | None = None    # GiB: host-memory tier for prefix blocks the GPU evicts
     kv_offloading_backend: str = "native"      # vLLM's names; onecard has only its own ("native")
+    speculative_config: str | dict | None = None   # JSON text or dict (SpeculativeConfig.parse); None = off
 
     def create_config(self) -> EngineConfig:
         from onecard.models.resolve import DEFAULT_MODEL_NAME, default_model_path, resolve_model
@@ -261,6 +334,10 @@ class EngineArgs:
                               f"{', '.join(KV_CACHE_DTYPES)}.")
 
         self._check_offloading()
+        spec = SpeculativeConfig.parse(self.speculative_config)
+        if spec is not None and self.async_scheduling:
+            raise ConfigError("--speculative-config cannot be combined with --async-scheduling: a verify step's "
+                              "accepted length must be known before the next step is scheduled. Drop one of them.")
 
         if self.model is None:
             path, given = default_model_path(), DEFAULT_MODEL_NAME
@@ -332,7 +409,7 @@ class EngineArgs:
             enable_chunked_prefill=self.enable_chunked_prefill, max_num_queued_reqs=queued,
             async_scheduling=self.async_scheduling)
         return EngineConfig(model=model, cache=cache, scheduler=sched, device=device,
-                            enforce_eager=self.enforce_eager, env=env, engine_threads=threads)
+                            enforce_eager=self.enforce_eager, env=env, engine_threads=threads, speculative=spec)
 
     def _check_offloading(self) -> None:
         size = self.kv_offloading_size

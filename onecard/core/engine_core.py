@@ -10,6 +10,9 @@ then waits for step n's sampled ids and updates with them: the GPU has the next 
 updates, sends outputs, takes new requests and schedules (the scheduler's placeholders make this exact; a
 request that stopped at step n has had one more token computed, which is dropped). ``has_unfinished()`` stays
 true while a step is in flight.
+With ``config.speculative`` the scheduler drafts through a ``Speculator`` (``drafter``: the config's method
+unless one is given, e.g. a test's) and the runner verifies the drafts (sync loop only; config.py refuses the
+pair with async scheduling).
 This module imports no torch itself: the runner is created through ``runner_factory``.
 """
 from __future__ import annotations
@@ -35,7 +38,7 @@ def _default_runner_factory(config: EngineConfig):
 
 
 class EngineCore:
-    def __init__(self, config: EngineConfig, runner_factory: Callable | None = None):
+    def __init__(self, config: EngineConfig, runner_factory: Callable | None = None, drafter=None):
         t0 = time.perf_counter()
         self.config = config
         self.runner = (runner_factory or _default_runner_factory)(config)
@@ -48,8 +51,14 @@ class EngineCore:
         num_host_blocks = 0
         if config.cache.kv_offloading_size and hasattr(self.runner, "initialize_host_tier"):
             num_host_blocks = self.runner.initialize_host_tier()
+        speculator = None
+        if config.speculative is not None:
+            from onecard.core.spec.speculator import Speculator
+
+            speculator = Speculator(config.speculative, drafter)
         self.scheduler = Scheduler(config.scheduler, config.cache, num_blocks, num_host_blocks=num_host_blocks,
-                                   kv_block_bytes=int(getattr(self.runner, "block_bytes", 0)))
+                                   kv_block_bytes=int(getattr(self.runner, "block_bytes", 0)),
+                                   speculator=speculator)
         self.async_scheduling = config.scheduler.async_scheduling and hasattr(self.runner, "submit")
         self._in_flight = None                   # (SchedulerOutput, PendingOutput) submitted, not yet updated
         self.num_steps = 0

@@ -1,0 +1,1 @@
+"""Speculative decoding (process B, pure Python): drafters, the draft-length policy and the engine's use of them."""

@@ -1,0 +1,74 @@
+"""The scheduler's side of speculative decoding: asks the drafter for drafts and counts what was accepted.
+
+Contract: ``Speculator(config, drafter=None)`` holds one ``Drafter`` (``make_drafter(method, k, **params)``
+from ``onecard.core.spec.drafter`` unless one is given, e.g. a test's). ``propose(request, max_k)`` returns
+up to ``max_k`` draft token ids to verify after the request's last token (``[]``: a plain decode step);
+the number asked is ``min(max_k, num_speculative_tokens)``. ``observe(request, num_tokens)`` passes the
+drafter a prefill chunk's tokens (its early indexing); ``finish(request, aborted)`` ends the drafter's state
+for a request that ended (``tokens=None`` when aborted). ``record(num_drafts, num_accepted)`` counts one
+verify step of one sequence into vLLM's spec-decode metrics (``stats()``): drafts (sequences verified with at
+least one draft), draft tokens, accepted tokens and accepted tokens per draft position.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from onecard.config import SpeculativeConfig
+from onecard.core.request import Request
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class SpecStats:
+    """Cumulative counters (vLLM's ``vllm:spec_decode_*``)."""
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)   # [k]: steps whose draft at position i was accepted
+
+
+class Speculator:
+    def __init__(self, config: SpeculativeConfig, drafter=None) -> None:
+        self.config = config
+        self.k = config.num_speculative_tokens
+        if drafter is None:
+            from onecard.core.spec.drafter import make_drafter
+
+            drafter = make_drafter(config.method, config.num_speculative_tokens, **config.params)
+        self.drafter = drafter
+        self.counts = SpecStats(accepted_per_pos=[0] * self.k)
+
+    def propose(self, request: Request, max_k: int) -> list[int]:
+        k = min(max_k, self.k)
+        if k <= 0:
+            return []
+        drafts = self.drafter.propose(request.request_id, request.all_token_ids, k)
+        return list(drafts[:k]) if drafts else []
+
+    def observe(self, request: Request, num_tokens: int) -> None:
+        toks = request.all_token_ids
+        self.drafter.observe(request.request_id, toks if num_tokens >= len(toks) else toks[:num_tokens])
+
+    def finish(self, request: Request, aborted: bool) -> None:
+        try:
+            self.drafter.finish(request.request_id, None if aborted else request.all_token_ids)
+        except Exception:  # a drafter's bookkeeping must never fail a request
+            logger.exception("drafter.finish failed for %s", request.request_id)
+
+    def record(self, num_drafts: int, num_accepted: int) -> None:
+        if num_drafts <= 0:
+            return
+        c = self.counts
+        c.num_drafts += 1
+        c.num_draft_tokens += num_drafts
+        c.num_accepted_tokens += num_accepted
+        per = c.accepted_per_pos
+        for i in range(num_accepted):
+            per[i] += 1
+
+    def stats(self) -> SpecStats:
+        c = self.counts
+        return SpecStats(c.num_drafts, c.num_draft_tokens, c.num_accepted_tokens, list(c.accepted_per_pos))

@@ -105,6 +105,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                         "4 x --max-num-seqs, at least 64)")
     g.add_argument("--async-scheduling", action=bool_opt, default=False,
                    help="schedule the next step while the GPU runs this one (hides host time; default off)")
+    g.add_argument("--speculative-config", default=None, metavar="JSON",
+                   help='speculative decoding (default off): {"method": "ngram"|"suffix", '
+                        '"num_speculative_tokens": K, "prompt_lookup_min": N, "prompt_lookup_max": N, '
+                        '"suffix_decoding_...": ...}; not with --async-scheduling')
 
     g = parser.add_argument_group("parallelism (one GPU)")
     g.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, help="must be 1")
@@ -181,7 +185,7 @@ def engine_args_from_namespace(ns: argparse.Namespace) -> EngineArgs:
         max_num_queued_reqs=ns.max_num_queued_reqs, device=ns.device,
         num_gpu_blocks_override=ns.num_gpu_blocks_override, async_scheduling=ns.async_scheduling,
         engine_threads=ns.engine_threads, kv_offloading_size=ns.kv_offloading_size,
-        kv_offloading_backend=ns.kv_offloading_backend)
+        kv_offloading_backend=ns.kv_offloading_backend, speculative_config=ns.speculative_config)
 
 
 def check_parser_flags(ns: argparse.Namespace) -> None:

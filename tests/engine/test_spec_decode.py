@@ -104,7 +104,7 @@ def test_all_drafts_wrong_and_all_right(tiny_moe_gptq_dir, plain):
 
 
 def test_prefix_cache_holds_only_accepted_tokens(tiny_moe_gptq_dir, plain):
-    reqs, want, ref, vocab = plain
+    _, _, ref, vocab = plain
     core = _core(tiny_moe_gptq_dir, block_size=8)
     enable_spec(core, OracleDrafter(ref, vocab, corrupt_every=2), k=5)
     sp = SamplingParams(temperature=0.0, max_tokens=26, ignore_eos=True)
@@ -126,7 +126,7 @@ def test_abort_mid_draft_leaks_nothing(tiny_moe_gptq_dir, plain):
 
     from onecard.protocol import EngineRequest
 
-    reqs, want, ref, vocab = plain
+    reqs, _, ref, vocab = plain
     core = _core(tiny_moe_gptq_dir)
     drafter = OracleDrafter(ref, vocab)
     enable_spec(core, drafter, k=4)
@@ -147,7 +147,7 @@ def test_abort_mid_draft_leaks_nothing(tiny_moe_gptq_dir, plain):
 
 
 def test_seeded_sampling_is_reproducible(tiny_moe_gptq_dir, plain):
-    reqs, want, ref, vocab = plain
+    vocab = plain[3]
     p = _prompts()
     sps = {"s1": (p[0], SamplingParams(temperature=1.0, top_p=0.9, top_k=40, seed=11, max_tokens=10,
                                        ignore_eos=True)),

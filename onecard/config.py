@@ -196,23 +196,21 @@ class SchedulerConfig:
     async_scheduling: bool = False             # schedule step n+1 while step n runs (engine_core.py)
 
 
-# Draft methods onecard runs, and the vLLM methods it names in its refusal (they need a draft model or heads).
-SPEC_METHODS = ("ngram", "suffix")
-_SPEC_UNSUPPORTED = ("eagle", "eagle3", "mtp", "medusa", "mlp_speculator", "draft_model", "deepseek_mtp",
+# vLLM methods that need a draft model or draft heads (onecard runs the model-free ones: ngram, suffix).
+_SPEC_NEEDS_MODEL = ("eagle", "eagle3", "mtp", "medusa", "mlp_speculator", "draft_model", "deepseek_mtp",
                      "ernie_mtp", "qwen3_next_mtp", "longcat_flash_mtp")
-_SPEC_KEYS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max")
-_SPEC_SUFFIX_PREFIX = "suffix_decoding_"
-MAX_SPECULATIVE_TOKENS = 16
+MAX_SPECULATIVE_TOKENS = 32
 
 
 @dataclass(slots=True)
 class SpeculativeConfig:
     """``--speculative-config`` / ``LLM(speculative_config=...)``, vLLM's keys: ``method`` ("ngram" | "suffix"),
-    ``num_speculative_tokens`` (k, the most drafts verified per sequence and step), ``prompt_lookup_min`` /
-    ``prompt_lookup_max`` (ngram) and ``suffix_decoding_*`` (suffix); the method's keys pass through to
-    ``make_drafter`` as ``params``. Draft methods that need a draft model or heads (eagle, mtp, ...) are refused.
-    Not combined with ``--async-scheduling`` (refused at start, as vLLM did before it supported the pair): a
-    verify step's accepted length must be known before the next step is scheduled."""
+    ``num_speculative_tokens`` (k, the most drafts verified per sequence and step; suffix: defaults to its tree
+    depth), ``prompt_lookup_min`` / ``prompt_lookup_max`` (ngram) and ``suffix_decoding_*`` (suffix); the
+    method's keys pass through to ``make_drafter`` (core/spec/drafter.py, which checks their values) as
+    ``params``. Methods that need a draft model or heads (eagle, mtp, ...) are refused. Not combined with
+    ``--async-scheduling`` (refused at start, as vLLM did before it supported the pair): a verify step's
+    accepted length must be known before the next step is scheduled."""
 
     method: str
     num_speculative_tokens: int
@@ -221,49 +219,45 @@ class SpeculativeConfig:
     @staticmethod
     def parse(value: str | dict | None) -> SpeculativeConfig | None:
         """The JSON text (CLI) or dict (``LLM``) checked; None (off) for None / "" / {}."""
+        from onecard.core.spec.drafter import DRAFTER_PARAMS, SUFFIX_DEFAULTS, make_drafter
+
         flag = "--speculative-config"
         if value is None or value == "" or value == {}:
             return None
+        if isinstance(value, SpeculativeConfig):
+            return value
         if isinstance(value, str):
             try:
                 value = json.loads(value)
             except json.JSONDecodeError as e:
                 raise ConfigError(f"{flag} is not valid JSON ({e}); e.g. "
                                   '\'{"method": "ngram", "num_speculative_tokens": 4}\'.') from None
-        if isinstance(value, SpeculativeConfig):
-            return value
         if not isinstance(value, dict):
             raise ConfigError(f"{flag} must be a JSON object, got {type(value).__name__}.")
-        unknown = [k for k in value if k not in _SPEC_KEYS and not k.startswith(_SPEC_SUFFIX_PREFIX)]
-        if unknown:
-            raise ConfigError(f"{flag} has unknown key(s) {sorted(unknown)}; onecard reads "
-                              f"{', '.join(_SPEC_KEYS)} and suffix_decoding_*.")
+        methods = ", ".join(DRAFTER_PARAMS)
         method = value.get("method")
         if method is None:
-            raise ConfigError(f'{flag} needs "method": one of {", ".join(SPEC_METHODS)}.')
+            raise ConfigError(f'{flag} needs "method": one of {methods}.')
         method = str(method).lower()
-        if method not in SPEC_METHODS:
+        if method not in DRAFTER_PARAMS:
             why = (" (it needs a draft model or draft heads, which onecard does not run)"
-                   if method in _SPEC_UNSUPPORTED else "")
-            raise ConfigError(f"{flag} method {method!r} is not supported{why}; use one of "
-                              f"{', '.join(SPEC_METHODS)}.")
+                   if method in _SPEC_NEEDS_MODEL else "")
+            raise ConfigError(f"{flag} method {method!r} is not supported{why}; use one of {methods}.")
+        known = ("method", "num_speculative_tokens", *DRAFTER_PARAMS[method])
+        unknown = [k for k in value if k not in known]
+        if unknown:
+            raise ConfigError(f"{flag} key(s) {sorted(unknown)} are unknown or do not apply to method {method!r}; "
+                              f"it reads {', '.join(known)}.")
         k = value.get("num_speculative_tokens")
+        if k is None and method == "suffix":
+            k = int(value.get("suffix_decoding_max_tree_depth", SUFFIX_DEFAULTS["suffix_decoding_max_tree_depth"]))
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
             raise ConfigError(f"{flag} num_speculative_tokens={k!r} must be an integer in 1..{MAX_SPECULATIVE_TOKENS}.")
-        params: dict[str, Any] = {}
-        if method == "ngram":
-            lo, hi = value.get("prompt_lookup_min"), value.get("prompt_lookup_max")
-            for name, v in (("prompt_lookup_min", lo), ("prompt_lookup_max", hi)):
-                if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-                    raise ConfigError(f"{flag} {name}={v!r} must be a positive integer.")
-            if lo is not None and hi is not None and lo > hi:
-                raise ConfigError(f"{flag} prompt_lookup_min={lo} is larger than prompt_lookup_max={hi}.")
-            params.update({n: v for n, v in (("prompt_lookup_min", lo), ("prompt_lookup_max", hi)) if v is not None})
-        else:
-            params.update({n: v for n, v in value.items() if n.startswith(_SPEC_SUFFIX_PREFIX)})
-        other = [n for n in value if n not in ("method", "num_speculative_tokens") and n not in params]
-        if other:
-            raise ConfigError(f"{flag} key(s) {sorted(other)} do not apply to method {method!r}.")
+        params = {n: v for n, v in value.items() if n in DRAFTER_PARAMS[method]}
+        try:
+            make_drafter(method, k, **params)           # the drafter checks its own keys' values
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"{flag}: {e}.") from None
         return SpeculativeConfig(method=method, num_speculative_tokens=k, params=params)
 
 

@@ -21,6 +21,7 @@ def test_parse_vllm_keys():
     c = SpeculativeConfig.parse({"method": "suffix", "num_speculative_tokens": 8,
                                  "suffix_decoding_max_tree_depth": 24})
     assert c.params == {"suffix_decoding_max_tree_depth": 24}
+    assert SpeculativeConfig.parse({"method": "suffix"}).num_speculative_tokens == 24   # vLLM: the tree depth
     assert SpeculativeConfig.parse(None) is None and SpeculativeConfig.parse("") is None
 
 
@@ -30,10 +31,11 @@ def test_parse_vllm_keys():
     ({"method": "ngram"}, ["num_speculative_tokens"]),
     ({"method": "ngram", "num_speculative_tokens": 0}, ["num_speculative_tokens=0"]),
     ({"num_speculative_tokens": 2}, ['needs "method"']),
-    ({"method": "ngram", "num_speculative_tokens": 2, "model": "x"}, ["unknown key", "model"]),
+    ({"method": "ngram", "num_speculative_tokens": 2, "model": "x"}, ["unknown", "model"]),
     ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 5, "prompt_lookup_max": 3},
-     ["prompt_lookup_min=5"]),
+     ["--speculative-config", "prompt_lookup"]),
     ({"method": "suffix", "num_speculative_tokens": 2, "prompt_lookup_max": 3}, ["do not apply", "suffix"]),
+    ({"method": "suffix", "suffix_decoding_max_tree_depth": 0}, ["num_speculative_tokens=0"]),
     ("{not json", ["not valid JSON"]),
 ])
 def test_refusals_name_the_problem(value, words):

@@ -49,6 +49,8 @@ class Speculator:
         return list(drafts[:k]) if drafts else []
 
     def observe(self, request: Request, num_tokens: int) -> None:
+        if request.num_preemptions:
+            return                  # recomputing tokens the drafter has seen (its calls are append-only)
         toks = request.all_token_ids
         self.drafter.observe(request.request_id, toks if num_tokens >= len(toks) else toks[:num_tokens])
 

@@ -199,6 +199,7 @@ class Scheduler:
         prefills: list[ScheduledRequest] = []
         preempted: set[str] = set()
         spec = self.speculator
+        step_drafts = self._propose_all() if spec is not None else None
 
         running = self.running
         i = 0
@@ -219,11 +220,14 @@ class Scheduler:
             if n <= 0:                      # the runner did not sample it last step: nothing to compute
                 i += 1
                 continue
-            drafts = None
-            if spec is not None and n == 1 and not pending:
-                drafts = self._propose(req, known, budget) or None
+            drafts = step_drafts.get(req.request_id) if step_drafts else None
+            if drafts and n == 1:
+                if len(drafts) >= budget:
+                    drafts = drafts[:budget - 1] or None
                 if drafts:
                     n += len(drafts)
+            else:
+                drafts = None
             while True:
                 ids = kv.allocate_slots(req, n)
                 if ids is not None:
@@ -309,15 +313,23 @@ class Scheduler:
                 self.speculator.observe(req, num_hit + n)
             budget -= n
 
-    def _propose(self, req: Request, known: int, budget: int) -> list[int]:
-        """Drafts for a decode step: at most what the budget, max_tokens and max_model_len leave room for (a
-        step emits the accepted drafts plus one token)."""
-        max_k = min(budget, self._stop_info[req.request_id][3] - len(req.output_token_ids),
-                    self.max_model_len - known) - 1
+    def _propose_all(self) -> dict[str, list[int]]:
+        """Drafts for this step's decodes (requests whose next token is their only one to compute), each at most
+        what max_tokens, max_model_len and --long-prefill-token-threshold leave room for (a step emits the
+        accepted drafts plus one token); the step's budget trims them in ``schedule``."""
         threshold = self.config.long_prefill_token_threshold
-        if threshold > 0:
-            max_k = min(max_k, threshold - 1)
-        return self.speculator.propose(req, max_k) if max_k > 0 else []
+        stop_info, max_len = self._stop_info, self.max_model_len
+        cands: list[tuple[Request, int]] = []
+        for req in self.running:
+            known = len(req.all_token_ids)
+            if req.num_output_placeholders or known - req.num_computed_tokens != 1:
+                continue
+            max_k = min(stop_info[req.request_id][3] - len(req.output_token_ids), max_len - known) - 1
+            if threshold > 0:
+                max_k = min(max_k, threshold - 1)
+            if max_k > 0:
+                cands.append((req, max_k))
+        return self.speculator.propose_step(cands) if cands else {}
 
     def update(self, scheduler_output: SchedulerOutput, runner_output: RunnerOutput) -> list[EngineOutput]:
         sampled = runner_output.sampled_token_ids

@@ -3,7 +3,8 @@
 Contract: ``Speculator(config, drafter=None)`` holds one ``Drafter`` (``make_drafter(method, k, **params)``
 from ``onecard.core.spec.drafter`` unless one is given, e.g. a test's). ``propose(request, max_k)`` returns
 up to ``max_k`` draft token ids to verify after the request's last token (``[]``: a plain decode step);
-the number asked is ``min(max_k, num_speculative_tokens)``. ``observe(request, num_tokens)`` passes the
+the number asked is ``min(max_k, num_speculative_tokens)``; ``propose_step([(request, max_k), ...])`` does it
+for every decode request of a step (request id -> drafts, only those with some). ``observe(request, num_tokens)`` passes the
 drafter a prefill chunk's tokens (its early indexing); ``finish(request, aborted)`` ends the drafter's state
 for a request that ended (``tokens=None`` when aborted). ``record(num_drafts, num_accepted)`` counts one
 verify step of one sequence into vLLM's spec-decode metrics (``stats()``): drafts (sequences verified with at
@@ -47,6 +48,16 @@ class Speculator:
             return []
         drafts = self.drafter.propose(request.request_id, request.all_token_ids, k)
         return list(drafts[:k]) if drafts else []
+
+    def propose_step(self, candidates: list[tuple[Request, int]]) -> dict[str, list[int]]:
+        """Drafts for one step's decode requests, given as (request, the most drafts it may take): request id ->
+        drafts (requests with none are left out). Every request is asked for k = num_speculative_tokens."""
+        out: dict[str, list[int]] = {}
+        for req, max_k in candidates:
+            d = self.propose(req, max_k)
+            if d:
+                out[req.request_id] = d
+        return out
 
     def observe(self, request: Request, num_tokens: int) -> None:
         if request.num_preemptions:

@@ -65,3 +65,41 @@ def test_stops_max_tokens_and_n(tiny):
     assert _outs(ngram, prompts, sps) == _outs(plain, prompts, sps)
     cut = [o for o in _outs(ngram, prompts[:len(stops)], sps[:len(stops)]) if o[0][2] == "stop"]
     assert len(cut) >= 3                                   # the stop strings really cut outputs short
+
+
+def test_json_schema_with_accepted_and_rejected_drafts(tiny):
+    """The grammar masks every draft position: an oracle drafter (the true continuation, every third token
+    corrupted) gets drafts accepted and rejected inside constrained output; greedy output is unchanged, and
+    sampled output stays valid JSON."""
+    import json
+
+    from onecard.sampling_params import StructuredOutputsParams
+    from tests.engine.spec_helpers import OracleDrafter, enable_spec
+
+    plain = tiny[0]
+    schema = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99},
+                                               "b": {"type": "array", "items": {"enum": ["x", "yy"]},
+                                                     "maxItems": 4}}, "required": ["a", "b"]}
+
+    def sp(**kw):
+        so = StructuredOutputsParams(json=schema, disable_any_whitespace=True)
+        return SamplingParams(max_tokens=60, structured_outputs=so, **kw)
+
+    prompts = ["{", "Reply in JSON: "]
+    want = plain.generate(prompts, sp(temperature=0.0))
+    refs = {str(i): r.prompt_token_ids + r.outputs[0].token_ids for i, r in enumerate(want)}
+    vocab = int(plain.config.model.hf_config["vocab_size"])
+    from onecard import LLM
+
+    llm = LLM(str(plain.engine_args.model), device="cpu", max_model_len=256)
+    spec = enable_spec(llm.engine, OracleDrafter(refs, vocab), k=4)
+    got = llm.generate(prompts, sp(temperature=0.0))
+    assert [g.outputs[0].token_ids for g in got] == [w.outputs[0].token_ids for w in want]
+    assert all(isinstance(json.loads(g.outputs[0].text), dict) for g in got)
+    st = spec.stats()
+    assert 0 < st.num_accepted_tokens < st.num_draft_tokens
+    sampled = llm.generate(prompts * 3, [sp(temperature=1.0, seed=s) for s in range(6)])
+    for s in sampled:
+        json.loads(s.outputs[0].text)
+    kv = llm.engine.scheduler.kv_cache_manager
+    assert kv.num_free_blocks == kv.num_usable_blocks

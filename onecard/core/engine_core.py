@@ -11,7 +11,8 @@ updates, sends outputs, takes new requests and schedules (the scheduler's placeh
 request that stopped at step n has had one more token computed, which is dropped). ``has_unfinished()`` stays
 true while a step is in flight.
 With ``config.speculative`` the scheduler drafts through a ``Speculator`` (``drafter``: the config's method
-unless one is given, e.g. a test's) and the runner verifies the drafts (sync loop only; config.py refuses the
+unless one is given, e.g. a test's; on a GPU a ``SpecPolicy`` with the card's cost model picks each step's draft
+lengths, on the CPU every proposal is verified) and the runner verifies the drafts (sync loop only; config.py refuses the
 pair with async scheduling).
 This module imports no torch itself: the runner is created through ``runner_factory``.
 """
@@ -55,7 +56,7 @@ class EngineCore:
         if config.speculative is not None:
             from onecard.core.spec.speculator import Speculator
 
-            speculator = Speculator(config.speculative, drafter)
+            speculator = Speculator(config.speculative, drafter, self._spec_policy(config))
         self.scheduler = Scheduler(config.scheduler, config.cache, num_blocks, num_host_blocks=num_host_blocks,
                                    kv_block_bytes=int(getattr(self.runner, "block_bytes", 0)),
                                    speculator=speculator)
@@ -84,6 +85,17 @@ class EngineCore:
         if num_host_blocks:
             logger.info("host KV tier: %d blocks (%d prefix tokens) in %.2f GiB of host memory", num_host_blocks,
                         num_host_blocks * bs, config.cache.kv_offloading_size)
+
+    def _spec_policy(self, config: EngineConfig):
+        """The per-step draft length from the verify step's cost on this GPU (core/spec/policy.py); on the CPU
+        every proposal is verified in full (no cost model for it)."""
+        card = getattr(self.runner, "device_name", None)
+        if config.device != "cuda" or not card:
+            return None
+        from onecard.core.spec.cost import CostModel
+        from onecard.core.spec.policy import SpecPolicy
+
+        return SpecPolicy(config.speculative.num_speculative_tokens, CostModel.for_engine(config, card))
 
     def add_request(self, er: EngineRequest) -> EngineOutput | None:
         sp = er.sampling_params

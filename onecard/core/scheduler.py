@@ -181,6 +181,8 @@ class Scheduler:
 
     def _preempt(self, req: Request) -> None:
         self.kv_cache_manager.free(req)
+        if self.speculator is not None:
+            self.speculator.preempted(req)
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
         req.num_preemptions += 1
@@ -320,16 +322,18 @@ class Scheduler:
         threshold = self.config.long_prefill_token_threshold
         stop_info, max_len = self._stop_info, self.max_model_len
         cands: list[tuple[Request, int]] = []
+        prefill = 0
         for req in self.running:
             known = len(req.all_token_ids)
-            if req.num_output_placeholders or known - req.num_computed_tokens != 1:
+            todo = known - req.num_computed_tokens
+            if req.num_output_placeholders or todo != 1:
+                prefill += min(todo, threshold) if threshold > 0 else max(todo, 0)
                 continue
             max_k = min(stop_info[req.request_id][3] - len(req.output_token_ids), max_len - known) - 1
             if threshold > 0:
                 max_k = min(max_k, threshold - 1)
-            if max_k > 0:
-                cands.append((req, max_k))
-        return self.speculator.propose_step(cands) if cands else {}
+            cands.append((req, max(max_k, 0)))
+        return self.speculator.propose_step(cands, prefill) if cands else {}
 
     def update(self, scheduler_output: SchedulerOutput, runner_output: RunnerOutput) -> list[EngineOutput]:
         sampled = runner_output.sampled_token_ids
@@ -416,7 +420,7 @@ class Scheduler:
         """KV stays valid for the last token and the accepted drafts: roll the rest back (slots, blocks)."""
         req = sr.request
         num_accepted = len(verified) - 1
-        self.speculator.record(len(sr.draft_token_ids), num_accepted)
+        self.speculator.record(req, len(sr.draft_token_ids), num_accepted)
         if req.status is _RUNNING:          # (a preempted request has no blocks and restarts from 0)
             req.num_computed_tokens = sr.num_computed_tokens + 1 + num_accepted
             self.kv_cache_manager.trim(req, req.num_computed_tokens)

@@ -59,6 +59,8 @@ class ModelRunner:
 
         self.config = config
         self.device = torch.device(config.device)
+        # the card's name (the speculative-decoding cost model reads it); None off a GPU
+        self.device_name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None
         self.dtype = _DTYPES[config.model.dtype]
         dispatch.set_default_backend(config.env.kernel_backend, config.env.triton_interpret)
         if self.device.type == "cuda":                                    # (PDL is never used off a GPU)

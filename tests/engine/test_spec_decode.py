@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from onecard.config import EngineArgs
+from onecard.config import EngineArgs, SpeculativeConfig
 from onecard.core.engine_core import EngineCore
 from onecard.sampling_params import SamplingParams
 from tests.engine.spec_helpers import OracleDrafter, enable_spec, run
@@ -163,3 +163,21 @@ def test_seeded_sampling_is_reproducible(tiny_moe_gptq_dir, plain):
     assert outs[0] == outs[1]
     assert all(len(outs[0][r]["tokens"]) == 10 for r in sps)
     assert len(outs[0]["s2"]["logprobs"]) == 10
+
+
+def test_with_the_draft_length_policy(tiny_moe_gptq_dir, plain):
+    """The GPU path's per-step policy (an H200's cost model here) cuts drafts; outputs stay the plain ones and
+    the policy forgets every request at its end (preemptions included)."""
+    from onecard.core.spec.cost import CostModel
+    from onecard.core.spec.policy import SpecPolicy
+    from onecard.core.spec.speculator import Speculator
+
+    reqs, want, ref, vocab = plain
+    core = _core(tiny_moe_gptq_dir, num_gpu_blocks_override=14)
+    policy = SpecPolicy(4, CostModel.for_engine(core.config, "NVIDIA H200"), prior_acceptance=0.9)
+    spec = Speculator(SpeculativeConfig("ngram", 4), OracleDrafter(ref, vocab, corrupt_every=5), policy)
+    core.scheduler.speculator = spec
+    got = run(core, reqs)
+    assert all(got[r]["tokens"] == want[r]["tokens"] for r in reqs)
+    assert spec.stats().num_accepted_tokens > 0 and policy.last is not None
+    assert policy.tracked() == 0

@@ -193,9 +193,9 @@ def _key(name: str) -> str:
 
 
 def card_name(name: str) -> str:
-    """The canonical card name (plan.GPUS' spelling) for a torch/nvidia-smi name; the name itself if unknown."""
+    """The canonical card name (gpus.GPUS' spelling) for a torch/nvidia-smi name; the name itself if unknown."""
     from onecard.config import ConfigError
-    from onecard.plan import find_gpu
+    from onecard.gpus import find_gpu
 
     try:
         return find_gpu(name).name

@@ -331,3 +331,23 @@ def test_table_rows_never_fall():
     t = MeasuredTable.from_json({"step_s": {"1": {"1": 3e-3, "2": 2.5e-3, "3": 4e-3}}})
     assert t.step_s[1] == {1: 3e-3, 2: 3e-3, 3: 4e-3}
     assert t.interpolate(1, 5) >= t.interpolate(1, 3)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_choice_is_optimal_for_random_acceptances(shape, seed):
+    rng = random.Random(seed)
+    cost = CostModel.for_card(rng.choice(["H200", "V100"]), shape)
+    p = SpecPolicy(3, cost, min_speedup=1.0)
+    drafts = {f"s{i}": [0] * rng.randint(0, 3) for i in range(4)}
+    for rid in drafts:
+        for _ in range(rng.randint(0, 6)):
+            prop = 3
+            p.record(rid, prop, rng.randint(0, prop))
+    alphas = {r: p.acceptance(r) for r in drafts}
+    ks = p.choose(drafts)
+
+    def rate(assign):
+        return sum(expected_tokens(alphas[r], k) for r, k in assign.items()) / cost.verify_cost(4, list(assign.values()))
+
+    combos = (dict(zip(drafts, c)) for c in itertools.product(*(range(len(d) + 1) for d in drafts.values())))
+    assert rate(ks) == pytest.approx(max(rate(c) for c in combos), rel=1e-12)

@@ -297,7 +297,7 @@ def _spec_run(core, spec, prompts, new: int, off: float, ref: dict, reps: int, p
 
 
 def e2e_part(model_dir: str, s: Setup, shape: ModelShape, card: str, parts: set[str],
-             alphas: tuple[float, ...] = ALPHAS, table_path: Path | None = None) -> dict:
+             alphas: tuple[float, ...] = ALPHAS, table_path: Path | None = None, save=None) -> dict:
     try:
         from onecard.core.spec.speculator import Speculator  # noqa: F401 - presence of the speculative engine
     except ImportError:
@@ -349,6 +349,8 @@ def e2e_part(model_dir: str, s: Setup, shape: ModelShape, card: str, parts: set[
             spec.policy = engine_policy
         res[b] = row
         print(f"e2e B={b}: " + json.dumps(row), flush=True)
+        if save is not None:
+            save(res)                       # partial results survive the part's timeout
     return res
 
 
@@ -405,10 +407,15 @@ def main(argv: list[str] | None = None) -> dict:
                              load_steps_by_draft_len(a.acceptance))["alpha_at_max_k"]
             res["fitted_alpha"] = fitted
             edit = [x for m, x in fitted.items() if m.startswith("edit:")] or list(fitted.values())
-            alphas = tuple(sorted(set(ALPHAS) | {round(x, 2) for x in edit}))
+            alphas = tuple(sorted(set(ALPHAS) | {round(min(edit), 2), round(max(edit), 2)}))   # time-bounded
+        path = out_dir / ("spec_verify.json" if "verify" in parts else "spec_e2e.json")
+
+        def save(e2e: dict) -> None:
+            path.write_text(json.dumps({**res, "e2e": e2e, "partial": True}, indent=1, default=str))
+
         try:
-            res["e2e"] = e2e_part(model, s, shape, card, parts, alphas, out_dir / "spec_verify.json")
-        except Exception as e:
+            res["e2e"] = e2e_part(model, s, shape, card, parts, alphas, out_dir / "spec_verify.json", save)
+        except Exception as e:                 # the verify figures above still get written
             res["e2e"] = {"error": repr(e)[:500]}
             print(f"e2e failed: {e!r}", flush=True)
     res["wall_s"] = time.perf_counter() - t0

@@ -44,7 +44,7 @@ class Env:
     emulate_cc: int | None = None
 
     @staticmethod
-    def read() -> "Env":
+    def read() -> Env:
         e = os.environ
         return Env(
             hf_home=e.get("HF_HOME"),
@@ -435,7 +435,7 @@ class EngineArgs:
             if device != "cuda":
                 return "float32"
             if dtype == "bfloat16":
-                from onecard.gpu_query import query_gpu   # NVML: no CUDA context in this (the API) process
+                from onecard.gpu_query import query_gpu  # NVML: no CUDA context in this (the API) process
                 from onecard.kernels import paths
 
                 emulated = paths.emulated_capability()          # ONECARD_EMULATE_CC honoured

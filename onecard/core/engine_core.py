@@ -21,7 +21,7 @@ from __future__ import annotations
 import gc
 import logging
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from onecard import kv_dtype
 from onecard.config import EngineConfig
@@ -128,7 +128,7 @@ class EngineCore:
         self._count_step(sched)
         try:
             result = self.runner.execute(sched)
-        except Exception as e:  # fail this step's requests, keep serving
+        except Exception as e:  # noqa: BLE001 - fail this step's requests, keep serving
             return self._fail(sched, e)
         return self.scheduler.update(sched, result)
 
@@ -142,14 +142,14 @@ class EngineCore:
             self._count_step(sched)
             try:
                 pending = self.runner.submit(sched)
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - fail this step's requests, keep serving
                 outs = self._fail(sched, e)
         if self._in_flight is not None:
             prev, prev_pending = self._in_flight
             self._in_flight = None
             try:
                 result = prev_pending.result()
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - fail that step's requests, keep serving
                 outs = self._fail(prev, e) + outs
             else:
                 outs = self.scheduler.update(prev, result) + outs

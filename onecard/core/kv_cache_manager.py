@@ -37,7 +37,7 @@ from onecard.core.request import Request
 class KVBlock:
     """One block of the pool. ``block_hash``/``token_ids`` are set while the block is in the prefix cache."""
 
-    __slots__ = ("block_id", "ref_cnt", "block_hash", "token_ids")
+    __slots__ = ("block_hash", "block_id", "ref_cnt", "token_ids")
 
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id

@@ -217,8 +217,7 @@ class Scheduler:
             n = known - start
             if 0 < threshold < n:
                 n = threshold
-            if n > budget:
-                n = budget
+            n = min(n, budget)
             if n <= 0:                      # the runner did not sample it last step: nothing to compute
                 i += 1
                 continue
@@ -400,7 +399,7 @@ class Scheduler:
             lp = logprobs.get(rid) if logprobs else None
             cached = req.num_cached_tokens
             out = EngineOutput(rid, [token], reason, stop_reason, None if lp is None else [lp],
-                               len(req.prompt_token_ids), cached if cached > 0 else 0)
+                               len(req.prompt_token_ids), max(0, cached))
             if num_out == 1:
                 out.scheduled_time = req.scheduled_time
             outputs.append(out)

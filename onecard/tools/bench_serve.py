@@ -40,12 +40,13 @@ log = logging.getLogger(__name__)
 
 # Short common words: most are one token with a leading space in BPE vocabularies, so a first guess of one
 # word per token is close and /tokenize only has to correct it.
-_WORDS = ("the of and to in is you that it he was for on are as with his they at be this have from or one "
+_WORD_TEXT = ("the of and to in is you that it he was for on are as with his they at be this have from or one "
           "had by word but not what all were we when your can said there use an each which she do how their "
           "if will up other about out many then them these so some her would make like him into time has look "
           "two more write go see number no way could people my than first water been call who oil its now find "
           "long down day did get come made may part def return class import self print list dict value key "
-          "data file line code test run loop int str true false none while break else try except yield").split()
+          "data file line code test run loop int str true false none while break else try except yield")
+_WORDS = _WORD_TEXT.split()
 
 
 @dataclass(slots=True)

@@ -46,12 +46,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from spec_verify_project import load_acceptance, project
+from spec_verify_project import load_acceptance, load_steps_by_draft_len, project
 
 from onecard.core.spec.cost import CostModel, MeasuredTable, ModelShape, card_spec, expected_distinct_experts
 
 REPEATS = 7
-NEW_TOKENS = 192
+NEW_TOKENS = 192                      # per request, verify part's engine TPOT
+E2E_TOKENS = 128                      # per request, each end-to-end run
 ALPHAS = (0.5, 0.8, 0.95)
 TINY = "onecard/data/onecard-tiny-coder"
 
@@ -63,6 +64,7 @@ class Setup:
         self.tokens = range(1, 3) if tiny else range(1, 10)
         self.context = 32 if tiny else 512
         self.new_tokens = 6 if tiny else NEW_TOKENS
+        self.e2e_tokens = 6 if tiny else E2E_TOKENS
         self.k = 2 if tiny else 8
         self.repeats = 1 if tiny else REPEATS
         self.e2e_repeats = 1 if tiny else 3
@@ -305,17 +307,17 @@ def e2e_part(model_dir: str, s: Setup, vocab: int, parts: set[str], alphas: tupl
         core.scheduler.speculator = None
         run(core, prompts, 4)
         ref: dict[int, list[int]] = {}
-        offs = [run(core, prompts, s.new_tokens, ref) for _ in range(s.e2e_repeats)]
+        offs = [run(core, prompts, s.e2e_tokens, ref) for _ in range(s.e2e_repeats)]
         off = statistics.median(offs)
         row: dict = {"off_tok_s": off, "off_tok_s_runs": offs}
         if "e2e" in parts:
             reference = {tuple(p): ref[i] for i, p in enumerate(prompts)}
             for a in alphas:
                 spec.drafter = TeacherForcedDrafter(reference, a, vocab)
-                row[f"teacher_alpha{a:.3f}"] = _spec_run(core, spec, prompts, s.new_tokens, off, ref, s.e2e_repeats)
+                row[f"teacher_alpha{a:.3f}"] = _spec_run(core, spec, prompts, s.e2e_tokens, off, ref, s.e2e_repeats)
         if "random" in parts:
             spec.drafter = own_drafter
-            row["random_ngram"] = _spec_run(core, spec, prompts, s.new_tokens, off, ref, s.e2e_repeats)
+            row["random_ngram"] = _spec_run(core, spec, prompts, s.e2e_tokens, off, ref, s.e2e_repeats)
         core.scheduler.speculator = spec
         res[b] = row
         print(f"e2e B={b}: " + json.dumps(row), flush=True)
@@ -366,13 +368,16 @@ def main(argv: list[str] | None = None) -> dict:
         if a.device == "cuda":
             torch.cuda.empty_cache()
     if a.acceptance and table is not None:
-        res["projection"] = project(load_acceptance(a.acceptance), table, s.batches)
+        res["projection"] = project(load_acceptance(a.acceptance), table, s.batches,
+                                    load_steps_by_draft_len(a.acceptance))
     if parts & {"e2e", "random"}:
         alphas = ALPHAS
-        if a.acceptance:                       # the edit workload's own per-token acceptance, per method
-            fitted = project(load_acceptance(a.acceptance), None, ())["alpha_at_max_k"]
+        if a.acceptance:                       # the workloads' own per-token acceptance (edit workload rows)
+            fitted = project(load_acceptance(a.acceptance), None, (),
+                             load_steps_by_draft_len(a.acceptance))["alpha_at_max_k"]
             res["fitted_alpha"] = fitted
-            alphas = tuple(sorted(set(ALPHAS) | {round(x, 3) for x in fitted.values()}))
+            edit = [x for m, x in fitted.items() if m.startswith("edit:")] or list(fitted.values())
+            alphas = tuple(sorted(set(ALPHAS) | {round(x, 2) for x in edit}))
         try:
             res["e2e"] = e2e_part(model, s, shape.vocab, parts, alphas)
         except Exception as e:

@@ -49,9 +49,10 @@ for p in $parts; do
     emu70) log onecard_emu70  # the pre-sm80 (V100) paths on this card: decisions of sm70, Triton compiling for this one
           [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30
           ONECARD_EMULATE_CC=70 timeout 400 python3 bench/full_size.py onecard /tmp/q30 "$OUT/onecard_emu70.json" ;;
-    longctx) log long_context  # decode at 512 / 32k / 64k (bs1) and 512 / 8k (bs16) of context, medians of 3
+    longctx) log long_context  # decode at 512 / 32k / 64k (bs1) and 512 / 8k (bs16) of context, medians of 3,
+          # split-KV policies legacy vs fill (and fill at 5 programs/SM) alternating in one engine (~3-4 min)
           [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30
-          timeout 500 python3 bench/long_context.py /tmp/q30 "$OUT/long_context.json" ;;
+          timeout 330 python3 bench/long_context.py /tmp/q30 "$OUT/long_context.json" --policies legacy,fill,fill:5 ;;
     gputests) log gputests; timeout 590 python3 -m pytest -x -q -p no:cacheprovider tests/gpu 2>&1 | tail -15 ;;
     startup) log startup  # cold (fresh Triton cache) with precompile, warm, cold without precompile
           [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30

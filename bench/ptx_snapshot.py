@@ -2,8 +2,8 @@
 list, constexprs and compile options) for sm70 and sm90, plain and JIT-aligned, with .file/.loc lines and DWARF
 sections stripped, hashed per config (OUT.json) and in full (OUT.json.ptx.json). Run it on a copy of the tree
 before and after and compare the JSON (CPU only; Triton's bundled ptxas; ~30 min on a busy 2-core machine).
-Usage: PYTHONPATH=TREE python bench/ptx_snapshot.py TREE OUT.json [MODULE ...]   (MODULE: only these kernel
-folders, e.g. attention; default all of test_aot.MODULES)"""
+Usage: PYTHONPATH=TREE python bench/ptx_snapshot.py TREE OUT.json [MODULE ...]  (MODULEs: a subset of
+test_aot.MODULES, e.g. ``attention`` when only that package was touched; default all)"""
 import hashlib
 import importlib
 import importlib.util

@@ -37,7 +37,7 @@ def test_graph_replay_over_contexts_matches_reference(policy, cache_dtype, conte
     from onecard.kernels import paths
     from onecard.kernels.attention import ref
     from onecard.kernels.attention import triton as tk
-    from onecard.runner.attn_metadata import AttentionMetadata
+    from onecard.kernels.attention.metadata import AttentionMetadata
 
     paths.set_split_kv_policy(policy)
     try:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU facts, kernel checks, tiny-checkpoint engine checks, the full-size benchmark.
 # Usage (repo root, on the H200): OUT=/some/dir bash bench/run_h200.sh [parts...]
-# parts: specverify apimem probe kernels checks full asyncab kvdtype capab hosttier loadab nopdl pdl16 emu70 longctx gputests startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
+# parts: specverify apimem probe kernels checks full asyncab kvdtype capab capbisect hosttier loadab nopdl pdl16 emu70 longctx gputests startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
 #   emu70: the full-size bench with every kernel-path decision on sm70's branch (ONECARD_EMULATE_CC=70): run it
 #          beside `full` in one call for the relative figure (a functional check, not a V100 timing)
 #   specverify: issue 30: verify-step latency vs tokens per sequence (1..9) at batch 1 and 16 (the cost model's
@@ -37,10 +37,16 @@ for p in $parts; do
     hosttier) log hosttier  # TTFT of a 32k-token prompt cold vs from the host KV tier (--kv-offloading-size)
           [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30
           timeout 400 python3 bench/host_tier.py /tmp/q30 "$OUT/host_tier.json" ;;
-    capab) log capab  # issue 29: decode measured three ways (lead's t2-t1, warmed, arrival) native / fp16 prefill / sm80
+    capab) log capab  # issue 29: the lead's process-wide patch (torch + onecard answer 8.0 from import) vs native,
+          # decode measured three ways (lead's t2-t1, warmed, arrival), two processes (~2.5 min)
           [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30
-          timeout 200 python3 bench/capability_ab.py /tmp/q30 "$OUT/cap_native.json"
-          timeout 120 python3 bench/capability_ab.py /tmp/q30 "$OUT/cap_emu80.json" --emulate 80 ;;
+          timeout 170 python3 bench/capability_ab.py /tmp/q30 "$OUT/cap_native.json"
+          timeout 110 python3 bench/capability_ab.py /tmp/q30 "$OUT/cap_emu80.json" --emulate 80 ;;
+    capbisect) log capbisect  # issue 29: each capability consumer alone at sm80 (pdl80 grouped80 torch80
+          # torch_native_off onecard80 lead80 triton_pin native), 3 alternating rounds in one engine, the guard
+          # (native vs the best), decode kernel profile native vs lead80, t1 first/again profile (~3.5 min)
+          [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30
+          timeout 260 python3 bench/capability_bisect.py /tmp/q30 "$OUT/cap_bisect.json" ;;
     loadab) log loadab  # weight loading, committed loader vs .ab/loader_old.py (when carried), alternating
           [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30
           for i in 1 2; do

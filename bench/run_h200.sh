@@ -19,8 +19,8 @@ for p in $parts; do
           timeout 600 python3 bench/api_gpu_memory.py "$OUT/api_gpu_memory.json" ;;
     specverify) log specverify  # two processes (the table, then the engine runs); with the build < 600 s
           [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30
-          timeout 200 python3 bench/spec_verify.py /tmp/q30 "$OUT" --parts verify ${SPEC_ACCEPTANCE:+--acceptance "$SPEC_ACCEPTANCE"}
-          timeout 150 python3 bench/spec_verify.py /tmp/q30 "$OUT" --parts e2e,random ${SPEC_ACCEPTANCE:+--acceptance "$SPEC_ACCEPTANCE"} ;;
+          timeout 150 python3 bench/spec_verify.py /tmp/q30 "$OUT" --parts verify ${SPEC_ACCEPTANCE:+--acceptance "$SPEC_ACCEPTANCE"}
+          timeout 200 python3 bench/spec_verify.py /tmp/q30 "$OUT" --parts e2e,random ${SPEC_ACCEPTANCE:+--acceptance "$SPEC_ACCEPTANCE"} ;;
     probe) log probe; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
            python3 -c "import torch,triton,transformers;print(torch.__version__,torch.version.cuda,triton.__version__,transformers.__version__)"
            [ -f onecard/hardware.py ] && timeout 60 python3 -m onecard.cli probe ;;

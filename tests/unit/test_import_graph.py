@@ -37,8 +37,6 @@ KNOWN_CYCLES = [
     {"onecard.quant.calibrate", "onecard.quant.gptq"},
     # the bench client and its bundled workload call each other lazily.
     {"onecard.tools.bench_serve", "onecard.tools.bench_workload"},
-    # speculative decoding's drafter factory imports its implementations lazily; they import its check_int.
-    {"onecard.core.spec.drafter", "onecard.core.spec.ngram", "onecard.core.spec.suffix"},
 ]
 
 

@@ -42,6 +42,9 @@ class Env:
     # tiles, PDL, grouped vs per-expert MoE, grouped GEMM dtype, dtype rules) takes that capability's branch on
     # the real card; Triton still compiles for the real target. For tests and benchmarks, not for serving.
     emulate_cc: int | None = None
+    # ONECARD_SPLIT_KV=fill|legacy: the split-KV policy of decode attention (kernels/paths.split_kv); "legacy" is
+    # the one before issue 25's tuning, kept for A/B benchmarks (bench/long_context.py).
+    split_kv: str = "fill"
 
     @staticmethod
     def read() -> Env:
@@ -64,6 +67,7 @@ class Env:
             api_threads=_positive_int_env(e, "ONECARD_API_THREADS"),
             cpu_count=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1),
             emulate_cc=_emulate_cc(e.get("ONECARD_EMULATE_CC", "")),
+            split_kv=_split_kv(e.get("ONECARD_SPLIT_KV", "")),
         )
 
 
@@ -100,6 +104,16 @@ MIN_DEFAULT_QUEUED_REQS = 64
 
 def default_max_num_queued_reqs(max_num_seqs: int) -> int:
     return max(MIN_DEFAULT_QUEUED_REQS, DEFAULT_QUEUED_REQS_PER_SEQ * max_num_seqs)
+
+
+def _split_kv(value: str) -> str:
+    from onecard.kernels.paths import SPLIT_KV_POLICIES
+
+    v = value.strip().lower() or SPLIT_KV_POLICIES[0]
+    if v not in SPLIT_KV_POLICIES:
+        raise ConfigError(f"ONECARD_SPLIT_KV={value} is not a split-KV policy; use one of "
+                          f"{', '.join(SPLIT_KV_POLICIES)} or leave it unset (fill).")
+    return v
 
 
 def _emulate_cc(value: str) -> int | None:

@@ -7,7 +7,7 @@ return a path name; the thresholds they use are the constants below. ``dispatch.
 ``hardware.py`` (``onecard probe``'s description: ``describe``) read them; nothing else keeps a copy.
 Capabilities are ints (70 = sm70). ``capability(device)`` is the only place that asks the device (through
 torch, imported lazily: this module imports nothing heavy) and the only place that honours the emulation
-switch ``ONECARD_EMULATE_CC`` (``config.Env.emulate_cc``): with it every decision here takes that
+switch ``ONECARD_EMULATE_CC`` (``env.Env.emulate_cc``): with it every decision here takes that
 capability's branch while Triton still compiles for the real card (Triton asks its own driver, not us).
 
 Paths (``choose(op, tokens, cc)``):
@@ -28,7 +28,8 @@ import functools
 from collections.abc import Iterable
 from typing import Any
 
-CAPABILITIES = (70, 75, 80, 86, 89, 90)   # the values ONECARD_EMULATE_CC accepts (the tests use 70/75/80/90)
+from onecard.env import CAPABILITIES  # the values ONECARD_EMULATE_CC accepts (its home: env.py)
+
 INTERPRETER_CC = 80                   # TRITON_INTERPRET on the CPU counts as sm80 (exercises the tensor-core paths)
 
 TENSOR_CORE_DOT_MIN_CC = 80           # tl.dot uses tensor cores from sm80 (Triton >= 3.2 dropped MMAv1)
@@ -67,7 +68,7 @@ def set_emulated_capability(cc: int | None, *, clear: bool = False) -> None:
 
 @functools.lru_cache(maxsize=1)
 def _env_emulation() -> int | None:
-    from onecard.config import Env  # the one reader of the environment
+    from onecard.env import Env  # the one reader of the environment
 
     return Env.read().emulate_cc
 

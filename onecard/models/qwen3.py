@@ -1,7 +1,7 @@
 """Qwen3 (dense) and Qwen3-MoE causal LMs: our modules, calling kernels through ``dispatch``.
 
 Contract: ``forward(input_ids[T], positions[T], kv_caches, md) -> hidden[T, H]`` over a flattened
-variable-length batch (see runner/attn_metadata.py); ``compute_logits(hidden[B, H]) -> [B, V]`` fp32.
+variable-length batch (see kernels/attention/metadata.py); ``compute_logits(hidden[B, H]) -> [B, V]`` fp32.
 Weights: ``weight_specs()`` declares which checkpoint tensor fills which parameter (names, shapes, fused q/k/v and
 gate/up, stacked experts; see models/weights.py); models/loader.py places them.
 Per layer: RMSNorm(+residual) → qkv → per-head q/k RMSNorm + RoPE, K/V into the cache → paged attention → o_proj →
@@ -18,11 +18,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from onecard.kernels import dispatch as ops
+from onecard.kernels.attention.metadata import AttentionMetadata
 from onecard.kernels.types import MoEWeight
 from onecard.layers.linear import Linear
 from onecard.layers.rotary import rope_cache
 from onecard.models.weights import ExpertProj, ExpertsSpec, LinearSpec, Param, Spec
-from onecard.runner.attn_metadata import AttentionMetadata
 
 
 class Attention(nn.Module):

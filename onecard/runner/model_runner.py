@@ -33,7 +33,7 @@ from onecard import kv_dtype
 from onecard.config import ConfigError, EngineConfig, host_tier_blocks
 from onecard.core.outputs import RunnerOutput, SchedulerOutput
 from onecard.kernels import dispatch
-from onecard.runner.attn_metadata import AttentionMetadata
+from onecard.kernels.attention.metadata import AttentionMetadata
 from onecard.runner.input_batch import ModelInputs, build_inputs
 from onecard.runner.sampler import Sampler, SamplingBatch, compute_logprobs
 from onecard.runner.step_output import PendingOutput

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from onecard.kernels import dispatch, paths
-from onecard.runner.attn_metadata import AttentionMetadata
+from onecard.kernels.attention.metadata import AttentionMetadata
 from onecard.runner.input_batch import leading_decodes
 
 logger = logging.getLogger(__name__)
@@ -123,7 +123,7 @@ def start_workers(device: torch.device, env):
 
     try:
         return pc.WorkerPool()
-    except Exception:  # noqa: BLE001 - compile_all starts its own workers later (or logs why it cannot)
+    except Exception:  # compile_all starts its own workers later (or logs why it cannot)
         logger.exception("could not start the precompile workers early")
         return None
 
@@ -168,7 +168,7 @@ def _precompile(runner, pool) -> dict | None:
         torch.cuda.synchronize()
         dry = time.perf_counter() - t0
         summary = pc.compile_all(list(rec.specs.values()), pc.current_target(), pool=pool)
-    except Exception:  # noqa: BLE001 - start-up goes on; the JIT compiles at first launch
+    except Exception:  # start-up goes on; the JIT compiles at first launch
         logger.exception("precompile failed; kernels compile at their first launch")
         return None
     finally:
@@ -180,4 +180,4 @@ def _precompile(runner, pool) -> dict | None:
     return summary
 
 
-__all__ = ["precompile", "applies", "start_workers", "dry_shapes", "batch", "representative_layers"]
+__all__ = ["applies", "batch", "dry_shapes", "precompile", "representative_layers", "start_workers"]

@@ -17,9 +17,9 @@ import torch
 import triton
 import triton.language as tl
 
-from onecard.kernels.attention.fp8 import fmt_code, kernel_view, kv_decode, kv_store_value
 from onecard.kernels import paths
-from onecard.kernels.triton_dot import dot
+from onecard.kernels.attention.fp8 import fmt_code, kernel_view, kv_decode, kv_store_value
+from onecard.kernels.attention.metadata import AttentionMetadata
 from onecard.kernels.triton_common import (
     AotConfig,
     compute_capability,
@@ -29,8 +29,7 @@ from onecard.kernels.triton_common import (
     pdl_enter,
     signature,
 )
-from onecard.runner.attn_metadata import AttentionMetadata
-
+from onecard.kernels.triton_dot import dot
 
 
 @triton.jit
@@ -228,9 +227,9 @@ def aot_configs() -> list[AotConfig]:
         for kv_tag, kv_fmt, kv_cc in KV_FORMATS:
             min_cc = max(act_cc, kv_cc)
             cache = f"*{act}" if kv_fmt == 0 else "*u8"
-            cx = dict(BLOCK=next_pow2(hkv * d), KV_FMT=kv_fmt)
-            args = dict(k_ptr=f"*{act}", v_ptr=f"*{act}", kc_ptr=cache, vc_ptr=cache, slot_ptr="*i64",
-                        stride_kt="i32", stride_vt="i32", HD="i32", k_scale="fp32", v_scale="fp32")
+            cx = {"BLOCK": next_pow2(hkv * d), "KV_FMT": kv_fmt}
+            args = {"k_ptr": f"*{act}", "v_ptr": f"*{act}", "kc_ptr": cache, "vc_ptr": cache, "slot_ptr": "*i64",
+                    "stride_kt": "i32", "stride_vt": "i32", "HD": "i32", "k_scale": "fp32", "v_scale": "fp32"}
             out.append(AotConfig(_store_kv_kernel, signature(args, cx), cx, 4, 1, min_cc,
                                  f"store_kv[{act}{kv_tag}]"))
             for bq in sorted({block_q(gp, 1), block_q(gp, 1 << 20)}):
@@ -238,22 +237,22 @@ def aot_configs() -> list[AotConfig]:
                     if tag and (act != "fp16" or kv_cc > 70):
                         continue
                     block_n, warps = attn_tiles(tiles_cc, bq * gp)
-                    cx = dict(HQ=hq, HKV=hkv, GROUP=group, GROUP_PAD=gp, D=d, BLOCK_Q=bq, BLOCK_N=block_n,
-                              PDL=False, KV_FMT=kv_fmt)
-                    args = dict(q_ptr=f"*{act}", kc_ptr=cache, vc_ptr=cache, out_ptr=f"*{act}",
-                                part_ptr="*fp32", ml_ptr="*fp32", qsl_ptr="*i32", seqlen_ptr="*i32", bt_ptr="*i32",
-                                scale_log2="fp32", stride_qt="i32", stride_qh="i32", stride_ot="i32",
-                                stride_oh="i32", stride_bt="i32", block_size="i32", num_segments="i32",
-                                v_scale="fp32")
+                    cx = {"HQ": hq, "HKV": hkv, "GROUP": group, "GROUP_PAD": gp, "D": d, "BLOCK_Q": bq,
+                          "BLOCK_N": block_n, "PDL": False, "KV_FMT": kv_fmt}
+                    args = {"q_ptr": f"*{act}", "kc_ptr": cache, "vc_ptr": cache, "out_ptr": f"*{act}",
+                            "part_ptr": "*fp32", "ml_ptr": "*fp32", "qsl_ptr": "*i32", "seqlen_ptr": "*i32",
+                            "bt_ptr": "*i32", "scale_log2": "fp32", "stride_qt": "i32", "stride_qh": "i32",
+                            "stride_ot": "i32", "stride_oh": "i32", "stride_bt": "i32", "block_size": "i32",
+                            "num_segments": "i32", "v_scale": "fp32"}
                     out.append(AotConfig(_paged_attn_kernel, signature(args, cx), cx, warps, 2, min_cc,
                                          f"paged_attn[bq={bq}{tag},{act}{kv_tag}]"))
         for segs in sorted({next_pow2(s) for s in range(2, MAX_SEGMENTS + 1)}):
-            cx = dict(HQ=hq, D=d, BLOCK_S=segs, PDL=False)
-            args = dict(part_ptr="*fp32", ml_ptr="*fp32", out_ptr=f"*{act}", stride_ot="i32", stride_oh="i32",
-                        num_segments="i32")
+            cx = {"HQ": hq, "D": d, "BLOCK_S": segs, "PDL": False}
+            args = {"part_ptr": "*fp32", "ml_ptr": "*fp32", "out_ptr": f"*{act}", "stride_ot": "i32",
+                    "stride_oh": "i32", "num_segments": "i32"}
             out.append(AotConfig(_segment_reduce_kernel, signature(args, cx), cx, 4, 1, act_cc,
                                  f"segment_reduce[s={segs},{act}]"))
     return out
 
 
-__all__ = ["store_kv", "paged_attention", "aot_configs", "num_segments", "block_q", "attn_tiles"]
+__all__ = ["aot_configs", "attn_tiles", "block_q", "num_segments", "paged_attention", "store_kv"]

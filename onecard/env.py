@@ -14,6 +14,9 @@ from dataclasses import dataclass
 # The capabilities onecard has branches for: the values ONECARD_EMULATE_CC accepts (kernels/paths.py takes its
 # CAPABILITIES from here; the tests use 70/75/80/90).
 CAPABILITIES = (70, 75, 80, 86, 89, 90)
+# The split-KV policies of decode attention (kernels/paths.split_kv), the values ONECARD_SPLIT_KV accepts; the
+# first is the default.
+SPLIT_KV_POLICIES = ("fill", "legacy")
 
 
 class ConfigError(ValueError):
@@ -41,6 +44,9 @@ class Env:
     # tiles, PDL, grouped vs per-expert MoE, grouped GEMM dtype, dtype rules) takes that capability's branch on
     # the real card; Triton still compiles for the real target. For tests and benchmarks, not for serving.
     emulate_cc: int | None = None
+    # ONECARD_SPLIT_KV=fill|legacy: the split-KV policy of decode attention (kernels/paths.split_kv); "legacy" is
+    # the one before issue 25's tuning, kept for A/B benchmarks (bench/long_context.py).
+    split_kv: str = "fill"
 
     @staticmethod
     def read() -> Env:
@@ -63,6 +69,7 @@ class Env:
             api_threads=_positive_int_env(e, "ONECARD_API_THREADS"),
             cpu_count=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1),
             emulate_cc=_emulate_cc(e.get("ONECARD_EMULATE_CC", "")),
+            split_kv=_split_kv(e.get("ONECARD_SPLIT_KV", "")),
         )
 
 
@@ -87,3 +94,11 @@ def _emulate_cc(value: str) -> int | None:
         raise ConfigError(f"ONECARD_EMULATE_CC={value} is not a capability onecard has branches for; use one of "
                           f"{', '.join(map(str, CAPABILITIES))} (like 70 for a V100) or leave it unset.")
     return int(v)
+
+
+def _split_kv(value: str) -> str:
+    v = value.strip().lower() or SPLIT_KV_POLICIES[0]
+    if v not in SPLIT_KV_POLICIES:
+        raise ConfigError(f"ONECARD_SPLIT_KV={value} is not a split-KV policy; use one of "
+                          f"{', '.join(SPLIT_KV_POLICIES)} or leave it unset (fill).")
+    return v

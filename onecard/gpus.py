@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from onecard.config import ConfigError
+from onecard.env import ConfigError
 
 
 @dataclass(slots=True)

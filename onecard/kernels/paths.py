@@ -7,7 +7,7 @@ return a path name; the thresholds they use are the constants below. ``dispatch.
 ``hardware.py`` (``onecard probe``'s description: ``describe``) read them; nothing else keeps a copy.
 Capabilities are ints (70 = sm70). ``capability(device)`` is the only place that asks the device (through
 torch, imported lazily: this module imports nothing heavy) and the only place that honours the emulation
-switch ``ONECARD_EMULATE_CC`` (``config.Env.emulate_cc``): with it every decision here takes that
+switch ``ONECARD_EMULATE_CC`` (``env.Env.emulate_cc``): with it every decision here takes that
 capability's branch while Triton still compiles for the real card (Triton asks its own driver, not us).
 
 Paths (``choose(op, tokens, cc)``):
@@ -29,7 +29,9 @@ import functools
 from collections.abc import Iterable
 from typing import Any
 
-CAPABILITIES = (70, 75, 80, 86, 89, 90)   # the values ONECARD_EMULATE_CC accepts (the tests use 70/75/80/90)
+# the values ONECARD_EMULATE_CC and ONECARD_SPLIT_KV accept (their home: env.py, which reads them)
+from onecard.env import CAPABILITIES, SPLIT_KV_POLICIES
+
 INTERPRETER_CC = 80                   # TRITON_INTERPRET on the CPU counts as sm80 (exercises the tensor-core paths)
 
 TENSOR_CORE_DOT_MIN_CC = 80           # tl.dot uses tensor cores from sm80 (Triton >= 3.2 dropped MMAv1)
@@ -52,7 +54,6 @@ LEGACY_MAX_SEGMENTS = 16              # ... under the "legacy" policy (the one b
 SPLIT_CTAS_PER_SM, SPLIT_CTAS_PER_SM_PRE_AMPERE = 3, 1
 SPLIT_PROGRAM_OVERHEAD_TILES = 1      # split-KV cost model: a program's fixed cost (q, partials), in key tiles
 SPLIT_MIN_SEGMENT_TILES = 1           # the shortest segment, in key tiles (ATTN_BLOCK_N keys each)
-SPLIT_KV_POLICIES = ("fill", "legacy")
 ATTN_BLOCK_N, ATTN_WARPS = 64, 4      # attention tiles, sm80+
 
 OPS = ("dense_gemm", "moe")
@@ -76,7 +77,7 @@ def set_emulated_capability(cc: int | None, *, clear: bool = False) -> None:
 
 @functools.lru_cache(maxsize=1)
 def _env_emulation() -> int | None:
-    from onecard.config import Env  # the one reader of the environment
+    from onecard.env import Env  # the one reader of the environment
 
     return Env.read().emulate_cc
 
@@ -222,7 +223,7 @@ def attention_tiles(cc: int, block_m: int) -> tuple[int, int]:
 
 
 class _SplitKvPolicy:
-    """Set by ``set_split_kv_policy`` (tests, benches); unset: read once from config.Env (ONECARD_SPLIT_KV)."""
+    """Set by ``set_split_kv_policy`` (tests, benches); unset: read once from env.Env (ONECARD_SPLIT_KV)."""
 
     name: str | None = None
     ctas_per_sm: int | None = None
@@ -239,7 +240,7 @@ def set_split_kv_policy(name: str | None, ctas_per_sm: int | None = None) -> Non
 
 @functools.lru_cache(maxsize=1)
 def _env_split_kv() -> str:
-    from onecard.config import Env  # the one reader of the environment
+    from onecard.env import Env  # the one reader of the environment
 
     return Env.read().split_kv
 

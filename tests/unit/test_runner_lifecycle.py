@@ -3,7 +3,8 @@
 The real ``ModelRunner`` and the tests' scripted runner carry every member of the protocol with compatible
 signatures (read with ``inspect``: no model is loaded); the engine core calls the stages in the documented order,
 each one exactly when the device and options ask for it (GPU: precompile and graphs, --enforce-eager: no graphs,
---kv-offloading-size: the host tier), and with async scheduling it submits steps rather than executing them.
+--kv-offloading-size: the host tier), and with async scheduling it submits steps rather than executing them;
+process B's loop (core/engine_loop.py) drives that core from its messages.
 """
 from __future__ import annotations
 
@@ -136,3 +137,46 @@ def test_steps_go_through_execute_or_submit(async_scheduling):
     assert tokens == [5, 5, 5] and outs[-1].finish_reason is not None
     steps = [c for c in core.runner.calls if c in ("execute", "submit")]
     assert steps and set(steps) == {"submit" if async_scheduling else "execute"}
+
+
+def test_engine_loop_admits_steps_aborts_and_stops():
+    """Process B's loop (core/engine_loop.py) over the real core: every waiting message is taken before a step,
+    a request that cannot be admitted gets its own error output, an abort answers at once, "stop" ends it."""
+    from onecard.config import ConfigError
+    from onecard.core.engine_loop import run_engine_loop
+    from onecard.protocol import Abort
+
+    def request(rid: str, max_tokens: int) -> EngineRequest:
+        return EngineRequest(request_id=rid, prompt_token_ids=[1, 2, 3], arrival_time=0.0,
+                             sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+
+    config = EngineArgs(model=MODEL, device="cpu", max_model_len=128).create_config()
+    # turn 1 takes a and b, then steps; turn 2 takes the abort, steps (a ends); turn 3 waits idle for "stop"
+    inbox = [request("a", 2), request("b", 50), None, Abort(["b"]), None, "stop"]
+    waits: list[float | None] = []
+
+    def recv(timeout):
+        waits.append(timeout)
+        return inbox.pop(0)
+
+    sent: list[tuple] = []
+    run_engine_loop(config, recv, sent.append, recording_core)
+    assert sent[0][0] == "ready" and sent[0][1].num_gpu_blocks == 40
+    outs = [o for m in sent[1:] for o in m[1]]
+    a = [t for o in outs if o.request_id == "a" for t in o.new_token_ids]
+    assert a == [5, 5]
+    b_end = [o for o in outs if o.request_id == "b" and o.finish_reason is not None]
+    assert len(b_end) == 1 and b_end[0].finish_reason.name == "ABORT"
+    assert [m[0] for m in sent] == ["ready", "out", "out"]                 # one "out" per turn
+    assert waits == [None, 0.0, 0.0, 0.0, 0.0, None]                       # blocks only while idle
+
+    def bad_config(_config):
+        raise ConfigError("--max-model-len=9 does not fit")
+
+    sent.clear()
+    run_engine_loop(config, recv, sent.append, bad_config)
+    assert sent == [("error", "--max-model-len=9 does not fit", True)]
+
+
+def recording_core(config) -> EngineCore:
+    return EngineCore(config, runner_factory=RecordingRunner)

@@ -194,7 +194,7 @@ def _key(name: str) -> str:
 
 def card_name(name: str) -> str:
     """The canonical card name (gpus.GPUS' spelling) for a torch/nvidia-smi name; the name itself if unknown."""
-    from onecard.config import ConfigError
+    from onecard.env import ConfigError
     from onecard.gpus import find_gpu
 
     try:

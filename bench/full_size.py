@@ -13,7 +13,6 @@ Each prints a table; JSON goes to OUT.json. Engine measurements go through the r
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import time
@@ -21,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-L, H, NQ, NKV, D, E, TOPK, I, V, G = int(os.environ.get("ONECARD_BENCH_LAYERS", 48)), 2048, 32, 4, 128, 128, 8, 768, 151936, 128
+L, H, NQ, NKV, D, E, TOPK, I, V, G = int(os.environ.get("ONECARD_BENCH_LAYERS", "48")), 2048, 32, 4, 128, 128, 8, 768, 151936, 128
 
 CONFIG = {
     "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": H,
@@ -137,7 +136,7 @@ def bench_onecard(model_dir: str, out: str) -> dict:
 
     try:
         res.update(check_logits(core))
-    except Exception as e:  # noqa: BLE001 - report and go on to the timings
+    except Exception as e:
         res["logits_check_error"] = repr(e)
     _run(core, [prompt(64)], 8)  # warm-up (JIT compile of the prefill shapes)
     for bs in (1, 16):
@@ -157,15 +156,15 @@ def bench_onecard(model_dir: str, out: str) -> dict:
         from bench.step_breakdown import breakdown
         for bs in (1, 16):
             res.update(breakdown(core, bs, V))
-    except Exception as e:  # noqa: BLE001 - report and go on
+    except Exception as e:
         res["breakdown_error"] = repr(e)
     _run(core, [prompt(4096)], 1)
     pre = []
     for _ in range(3):
         t = _run(core, [prompt(4096)], 1)
-        pre.append(4096 / list(t.values())[0][0])
+        pre.append(4096 / next(iter(t.values()))[0])
     res["prefill_4096_tok_s"] = sorted(pre)[1]
-    ttft = sorted(list(_run(core, [prompt(2048)], 1).values())[0][0] for _ in range(3))
+    ttft = sorted(next(iter(_run(core, [prompt(2048)], 1).values()))[0] for _ in range(3))
     res["ttft_2048_ms"] = ttft[1] * 1e3
     res["max_memory_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
     res["wall_s"] = time.perf_counter() - t0
@@ -218,8 +217,7 @@ def check_logits(core, n: int = 16) -> dict:
 
 @torch.inference_mode()
 def bench_hf(out: str) -> dict:
-    from transformers import AutoConfig, AutoModelForCausalLM
-    from transformers import DynamicCache
+    from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
 
     cfg = AutoConfig.for_model("qwen3_moe", **{k: v for k, v in CONFIG.items() if k not in ("architectures", "model_type", "torch_dtype")})
     t0 = time.perf_counter()
@@ -264,7 +262,9 @@ KV_BYTES_PER_TOKEN = 2 * L * NKV * D * 2            # fp16 K and V of every laye
 
 def gptq_bytes(k: int, n: int) -> float:
     """Bytes of one W4 g128 GPTQ weight [K, N] as a kernel reads it: nibbles, fp16 scales, packed zeros."""
-    return k * n / 2 + (k // G) * n * 2 + (k // G) * n / 2
+    from onecard.core.spec.cost import gptq_weight_bytes
+
+    return gptq_weight_bytes(k, n, 4, G)
 
 
 def step_weight_bytes(bs: int) -> float:
@@ -272,7 +272,9 @@ def step_weight_bytes(bs: int) -> float:
     experts per layer): attention GEMMs, router, lm_head (fp16) and the distinct experts' GEMMs."""
     attn = L * (gptq_bytes(H, (NQ + 2 * NKV) * D) + gptq_bytes(NQ * D, H))
     expert = 2 * gptq_bytes(H, I) + gptq_bytes(I, H)
-    distinct = E * (1 - (1 - TOPK / E) ** bs)
+    from onecard.core.spec.cost import expected_distinct_experts
+
+    distinct = expected_distinct_experts(bs, E, TOPK)
     return attn + L * E * H * 2 + V * H * 2 + L * distinct * expert
 
 

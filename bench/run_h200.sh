@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # One device call: GPU facts, kernel checks, tiny-checkpoint engine checks, the full-size benchmark.
 # Usage (repo root, on the H200): OUT=/some/dir bash bench/run_h200.sh [parts...]
-# parts: apimem probe kernels checks full asyncab kvdtype capab hosttier loadab nopdl pdl16 emu70 longctx gputests startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
+# parts: specverify apimem probe kernels checks full asyncab kvdtype capab hosttier loadab nopdl pdl16 emu70 longctx gputests startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
 #   emu70: the full-size bench with every kernel-path decision on sm70's branch (ONECARD_EMULATE_CC=70): run it
 #          beside `full` in one call for the relative figure (a functional check, not a V100 timing)
+#   specverify: issue 30: verify-step latency vs tokens per sequence (1..9) at batch 1 and 16 (the cost model's
+#          table), the expert union, the projected speed-up (SPEC_ACCEPTANCE=bench/spec_acceptance.py's JSON, if
+#          given), then end-to-end tok/s with teacher-forced drafts and random prompts, speculation on vs off
 #   longctx: decode at batch 1 with 32k and 64k of context, batch 16 with 8k each, vs the bandwidth floor
 set -u
 export PYTHONPATH="$PWD${EXTRA_PYTHONPATH:+:$EXTRA_PYTHONPATH}" TOKENIZERS_PARALLELISM=false
@@ -14,6 +17,10 @@ for p in $parts; do
   case $p in
     apimem) log apimem  # issue 28: only the engine process may hold GPU memory (nvidia-smi), bundled model
           timeout 600 python3 bench/api_gpu_memory.py "$OUT/api_gpu_memory.json" ;;
+    specverify) log specverify  # two processes (the table, then the engine runs); with the build < 600 s
+          [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30
+          timeout 200 python3 bench/spec_verify.py /tmp/q30 "$OUT" --parts verify ${SPEC_ACCEPTANCE:+--acceptance "$SPEC_ACCEPTANCE"}
+          timeout 150 python3 bench/spec_verify.py /tmp/q30 "$OUT" --parts e2e,random ;;
     probe) log probe; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
            python3 -c "import torch,triton,transformers;print(torch.__version__,torch.version.cuda,triton.__version__,transformers.__version__)"
            [ -f onecard/hardware.py ] && timeout 60 python3 -m onecard.cli probe ;;

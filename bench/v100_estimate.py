@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from full_size import NKV, NQ, TOPK, D, E, G, H, I, L, V, gptq_bytes
 
+from onecard.core.spec.cost import expected_distinct_experts
 from onecard.kernels import paths
 
 V100 = {"bw": 750e9, "fma": 15.7e12, "tc": 100e12}
@@ -82,7 +83,7 @@ def decode(bs: int, h200: dict[str, float]) -> list[Kernel]:
     cc = 70
     assert paths.choose("dense_gemm", bs, cc) in ("gemv", "skinny") and paths.choose("moe", bs, cc).startswith("decode")
     qkv_n = (NQ + 2 * NKV) * D
-    distinct = E * (1 - (1 - TOPK / E) ** bs)
+    distinct = expected_distinct_experts(bs, E, TOPK)
     act = bs * H * 2
     kv = bs * CTX * 2 * NKV * D * 2
     ks = [

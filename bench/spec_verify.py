@@ -1,0 +1,377 @@
+"""Speculative decoding on the full-size shape (issue 30): verify-step latency, the expert union, the projected
+speed-up on the code-edit workload, and end-to-end tok/s with and without speculation — one GPU call.
+
+Usage (repo root, a GPU, the checkpoint of ``python bench/full_size.py build /tmp/q30``):
+  python bench/spec_verify.py /tmp/q30 OUT_DIR [--acceptance ACC.json] [--parts verify,e2e,random]
+CPU smoke of the same code (bundled tiny MoE coder, tiny shapes, no CUDA graphs):
+  python bench/spec_verify.py --device cpu --tiny OUT_DIR
+Writes OUT_DIR/spec_verify.json (OUT_DIR/spec_e2e.json when the parts lack verify: bench/run_h200.sh runs
+verify and e2e,random as two processes, each under its own timeout). Its "cards" entry is the measured table onecard/core/spec/cost.py reads
+(``CostModel.for_card(name, shape, table_path=OUT_DIR/spec_verify.json)``).
+
+Parts:
+  verify  one engine without speculation; for batch B in (1, 16) and tokens per sequence t in 1..9, a verify
+          step = one forward of B sequences with t new query tokens each over a 512-token KV context (the
+          chunked-prefill attention path; t = 1 is the decode path), logits at every position and their
+          argmax, as the verifier needs: GPU time by CUDA events, median of REPEATS, eager and replayed from a
+          CUDA graph captured here (the runner's graphs cover t = 1 only). The table adds the host time of a
+          plain decode step (engine TPOT at B minus the graph GPU time at t = 1). The expert union: one
+          eager pass per (B, t) with the router's top-k recomputed in fp32 from norm_moe's inputs, distinct
+          experts per layer averaged over layers, against E·(1 − (1 − K/E)^n) (random weights and random
+          tokens: near-uniform routing, so this checks the formula and the counting, not a trained model's
+          locality).
+  project the projected decode speed-up on the code-edit workload from the table and the acceptance JSON of
+          bench/spec_acceptance.py (``--acceptance``): for each method and draft length k, the mean accepted
+          length a_k of its histogram, speed-up = (1 + a_k) · T(B, 1) / T(B, 1 + k); and the fitted per-token
+          acceptance α for the policy. DERIVED (a measured table x a measured CPU acceptance), not measured.
+  e2e     (when the speculative engine is present) one engine with ``speculative_config``; greedy runs of
+          NEW_TOKENS at batch 1 and 16 over 512-token prompts: speculator off, then on with a teacher-forced
+          drafter that proposes the reference continuation (the output of the non-speculative run, which
+          speculation must reproduce token for token) with each draft token corrupted with probability
+          1 − α (seeded): tok/s measured, tokens checked equal.
+  random  the same engine, random prompts, its own drafter (ngram): tok/s on vs off (target >= 0.97).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from spec_verify_project import load_acceptance, project
+
+from onecard.core.spec.cost import CostModel, MeasuredTable, ModelShape, card_spec, expected_distinct_experts
+
+REPEATS = 7
+NEW_TOKENS = 192
+ALPHAS = (0.5, 0.8, 0.95)
+TINY = "onecard/data/onecard-tiny-coder"
+
+
+class Setup:
+    def __init__(self, tiny: bool, device: str):
+        self.tiny, self.device = tiny, device
+        self.batches = (1, 2) if tiny else (1, 16)
+        self.tokens = range(1, 3) if tiny else range(1, 10)
+        self.context = 32 if tiny else 512
+        self.new_tokens = 6 if tiny else NEW_TOKENS
+        self.k = 2 if tiny else 8
+        self.repeats = 1 if tiny else REPEATS
+
+
+def engine(model_dir: str, s: Setup, spec: dict | None = None):
+    from onecard.config import EngineArgs
+    from onecard.core.engine_core import EngineCore
+
+    if s.device == "cpu":
+        args = {"model": model_dir, "device": "cpu", "max_model_len": 512, "max_num_seqs": 16,
+                "max_num_batched_tokens": 512, "enable_prefix_caching": False}
+    else:
+        args = {"model": model_dir, "quantization": "gptq", "dtype": "float16", "max_model_len": 4096,
+                "max_num_seqs": 16, "max_num_batched_tokens": 8192, "gpu_memory_utilization": 0.85,
+                "enable_prefix_caching": False}
+    if spec is not None:
+        args["speculative_config"] = spec
+    return EngineCore(EngineArgs(**args).create_config())
+
+
+def card_name(device: str) -> str:
+    return torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
+
+
+# ------------------------------------------------------------------ verify steps
+class VerifyStep:
+    """Static inputs of one verify step: B sequences, t query tokens each, ``ctx`` tokens of KV before them."""
+
+    def __init__(self, runner, batch: int, t: int, ctx: int, vocab: int, gen: torch.Generator):
+        from onecard.runner.attn_metadata import AttentionMetadata
+
+        dev, bs = runner.device, runner.block_size
+        per = -(-(ctx + t) // bs)
+        if 1 + batch * per > runner.num_blocks:
+            raise RuntimeError(f"{batch} x {per} blocks do not fit the KV cache ({runner.num_blocks})")
+        table = (1 + torch.arange(batch * per, dtype=torch.int32)).view(batch, per)         # [B, blocks]
+        pos = (ctx + torch.arange(t)).repeat(batch)                                          # [B*t]
+        rows = torch.arange(batch).repeat_interleave(t)
+        slots = table[rows, pos // bs].long() * bs + pos % bs
+        self.ids = torch.randint(0, vocab, (batch * t,), generator=gen).to(dev)
+        self.pos = pos.to(dev)
+        self.md = AttentionMetadata(
+            slot_mapping=slots.to(dev), query_start_loc=(torch.arange(batch + 1, dtype=torch.int32) * t).to(dev),
+            seq_lens=torch.full((batch,), ctx + t, dtype=torch.int32, device=dev), block_table=table.to(dev),
+            max_query_len=t, max_seq_len=ctx + t, num_decode_tokens=batch if t == 1 else 0)
+        self.runner = runner
+
+    def __call__(self) -> torch.Tensor:
+        r = self.runner
+        hidden = r.model(self.ids, self.pos, r.kv_caches, self.md)                          # [B*t, H]
+        return r.model.compute_logits(hidden).argmax(-1)                                    # [B*t]
+
+
+def _gpu_median(fn, repeats: int, cuda: bool) -> float:
+    times = []
+    for _ in range(repeats):
+        if cuda:
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _graph(step: VerifyStep):
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(s)
+    with torch.cuda.graph(g):
+        step()
+    return g.replay
+
+
+class UnionCounter:
+    """Counts distinct routed experts per layer by recomputing norm_moe's routing in fp32 (eager only)."""
+
+    def __init__(self):
+        from onecard.kernels import dispatch
+
+        self.dispatch, self.orig, self.layers = dispatch, dispatch.norm_moe, []
+
+    def __enter__(self):
+        def wrapped(x, residual, norm_weight, eps, gate, *rest):
+            top_k = rest[3]
+            s = x.float() + residual.float()                                                 # [T, H]
+            h = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + eps) * norm_weight.float()
+            ids = (h @ gate.float().t()).topk(top_k, dim=-1).indices                         # [T, K]
+            self.layers.append(int(ids.unique().numel()))
+            return self.orig(x, residual, norm_weight, eps, gate, *rest)
+
+        self.dispatch.norm_moe = wrapped
+        return self
+
+    def __exit__(self, *exc):
+        self.dispatch.norm_moe = self.orig
+
+
+@torch.inference_mode()
+def verify_part(core, s: Setup, cfg: dict) -> dict:
+    runner = core.runner
+    cuda = runner.device.type == "cuda"
+    shape = ModelShape.from_hf_config(cfg)
+    gen = torch.Generator().manual_seed(7)
+    out: dict = {"context": s.context, "eager_s": {}, "graph_s": {}, "graph_errors": {}, "union": {}}
+    for b in s.batches:
+        for key in ("eager_s", "graph_s", "union"):
+            out[key][b] = {}
+        for t in s.tokens:
+            step = VerifyStep(runner, b, t, s.context, shape.vocab, gen)
+            step()
+            out["eager_s"][b][t] = _gpu_median(step, s.repeats, cuda)
+            if cuda:
+                try:
+                    replay = _graph(step)
+                    out["graph_s"][b][t] = _gpu_median(replay, s.repeats, cuda)
+                except Exception as e:
+                    out["graph_errors"][f"{b}x{t}"] = repr(e)[:300]
+                    torch.cuda.synchronize()
+            if shape.num_experts:
+                with UnionCounter() as uc:
+                    step()
+                n = b * t
+                out["union"][b][t] = {"tokens": n, "observed": statistics.fmean(uc.layers),
+                                      "formula": expected_distinct_experts(n, shape.num_experts, shape.top_k)}
+            print(f"verify B={b} t={t}: eager {out['eager_s'][b][t] * 1e3:.3f} ms"
+                  + (f", graph {out['graph_s'][b][t] * 1e3:.3f} ms" if t in out["graph_s"][b] else ""), flush=True)
+    return out
+
+
+def union_correction(union: dict, top_k: int) -> float:
+    """Mean of (observed − K) / (formula − K) where the formula exceeds K by more than one expert."""
+    r = [(u["observed"] - top_k) / (u["formula"] - top_k) for row in union.values() for u in row.values()
+         if u["formula"] - top_k > 1.0]
+    return statistics.fmean(r) if r else 1.0
+
+
+# ------------------------------------------------------------------ engine runs
+def run(core, prompts: list[list[int]], new: int, tokens: dict | None = None) -> float:
+    """Greedy ``new`` tokens per prompt; decode tok/s over the batch (first token to last, all requests)."""
+    from onecard.protocol import EngineRequest
+    from onecard.sampling_params import SamplingParams
+
+    sp = SamplingParams(temperature=0.0, max_tokens=new, ignore_eos=True)
+    t0 = time.perf_counter()
+    ids = [f"sv{time.time_ns()}-{i}" for i in range(len(prompts))]
+    for rid, p in zip(ids, prompts):
+        core.add_request(EngineRequest(rid, list(p), sp, time.monotonic(), []))
+    first: float | None = None
+    count = 0
+    cuda = core.runner.device.type == "cuda"
+    while core.has_unfinished():
+        outs = core.step()
+        if cuda:
+            torch.cuda.synchronize()
+        now = time.perf_counter() - t0
+        for o in outs:
+            if first is None and o.new_token_ids:
+                first = now
+                count -= 1                                   # the first token is the prefill's
+            count += len(o.new_token_ids)
+            if tokens is not None:
+                tokens.setdefault(ids.index(o.request_id), []).extend(o.new_token_ids)
+    return count / max(1e-9, now - (first or 0.0))
+
+
+def engine_tpot(core, s: Setup, vocab: int) -> dict[int, float]:
+    g = torch.Generator().manual_seed(11)
+    res = {}
+    for b in s.batches:
+        prompts = [torch.randint(0, vocab, (s.context,), generator=g).tolist() for _ in range(b)]
+        run(core, prompts, 4)
+        res[b] = b / statistics.median(run(core, prompts, s.new_tokens) for _ in range(s.repeats // 2 + 1))
+    return res
+
+
+class TeacherForcedDrafter:
+    """Proposes the reference continuation (the non-speculative greedy output), each draft token replaced by
+    another with probability 1 − α, seeded by (prompt, position): acceptance is geometric in α."""
+
+    def __init__(self, reference: dict[tuple[int, ...], list[int]], alpha: float, vocab: int, seed: int = 0):
+        self.reference, self.alpha, self.vocab, self.seed = reference, alpha, vocab, seed
+
+    def propose(self, req_id, tokens, max_k: int) -> list[int]:
+        for prompt, cont in self.reference.items():
+            n = len(prompt)
+            if len(tokens) >= n and tuple(tokens[:n]) == prompt:
+                done = len(tokens) - n
+                out = list(cont[done:done + max_k])
+                rng = random.Random(f"{self.seed}:{prompt[:4]}:{len(tokens)}")          # deterministic per position
+                return [t if rng.random() < self.alpha else (t + 1) % self.vocab for t in out]
+        return []
+
+    def observe(self, req_id, tokens) -> None:
+        pass
+
+    def finish(self, req_id, tokens) -> None:
+        pass
+
+
+def e2e_part(model_dir: str, s: Setup, vocab: int, parts: set[str]) -> dict:
+    try:
+        from onecard.core.spec.speculator import Speculator  # noqa: F401 - presence of the speculative engine
+    except ImportError:
+        return {"skipped": "no speculative engine (onecard.core.spec.speculator) in this tree"}
+    core = engine(model_dir, s, {"method": "ngram", "num_speculative_tokens": s.k})
+    spec = core.scheduler.speculator
+    own_drafter = spec.drafter
+    g = torch.Generator().manual_seed(5)
+    res: dict = {}
+    for b in s.batches:
+        prompts = [torch.randint(0, vocab, (s.context,), generator=g).tolist() for _ in range(b)]
+        core.scheduler.speculator = None
+        run(core, prompts, 4)
+        ref: dict[int, list[int]] = {}
+        off = run(core, prompts, s.new_tokens, ref)
+        row: dict = {"off_tok_s": off}
+        if "e2e" in parts:
+            reference = {tuple(p): ref[i] for i, p in enumerate(prompts)}
+            for a in ALPHAS:
+                spec.drafter = TeacherForcedDrafter(reference, a, vocab)
+                core.scheduler.speculator = spec
+                got: dict[int, list[int]] = {}
+                before = spec.stats()
+                on = run(core, prompts, s.new_tokens, got)
+                after = spec.stats()
+                drafted = after.num_draft_tokens - before.num_draft_tokens
+                row[f"teacher_alpha{a}"] = {
+                    "tok_s": on, "speedup": on / off, "tokens_equal": got == ref,
+                    "acceptance": (after.num_accepted_tokens - before.num_accepted_tokens) / max(1, drafted),
+                    "draft_tokens": drafted}
+        if "random" in parts:
+            spec.drafter = own_drafter
+            core.scheduler.speculator = spec
+            got = {}
+            on = run(core, prompts, s.new_tokens, got)
+            row["random_ngram"] = {"tok_s": on, "speedup": on / off, "tokens_equal": got == ref}
+        core.scheduler.speculator = spec
+        res[b] = row
+        print(f"e2e B={b}: " + json.dumps(row), flush=True)
+    return res
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("model", nargs="?", default=None, help="checkpoint (default: /tmp/q30; --tiny: the bundled coder)")
+    ap.add_argument("out", nargs="?", default=None, help="output directory")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--tiny", action="store_true", help="tiny shapes (CPU smoke)")
+    ap.add_argument("--acceptance", default=None, help="bench/spec_acceptance.py JSON")
+    ap.add_argument("--parts", default="verify,e2e,random")
+    a = ap.parse_args(argv)
+    if a.out is None and a.model is not None and a.tiny:
+        a.model, a.out = None, a.model
+    model = a.model or (TINY if a.tiny else "/tmp/q30")
+    out_dir = Path(a.out or "/tmp/spec_verify")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    parts = set(a.parts.split(","))
+    s = Setup(a.tiny, a.device)
+    cfg = json.loads((Path(model) / "config.json").read_text())
+    shape = ModelShape.from_hf_config(cfg)
+    card = card_name(a.device)
+    res: dict = {"card": card, "model": model, "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+    t0 = time.perf_counter()
+    table = None
+    if "verify" in parts:
+        core = engine(model, s, None)
+        v = verify_part(core, s, cfg)
+        tpot = engine_tpot(core, s, shape.vocab)
+        gpu = {b: (v["graph_s"][b] if len(v["graph_s"].get(b, {})) == len(s.tokens) else v["eager_s"][b])
+               for b in s.batches}
+        host = {b: max(0.0, tpot[b] - gpu[b][1]) for b in s.batches}
+        step_s = {b: {t: gpu[b][t] + host[b] for t in s.tokens} for b in s.batches}
+        corr = union_correction(v["union"], shape.top_k) if shape.num_experts else 1.0
+        res["verify"] = {**v, "engine_tpot_s": tpot, "host_s": host}
+        res["cards"] = {card: {"context": s.context, "step_s": step_s, "union_correction": corr,
+                               "timing": "graph" if all(gpu[b] is v["graph_s"].get(b) for b in s.batches) else "eager"}}
+        table = MeasuredTable.from_json(res["cards"][card])
+        model_cost = CostModel(shape, card_spec(card if a.device == "cuda" else "H200"), table)
+        res["relative_cost"] = {b: {t: step_s[b][t] / step_s[b][1] for t in s.tokens} for b in s.batches}
+        res["analytic_relative_cost"] = {
+            b: {t: model_cost.analytic(b, b * t, s.context) / model_cost.analytic(b, b, s.context) for t in s.tokens}
+            for b in s.batches}
+        del core
+        if a.device == "cuda":
+            torch.cuda.empty_cache()
+    if a.acceptance and table is not None:
+        res["projection"] = project(load_acceptance(a.acceptance), table, s.batches)
+    if parts & {"e2e", "random"}:
+        try:
+            res["e2e"] = e2e_part(model, s, shape.vocab, parts)
+        except Exception as e:
+            res["e2e"] = {"error": repr(e)[:500]}
+            print(f"e2e failed: {e!r}", flush=True)
+    res["wall_s"] = time.perf_counter() - t0
+    path = out_dir / ("spec_verify.json" if "verify" in parts else "spec_e2e.json")
+    path.write_text(json.dumps(res, indent=1, default=str))
+    print(f"wrote {path}")
+    return res
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,297 @@
+"""Cost of a speculative verify step on an MoE model: seconds for ``batch`` decode sequences carrying 1 + k_i
+query tokens each (process B, pure Python, no torch).
+
+Contract:
+  ``expected_distinct_experts(n, num_experts, top_k)`` = E·(1 − (1 − K/E)^n): the expected number of distinct
+  experts one layer reads for n routed tokens (the one home of this formula; bench/full_size.py imports it).
+  ``gptq_weight_bytes(k, n, bits, group_size)``: bytes a kernel reads for one GPTQ weight [K, N] (nibbles, fp16
+  scales, packed zeros; bits None = an fp16 weight).
+  ``ModelShape.from_hf_config(config, bits=4, group_size=128)``: the sizes the model below needs.
+  ``CARDS`` / ``card_spec(name)``: per-card constants of the analytic model (documented below, assumptions
+  marked). ``CostModel(shape, card, table=None)``; ``CostModel.for_card(name, shape, table_path=None)`` takes
+  the measured table of that card from a ``bench/spec_verify.py`` JSON when there is one.
+  ``step_time(batch, tokens, context=512) -> s``: one step of ``batch`` decode sequences and ``tokens`` query
+  tokens in all (tokens >= batch; non-integer tokens per sequence interpolate). ``verify_cost(batch,
+  k_per_seq, context=512) -> s`` = step_time(len(k_per_seq), Σ(1 + k_i)); ``relative_cost`` = that over the
+  same batch at k = 0. Deterministic; no clocks.
+
+Analytic model (no table for the card):
+  T = overhead + max(bytes / bandwidth, flops / flop_rate + dequantized weights / dequant_rate) (a roofline per
+  step), with, for n = Σ(1+k_i) query tokens of ``batch`` sequences at ``context`` tokens each:
+    bytes = attention GEMMs + router + lm_head (every layer, once per step: weights are read once whatever n)
+            + layers x U(n) x one expert's three GEMMs + batch x context x KV bytes per token (the multi-query
+            attention path reads each sequence's KV once per step, not once per query token);
+    U(n)  = expected_distinct_experts(n): the routing of the n tokens is assumed independent and uniform over
+            the experts. Tokens of one sequence route alike more often than that (consecutive code tokens), which
+            makes the real union smaller: ``union_correction`` (measured U / formula U at the bench's n, from the
+            table) scales U(n) − top_k, so a measured correction carries over to other n;
+    flops = n x 2 x (active parameters incl. lm_head, which every verified position needs) + attention
+            4 x n x context x heads x head_dim per layer;
+    dequantized weights = layers x U(n) x expert weights (the cards whose Triton tl.dot is FMA code pay for
+            the int4 → fp16 conversion in compute: sm70/75; elsewhere it hides under the memory stream).
+  Card constants: H200 ``overhead`` and ``bandwidth`` are fitted (two points, both memory-bound) to the measured
+  decode TPOT of run T4 (BENCHMARKS.md: 2.59 ms at batch 1, 6.49 ms at batch 16, 512-token contexts, steps reading 2.11 / 11.6
+  GB): the overhead is the per-step latency chain (launches, dependent kernels, host), the bandwidth what the
+  decode kernels reach (not the 4.26 TB/s copy rate). H100 (assumed): the same overhead and the same fraction
+  of its HBM (3.35 TB/s spec). V100 (from bench/v100_estimate.py's model, itself an assumption): 750 GB/s,
+  Triton tl.dot as FMA at 15.7 TFLOP/s, 4 integer ops per dequantized weight, overhead = the batch-1 latency
+  excess of that estimate (3.46 − 2.83 ms) + the H200's measured host time per step (0.13 ms). flop_rate for
+  sm80+ is an assumption (400 TFLOP/s: ~40% of the dense fp16 tensor-core peak at these skinny shapes).
+Measured table (preferred): ``{"cards": {CARD: {"context": 512, "step_s": {BATCH: {TOKENS_PER_SEQ: s}},
+  "union_correction": c}}}`` (bench/spec_verify.py writes it). For a batch in the table, T(tokens per seq)
+  interpolates the row linearly (extrapolating its last two points); for another batch, the analytic
+  relative cost is scaled by the table's / the model's relative cost at the nearest measured batch (log scale).
+  A context other than the table's adds the analytic KV-read difference.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from onecard.kv_dtype import bytes_per_token_hf
+
+
+def expected_distinct_experts(n: float, num_experts: int, top_k: int) -> float:
+    """E[|∪ routed sets|] for n tokens, each routed to top_k of num_experts experts uniformly and independently:
+    each expert is missed by one token with probability 1 − K/E, by all n with (1 − K/E)^n."""
+    if n <= 0:
+        return 0.0
+    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** n)
+
+
+def gptq_weight_bytes(k: int, n: int, bits: int | None = 4, group_size: int = 128) -> float:
+    """Bytes one weight [K, N] costs to read: packed codes, fp16 scales and packed zeros (GPTQ), or fp16."""
+    if bits is None:
+        return 2.0 * k * n
+    groups = math.ceil(k / group_size) if group_size > 0 else 1
+    return k * n * bits / 8 + groups * n * 2 + groups * n * bits / 8
+
+
+@dataclass(frozen=True, slots=True)
+class ModelShape:
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    num_experts: int              # 0 = a dense model
+    top_k: int
+    expert_intermediate: int      # moe_intermediate (MoE) or intermediate (dense MLP)
+    kv_bytes_per_token: int
+    bits: int | None = 4          # None: fp16 weights
+    group_size: int = 128
+
+    @staticmethod
+    def from_hf_config(c: dict[str, Any], bits: int | None = 4, group_size: int = 128,
+                       kv_format: str = "float16") -> ModelShape:
+        heads = int(c["num_attention_heads"])
+        experts = int(c.get("num_experts") or c.get("num_local_experts") or 0)
+        inter = int(c.get("moe_intermediate_size") or c["intermediate_size"]) if experts else int(c["intermediate_size"])
+        return ModelShape(
+            layers=int(c["num_hidden_layers"]), hidden=int(c["hidden_size"]), heads=heads,
+            kv_heads=int(c.get("num_key_value_heads") or heads),
+            head_dim=int(c.get("head_dim") or int(c["hidden_size"]) // heads), vocab=int(c["vocab_size"]),
+            num_experts=experts, top_k=int(c.get("num_experts_per_tok", 1)) if experts else 0,
+            expert_intermediate=inter, kv_bytes_per_token=bytes_per_token_hf(c, kv_format), bits=bits,
+            group_size=group_size)
+
+    def _w(self, k: int, n: int) -> float:
+        return gptq_weight_bytes(k, n, self.bits, self.group_size)
+
+    @property
+    def dense_bytes(self) -> float:
+        """Weights every step reads once: q/k/v/o per layer, the router (fp16), the fp16 lm_head."""
+        h, d = self.hidden, self.head_dim
+        attn = self._w(h, (self.heads + 2 * self.kv_heads) * d) + self._w(self.heads * d, h)
+        return self.layers * (attn + self.num_experts * h * 2) + self.vocab * h * 2
+
+    @property
+    def expert_bytes(self) -> float:
+        """One expert's (or the dense MLP's) gate, up and down GEMMs in one layer."""
+        return 2 * self._w(self.hidden, self.expert_intermediate) + self._w(self.expert_intermediate, self.hidden)
+
+    def experts_read(self, tokens: float, union_correction: float = 1.0) -> float:
+        """Distinct experts (per layer) ``tokens`` routed tokens read; 1 for a dense MLP."""
+        if not self.num_experts:
+            return 1.0 if tokens > 0 else 0.0
+        u = expected_distinct_experts(tokens, self.num_experts, self.top_k)
+        k = min(self.top_k, u)
+        return k + (u - k) * union_correction
+
+    def flops_per_token(self, context: int) -> float:
+        h, d, i = self.hidden, self.head_dim, self.expert_intermediate
+        mlp = (self.top_k or 1) * 3 * h * i
+        params = self.layers * (h * (self.heads + 2 * self.kv_heads) * d + self.heads * d * h + mlp
+                                + self.num_experts * h) + self.vocab * h
+        return 2.0 * params + 4.0 * self.layers * context * self.heads * d
+
+
+@dataclass(frozen=True, slots=True)
+class CardSpec:
+    name: str
+    bandwidth: float              # bytes/s the decode kernels reach (fitted or assumed; see the module doc)
+    overhead_s: float             # per step, whatever its size
+    flop_rate: float              # FLOP/s for the verify GEMMs
+    dequant_rate: float = math.inf  # weight elements/s converted int4 → fp16 where it costs compute (sm70/75)
+    source: str = "assumed"
+
+
+# Run T4, H200 (BENCHMARKS.md): measured decode TPOT and the bytes its steps read (bench/full_size.py floor).
+H200_T4 = {"copy_bandwidth": 4.26e12, "bytes": {1: 2.11e9, 16: 11.6e9}, "tpot_s": {1: 2.59e-3, 16: 6.49e-3}}
+SM80_FLOP_RATE = 400e12           # assumption: ~40% of dense fp16 tensor-core peak at M <= 144
+HBM_SPEC = {"H200": 4.8e12, "H100": 3.35e12}
+V100_RATES = {"bandwidth": 750e9, "fma": 15.7e12, "dequant_ops": 4, "overhead_s": (3.46 - 2.83 + 0.13) * 1e-3}
+
+
+def _fit_h200() -> tuple[float, float]:
+    """(overhead_s, bandwidth) through T4's two points: T = overhead + bytes / bandwidth (memory-bound there:
+    16 x 6.1 GFLOP at SM80_FLOP_RATE is 0.24 ms against 11.6 GB at the fitted 2.4 TB/s, 4.8 ms)."""
+    m = H200_T4
+    t, b = m["tpot_s"], m["bytes"]
+    bw = (b[16] - b[1]) / (t[16] - t[1])
+    return t[1] - b[1] / bw, bw
+
+
+def _cards() -> dict[str, CardSpec]:
+    overhead, bw = _fit_h200()
+    h100_bw = bw * HBM_SPEC["H100"] / HBM_SPEC["H200"]
+    v = V100_RATES
+    return {
+        "H200": CardSpec("H200", bw, overhead, SM80_FLOP_RATE, source="fitted to run T4 (H200)"),
+        "H100-80GB": CardSpec("H100-80GB", h100_bw, overhead, SM80_FLOP_RATE,
+                              source="H200 fit scaled by HBM spec (assumed)"),
+        "V100-32GB": CardSpec("V100-32GB", v["bandwidth"], v["overhead_s"], v["fma"],
+                              v["fma"] / 2 / v["dequant_ops"], source="bench/v100_estimate.py rates (assumed)"),
+    }
+
+
+CARDS = _cards()
+CARDS["V100-16GB"] = replace(CARDS["V100-32GB"], name="V100-16GB")
+
+
+def _key(name: str) -> str:
+    s = re.sub(r"NVIDIA|TESLA|SXM\d?|PCIE|HBM\dE?|NVL", "", name.upper())
+    return "".join(ch for ch in s if ch.isalnum())
+
+
+def card_name(name: str) -> str:
+    """The canonical card name (plan.GPUS' spelling) for a torch/nvidia-smi name; the name itself if unknown."""
+    from onecard.config import ConfigError
+    from onecard.plan import find_gpu
+
+    try:
+        return find_gpu(name).name
+    except ConfigError:
+        return name
+
+
+def card_spec(name: str) -> CardSpec:
+    """Constants for ``name``; an unknown card gets the H100's (said in ``source``)."""
+    c = CARDS.get(card_name(name))
+    if c is None:
+        return replace(CARDS["H100-80GB"], name=name, source=f"unknown card {name!r}: H100 constants")
+    return c
+
+
+@dataclass(slots=True)
+class MeasuredTable:
+    """One card's measured verify-step latencies: step_s[batch][tokens per sequence] at ``context``."""
+    context: int
+    step_s: dict[int, dict[int, float]]
+    union_correction: float = 1.0
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> MeasuredTable:
+        rows = {int(b): {int(t): float(s) for t, s in row.items()} for b, row in d["step_s"].items()}
+        if not rows or any(len(r) < 2 for r in rows.values()):
+            raise ValueError("a measured table needs, per batch, at least two tokens-per-sequence points")
+        return MeasuredTable(int(d.get("context", 512)), rows, float(d.get("union_correction") or 1.0))
+
+    def interpolate(self, batch: int, tokens_per_seq: float) -> float:
+        row = self.step_s[batch]
+        xs = sorted(row)
+        lo = max([x for x in xs if x <= tokens_per_seq], default=xs[0])
+        hi = min([x for x in xs if x > lo], default=None)
+        if hi is None:                                   # past the last point: extend the last segment
+            lo, hi = xs[-2], xs[-1]
+        return row[lo] + (row[hi] - row[lo]) * (tokens_per_seq - lo) / (hi - lo)
+
+
+def load_table(path: str | Path, card: str) -> MeasuredTable | None:
+    """The table for ``card`` in a bench/spec_verify.py JSON, or None when the file has none for it."""
+    data = json.loads(Path(path).read_text())
+    want = card_name(card)
+    for name, d in (data.get("cards") or {}).items():
+        if card_name(name) == want or _key(name) == _key(card):
+            return MeasuredTable.from_json(d)
+    return None
+
+
+@dataclass(slots=True)
+class CostModel:
+    shape: ModelShape
+    card: CardSpec
+    table: MeasuredTable | None = None
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    @staticmethod
+    def for_card(name: str, shape: ModelShape, table_path: str | Path | None = None) -> CostModel:
+        table = load_table(table_path, name) if table_path is not None and Path(table_path).exists() else None
+        return CostModel(shape, card_spec(name), table)
+
+    @property
+    def source(self) -> str:
+        return "measured table" if self.table is not None else f"analytic ({self.card.source})"
+
+    def analytic(self, batch: int, tokens: float, context: int = 512) -> float:
+        s, c = self.shape, self.card
+        corr = self.table.union_correction if self.table is not None else 1.0
+        experts = s.experts_read(tokens, corr)
+        moe_layers_bytes = s.layers * experts * s.expert_bytes
+        kv = batch * context * s.kv_bytes_per_token
+        dequant = s.layers * experts * 3 * s.hidden * s.expert_intermediate
+        memory = (s.dense_bytes + moe_layers_bytes + kv) / c.bandwidth
+        compute = tokens * s.flops_per_token(context) / c.flop_rate + dequant / c.dequant_rate
+        return c.overhead_s + max(memory, compute)
+
+    def step_time(self, batch: int, tokens: float, context: int = 512) -> float:
+        """Seconds for one step of ``batch`` decode sequences with ``tokens`` query tokens in all."""
+        if batch < 1 or tokens < batch:
+            raise ValueError(f"a step of {batch} sequences has at least {batch} query tokens, not {tokens}")
+        key = (batch, tokens, context)
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        t = self.analytic(batch, tokens, context) if self.table is None else self._from_table(batch, tokens, context)
+        if len(self._cache) < 65536:
+            self._cache[key] = t
+        return t
+
+    def _from_table(self, batch: int, tokens: float, context: int) -> float:
+        tb = self.table
+        assert tb is not None
+        per_seq = tokens / batch
+        kv_delta = batch * (context - tb.context) * self.shape.kv_bytes_per_token / self.card.bandwidth
+        if batch in tb.step_s:
+            return tb.interpolate(batch, per_seq) + kv_delta
+        near = min(tb.step_s, key=lambda b: abs(math.log(b) - math.log(batch)))
+        measured_rel = tb.interpolate(near, per_seq) / tb.interpolate(near, 1)
+        model_rel = self.analytic(near, near * per_seq, tb.context) / self.analytic(near, near, tb.context)
+        base = tb.interpolate(near, 1) * self.analytic(batch, batch, tb.context) / self.analytic(near, near, tb.context)
+        rel = self.analytic(batch, tokens, tb.context) / self.analytic(batch, batch, tb.context)
+        return base * rel * (measured_rel / model_rel) + kv_delta
+
+    def verify_cost(self, batch: int, k_per_seq: list[int], context: int = 512) -> float:
+        """Seconds of a step verifying k_i draft tokens for each of len(k_per_seq) sequences (batch = that)."""
+        if batch != len(k_per_seq):
+            raise ValueError(f"batch {batch} but {len(k_per_seq)} draft lengths")
+        return self.step_time(batch, batch + sum(k_per_seq), context)
+
+    def relative_cost(self, batch: int, k_per_seq: list[int], context: int = 512) -> float:
+        """verify_cost over the same batch's plain decode step (k = 0 everywhere)."""
+        return self.verify_cost(batch, k_per_seq, context) / self.step_time(batch, batch, context)

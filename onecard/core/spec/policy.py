@@ -1,0 +1,178 @@
+"""Adaptive draft length: per step, how many of each sequence's draft tokens to verify (process B, pure Python).
+
+Contract (the engine's side, all of it):
+  ``policy = SpecPolicy(num_speculative_tokens, cost)``  (``cost``: a ``CostModel``, onecard/core/spec/cost.py)
+  ``policy.choose(drafts, context_lens=None, extra_tokens=0) -> dict[req_id, int]``: ``drafts`` maps EVERY decode
+      sequence of the step to its drafter proposal (a token list, or its length; empty / 0 when the drafter has
+      nothing); the answer maps each to k in 0..min(num_speculative_tokens, len(draft)): verify the first k
+      draft tokens. ``context_lens`` (tokens already in each sequence's KV) and ``extra_tokens`` (prefill-chunk
+      tokens in the same step) refine the cost; both optional. All k = 0 means: run a plain decode step.
+  ``policy.record(req_id, proposed, accepted)`` after verification: ``proposed`` = the k verified, ``accepted`` =
+      how many of them matched (0..proposed). ``policy.forget(req_id)`` when the request ends or is preempted.
+  ``policy.acceptance(req_id) -> float``: the per-token acceptance estimate in use; ``policy.last``: the last
+      step's ``StepDecision`` (for logs and benches). Deterministic: no clocks, no randomness.
+
+Model. A draft token i is accepted with probability α (the sequence's estimate) given all before it were, so
+verifying k tokens emits E(k) = (1 − α^(k+1)) / (1 − α) tokens (the accepted ones + the target's own token;
+``expected_tokens``), and the j-th draft token adds α^j. The step's cost is T(B, B + Σk_i + extra) from the
+cost model. For each total m of draft tokens the best split takes the m largest marginal gains α_i^j (each
+sequence's gains fall with j, so these are prefixes: the split is optimal for m); the policy picks the m that
+maximises (B + Σ gains) / T(B, B + m + extra), and turns speculation off for the whole step (m = 0) unless that
+beats the plain step's B / T(B, B + extra) by ``min_speedup`` (margin for the model's error).
+Acceptance estimate: each record adds ``accepted`` successes in ``accepted + (accepted < proposed)`` trials (a
+truncated geometric: the first rejection ends the draft), decayed by ``decay`` per trial, and shrunk toward a
+prior with ``prior_weight`` pseudo-trials: α = (s + w·p) / (t + w). The prior p of a request is the running
+acceptance over all requests (itself shrunk toward ``prior_acceptance``), so new requests start where traffic
+is. A sequence left at k = 0 while it had a draft forgets its evidence by ``idle_decay`` per step, drifting back
+to the prior so that it is probed again when the text turns repetitive.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from onecard.core.spec.cost import CostModel
+
+CONTEXT_ROUND = 64            # contexts rounded for the cost model's cache (KV term: ~0.1% at 512 tokens)
+MAX_ALPHA = 0.999
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Tokens one verify step emits for a k-token draft with per-token acceptance α: Σ_{j=0..k} α^j."""
+    if k <= 0:
+        return 1.0
+    if alpha >= 1.0:
+        return k + 1.0
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+@dataclass(slots=True)
+class _Evidence:
+    successes: float = 0.0
+    trials: float = 0.0
+
+    def add(self, accepted: int, trials: int, decay: float) -> None:
+        f = decay ** trials
+        self.successes = self.successes * f + accepted
+        self.trials = self.trials * f + trials
+
+    def fade(self, factor: float) -> None:
+        self.successes *= factor
+        self.trials *= factor
+
+    def estimate(self, prior: float, weight: float) -> float:
+        return (self.successes + weight * prior) / (self.trials + weight)
+
+
+@dataclass(slots=True)
+class StepDecision:
+    ks: dict[str, int]
+    batch: int
+    draft_tokens: int               # Σ k_i
+    expected_emitted: float         # Σ E_i(k_i)
+    step_time_s: float              # T(B, B + Σk + extra), model
+    plain_step_time_s: float        # T(B, B + extra), model
+    speedup: float                  # (emitted / T) / (B / T_plain); 1.0 when off
+
+
+@dataclass(slots=True)
+class SpecPolicy:
+    num_speculative_tokens: int
+    cost: CostModel
+    prior_acceptance: float = 0.5
+    prior_weight: float = 4.0        # pseudo-trials of the prior in each request's estimate
+    decay: float = 0.92              # per trial: evidence half-life ~8 draft tokens
+    global_decay: float = 0.995      # per trial, all requests together (half-life ~140)
+    idle_decay: float = 0.95         # per step a sequence with a draft is held at k = 0
+    global_idle_decay: float = 0.99  # per step the whole batch is held at k = 0 though drafts were there
+    min_speedup: float = 1.03
+    _seqs: dict[str, _Evidence] = field(default_factory=dict)
+    _global: _Evidence = field(default_factory=_Evidence)
+    last: StepDecision | None = None
+    _times: dict[tuple[int, int, int], list[float]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.num_speculative_tokens < 0:
+            raise ValueError(f"num_speculative_tokens must be >= 0, not {self.num_speculative_tokens}")
+        if not 0.0 <= self.prior_acceptance <= 1.0:
+            raise ValueError(f"prior_acceptance must be in [0, 1], not {self.prior_acceptance}")
+
+    # ---------------------------------------------------------------- acceptance bookkeeping
+    def global_acceptance(self) -> float:
+        return min(MAX_ALPHA, self._global.estimate(self.prior_acceptance, self.prior_weight))
+
+    def acceptance(self, req_id: str) -> float:
+        g = self.global_acceptance()
+        ev = self._seqs.get(req_id)
+        return g if ev is None else min(MAX_ALPHA, ev.estimate(g, self.prior_weight))
+
+    def record(self, req_id: str, proposed: int, accepted: int) -> None:
+        if not 0 <= accepted <= proposed:
+            raise ValueError(f"accepted ({accepted}) must be within 0..proposed ({proposed})")
+        if proposed == 0:
+            return
+        trials = accepted + (1 if accepted < proposed else 0)
+        self._seqs.setdefault(req_id, _Evidence()).add(accepted, trials, self.decay)
+        self._global.add(accepted, trials, self.global_decay)
+
+    def forget(self, req_id: str) -> None:
+        self._seqs.pop(req_id, None)
+
+    def tracked(self) -> int:
+        """Requests with evidence held (for leak checks)."""
+        return len(self._seqs)
+
+    # ---------------------------------------------------------------- the per-step choice
+    def choose(self, drafts: Mapping[str, Sequence[int] | int], context_lens: Mapping[str, int] | None = None,
+               extra_tokens: int = 0) -> dict[str, int]:
+        ids = list(drafts)
+        batch = len(ids)
+        ks = dict.fromkeys(ids, 0)
+        if batch == 0:
+            self.last = None
+            return ks
+        caps = [min(self.num_speculative_tokens, d if isinstance(d, int) else len(d)) for d in drafts.values()]
+        ctx = 512
+        if context_lens:
+            mean = sum(context_lens.get(r, 0) for r in ids) / batch
+            ctx = max(CONTEXT_ROUND, round(mean / CONTEXT_ROUND) * CONTEXT_ROUND)
+        base_tokens = batch + max(0, extra_tokens)
+        times = self._step_times(batch, base_tokens, ctx, sum(caps))
+        t_plain = times[0]
+        alphas = [self.acceptance(r) if c > 0 else 0.0 for r, c in zip(ids, caps)]
+        # every gain α_i^j in falling order (ties: earlier sequence, then shorter prefix); a sequence's gains
+        # fall with j, so any leading run of this list is a set of prefixes
+        gains = sorted((-(a ** j), i, j) for i, (a, c) in enumerate(zip(alphas, caps)) if a > 0.0
+                       for j in range(1, c + 1))
+        best_m, best_rate, gained = 0, batch / t_plain, 0.0
+        best_emitted, best_t = float(batch), t_plain
+        for m, (neg, _, _) in enumerate(gains, start=1):
+            gained -= neg
+            rate = (batch + gained) / times[m]
+            if rate > best_rate:
+                best_m, best_rate, best_emitted, best_t = m, rate, batch + gained, times[m]
+        speedup = best_rate / (batch / t_plain)
+        if best_m == 0 or speedup < self.min_speedup:
+            best_m, speedup, best_emitted, best_t = 0, 1.0, float(batch), t_plain
+        for _, i, _ in gains[:best_m]:
+            ks[ids[i]] += 1
+        for r, c in zip(ids, caps):
+            if c > 0 and ks[r] == 0 and r in self._seqs:
+                self._seqs[r].fade(self.idle_decay)
+        if best_m == 0 and any(caps):
+            self._global.fade(self.global_idle_decay)
+        self.last = StepDecision(ks, batch, best_m, best_emitted, best_t, t_plain, speedup)
+        return ks
+
+    def _step_times(self, batch: int, base_tokens: int, ctx: int, max_draft: int) -> list[float]:
+        """T(batch, base_tokens + m) for m = 0..max_draft, kept per (batch, tokens, context): a step's choice
+        is then arithmetic only (the host time of a step is on the GPU's critical path)."""
+        key = (batch, base_tokens, ctx)
+        row = self._times.get(key)
+        if row is None:
+            if len(self._times) > 4096:
+                self._times.clear()
+            row = self._times[key] = []
+        while len(row) <= max_draft:
+            row.append(self.cost.step_time(batch, base_tokens + len(row), ctx))
+        return row

@@ -1,0 +1,285 @@
+"""The verify-step cost model and the adaptive draft-length policy (onecard/core/spec/{cost,policy}.py).
+
+References: a seeded Monte-Carlo of random top-k routing for the expert-union formula; the real tensors of the
+tiny GPTQ MoE checkpoint for the bytes per weight; run T4's measured H200 step times for the fit; brute-force
+enumeration of every draft-length assignment for the policy's optimum.
+"""
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import json
+import random
+import statistics
+from pathlib import Path
+
+import pytest
+
+from onecard.checkpoint_meta import read_checkpoint_meta
+from onecard.core.spec.cost import (
+    H200_T4,
+    CostModel,
+    MeasuredTable,
+    ModelShape,
+    card_spec,
+    expected_distinct_experts,
+    gptq_weight_bytes,
+)
+from onecard.core.spec.policy import SpecPolicy, expected_tokens
+
+_FULL_SIZE = Path(__file__).resolve().parents[2] / "bench" / "full_size.py"
+
+
+@pytest.fixture(scope="module")
+def q30_config() -> dict:
+    """The Qwen3-30B-A3B config the GPU benches build (bench/full_size.py: the one home of that shape)."""
+    spec = importlib.util.spec_from_file_location("full_size_for_spec_test", _FULL_SIZE)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return dict(mod.CONFIG)
+
+
+@pytest.fixture(scope="module")
+def shape(q30_config) -> ModelShape:
+    return ModelShape.from_hf_config(q30_config)
+
+
+# ------------------------------------------------------------------ cost model
+@pytest.mark.parametrize("n", [1, 2, 3, 9, 16, 48, 144])
+def test_union_formula_matches_monte_carlo(n):
+    rng = random.Random(1234 + n)
+    trials = 3000
+    counts = []
+    for _ in range(trials):
+        seen: set[int] = set()
+        for _ in range(n):
+            seen.update(rng.sample(range(128), 8))
+        counts.append(len(seen))
+    mean, sd = statistics.fmean(counts), statistics.pstdev(counts)
+    want = expected_distinct_experts(n, 128, 8)
+    assert abs(mean - want) <= 4 * sd / trials ** 0.5 + 1e-9, (n, mean, want)
+
+
+def test_union_edges():
+    assert expected_distinct_experts(0, 128, 8) == 0.0
+    assert expected_distinct_experts(1, 128, 8) == pytest.approx(8.0)
+    assert expected_distinct_experts(10_000, 128, 8) == pytest.approx(128.0)
+
+
+def test_bytes_match_the_tiny_gptq_checkpoint(tiny_moe_gptq_dir):
+    meta = read_checkpoint_meta(Path(tiny_moe_gptq_dir))
+    c = meta.hf_config
+    q = meta.quant
+    s = ModelShape.from_hf_config(c, bits=q.bits, group_size=q.group_size)
+
+    def gptq(prefix: str) -> int:        # as a kernel reads it: packed ints + fp16 scales
+        t = meta.tensors
+        return (t[prefix + ".qweight"].nbytes + t[prefix + ".qzeros"].nbytes + t[prefix + ".scales"].numel * 2)
+
+    p = "model.layers.0"
+    expert = sum(gptq(f"{p}.mlp.experts.0.{w}_proj") for w in ("gate", "up", "down"))
+    assert s.expert_bytes == pytest.approx(expert)
+    attn = sum(gptq(f"{p}.self_attn.{w}_proj") for w in "qkvo")
+    router = meta.tensors[f"{p}.mlp.gate.weight"].numel * 2
+    lm_head = meta.tensors["lm_head.weight"].numel * 2
+    assert s.dense_bytes == pytest.approx(s.layers * (attn + router) + lm_head)
+    assert gptq_weight_bytes(256, 64, None) == 256 * 64 * 2
+
+
+def test_h200_fit_reproduces_the_measured_steps(shape):
+    m = CostModel.for_card("NVIDIA H200", shape)
+    for b in (1, 16):
+        assert m.step_time(b, b) == pytest.approx(H200_T4["tpot_s"][b], rel=0.01)
+
+
+@pytest.mark.parametrize("card", ["H200", "H100", "Tesla V100-SXM2-32GB"])
+@pytest.mark.parametrize("batch", [1, 16])
+def test_verify_cost_grows_with_k_and_union(shape, card, batch):
+    m = CostModel.for_card(card, shape)
+    rel = [m.relative_cost(batch, [k] * batch) for k in range(9)]
+    assert rel[0] == pytest.approx(1.0)
+    assert all(b > a for a, b in itertools.pairwise(rel))
+    # the MoE's share: at batch 1 the union grows ~7x from k=0 to k=8, so the cost grows by more than 30%
+    if batch == 1:
+        assert rel[8] > 1.3
+    assert m.verify_cost(batch, [1] * batch) == pytest.approx(m.step_time(batch, 2 * batch))
+    with pytest.raises(ValueError):
+        m.verify_cost(batch + 1, [1] * batch)
+
+
+def test_union_correction_lowers_the_cost(shape):
+    table = MeasuredTable(512, {1: {1: 2.6e-3, 2: 3.0e-3}}, union_correction=0.5)
+    plain, corrected = CostModel(shape, card_spec("H200")), CostModel(shape, card_spec("H200"), table)
+    assert corrected.analytic(1, 9) < plain.analytic(1, 9)
+    assert corrected.analytic(1, 1) == pytest.approx(plain.analytic(1, 1))    # top_k experts stay
+
+
+def _write_table(path: Path, card: str, rows: dict[int, dict[int, float]]) -> Path:
+    path.write_text(json.dumps({"cards": {card: {"context": 512, "step_s": {
+        str(b): {str(t): s for t, s in r.items()} for b, r in rows.items()}}}}))
+    return path
+
+
+def test_table_used_when_present_for_the_card(shape, tmp_path):
+    rows = {1: {t: 2.0e-3 + 0.5e-3 * (t - 1) for t in range(1, 10)},
+            16: {t: 6.0e-3 * t for t in range(1, 10)}}
+    path = _write_table(tmp_path / "verify.json", "NVIDIA H200", rows)
+    m = CostModel.for_card("H200", shape, path)
+    assert m.source == "measured table"
+    assert m.step_time(1, 4) == pytest.approx(rows[1][4])
+    assert m.step_time(16, 16 * 3) == pytest.approx(rows[16][3])
+    assert m.step_time(16, 16 + 8) == pytest.approx((rows[16][1] + rows[16][2]) / 2)     # 1.5 per sequence
+    assert m.step_time(1, 12) == pytest.approx(rows[1][9] + 3 * 0.5e-3)                  # extended
+    # a batch between the measured ones: the table's relative cost at the nearest batch carries over
+    near = m.step_time(8, 16) / m.step_time(8, 8)
+    assert near == pytest.approx(m.analytic(8, 16) / m.analytic(8, 8) * 2.0 / (m.analytic(16, 32) / m.analytic(16, 16)))
+    # another card: the analytic model
+    other = CostModel.for_card("H100", shape, path)
+    assert other.table is None and other.step_time(1, 4) == pytest.approx(other.analytic(1, 4))
+    # a longer context adds the KV read
+    assert m.step_time(1, 1, 4096) > m.step_time(1, 1, 512)
+
+
+def test_table_needs_two_points():
+    with pytest.raises(ValueError):
+        MeasuredTable.from_json({"step_s": {"1": {"1": 0.002}}})
+
+
+# ------------------------------------------------------------------ policy
+def test_expected_tokens():
+    assert expected_tokens(0.0, 5) == 1.0
+    assert expected_tokens(1.0, 4) == 5.0
+    assert expected_tokens(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)
+    assert expected_tokens(0.9, 0) == 1.0
+
+
+def _drafts(n: int, length: int = 8) -> dict[str, list[int]]:
+    return {f"r{i}": list(range(length)) for i in range(n)}
+
+
+def test_zero_acceptance_picks_k0(shape):
+    p = SpecPolicy(8, CostModel.for_card("H200", shape))
+    for _ in range(20):
+        p.record("r0", 8, 0)
+    assert p.acceptance("r0") < 0.1
+    assert p.choose(_drafts(1)) == {"r0": 0}
+    assert p.last.speedup == 1.0
+
+
+def test_high_acceptance_at_batch1_picks_max_k(shape):
+    p = SpecPolicy(8, CostModel.for_card("H200", shape))
+    for _ in range(20):
+        p.record("r0", 8, 8)
+    assert p.acceptance("r0") > 0.9
+    assert p.choose(_drafts(1)) == {"r0": 8}
+    assert p.last.speedup > 2.0
+    assert p.choose({"r0": [5, 6, 7]}) == {"r0": 3}          # the drafter's own length caps k
+    assert p.choose({"r0": []}) == {"r0": 0}
+    assert p.choose({"r0": 5}) == {"r0": 5}                  # a length is as good as the tokens
+
+
+def test_off_at_batch16_when_verify_is_expensive(shape, tmp_path):
+    # a card where verify tokens cost nearly a full step each at batch 16 (compute-bound), cheap at batch 1
+    rows = {1: {t: 2.6e-3 * (1 + 0.08 * (t - 1)) for t in range(1, 10)},
+            16: {t: 6.5e-3 * (1 + 0.9 * (t - 1)) for t in range(1, 10)}}
+    path = _write_table(tmp_path / "verify.json", "H200", rows)
+    cost = CostModel.for_card("H200", shape, path)
+    p = SpecPolicy(8, cost, prior_acceptance=0.5)
+    ks = p.choose(_drafts(16))
+    assert set(ks.values()) == {0} and p.last.draft_tokens == 0
+    assert p.choose(_drafts(1)) != {"r0": 0}                 # the same acceptance pays at batch 1
+    # and the analytic V100 model says the same at batch 16 with moderate acceptance
+    v100 = SpecPolicy(8, CostModel.for_card("V100", shape), prior_acceptance=0.5)
+    assert set(v100.choose(_drafts(16)).values()) == {0}
+
+
+def test_choice_is_the_brute_force_optimum(shape):
+    cost = CostModel.for_card("H200", shape)
+    p = SpecPolicy(4, cost, min_speedup=1.0)
+    outcomes = {"a": (4, 4), "b": (4, 1), "c": (4, 2)}
+    for rid, (prop, acc) in outcomes.items():
+        for _ in range(3):
+            p.record(rid, prop, acc)
+    drafts = {"a": [0] * 4, "b": [0] * 3, "c": [0] * 4}
+    alphas = {r: p.acceptance(r) for r in drafts}
+    ks = p.choose(drafts)
+
+    def rate(assign: dict[str, int]) -> float:
+        emitted = sum(expected_tokens(alphas[r], k) for r, k in assign.items())
+        return emitted / cost.verify_cost(3, list(assign.values()))
+
+    best = max((dict(zip(drafts, combo)) for combo in itertools.product(*(range(len(d) + 1) for d in drafts.values()))),
+               key=rate)
+    assert rate(ks) == pytest.approx(rate(best), rel=1e-12)
+    assert p.last.speedup == pytest.approx(rate(ks) / rate(dict.fromkeys(drafts, 0)))
+
+
+def test_record_forget_and_prior(shape):
+    p = SpecPolicy(8, CostModel.for_card("H200", shape), prior_acceptance=0.5)
+    assert p.acceptance("new") == pytest.approx(0.5)
+    for _ in range(30):
+        p.record("good", 8, 8)
+    assert p.tracked() == 1
+    assert p.acceptance("good") > 0.9
+    assert p.acceptance("new") > 0.5                          # new requests start from the traffic's rate
+    p.record("x", 0, 0)                                       # nothing verified: no evidence
+    assert p.tracked() == 1
+    p.forget("good")
+    p.forget("never-seen")
+    assert p.tracked() == 0
+    with pytest.raises(ValueError):
+        p.record("good", 2, 3)
+    with pytest.raises(ValueError):
+        p.record("good", 2, -1)
+    with pytest.raises(ValueError):
+        SpecPolicy(-1, CostModel.for_card("H200", shape))
+
+
+def test_a_sequence_held_off_drifts_back_to_probing(shape):
+    p = SpecPolicy(8, CostModel.for_card("H200", shape), prior_acceptance=0.7)
+    for _ in range(10):
+        p.record("r0", 8, 0)
+    assert p.choose(_drafts(1)) == {"r0": 0}
+    steps = 0
+    while p.choose(_drafts(1)) == {"r0": 0}:
+        steps += 1
+        assert steps < 500
+    assert steps > 5                                          # not at once: the evidence fades over steps
+
+
+# ------------------------------------------------------------------ the GPU bench's CPU side: projection
+def _load_project():
+    path = Path(__file__).resolve().parents[2] / "bench" / "spec_verify_project.py"
+    spec = importlib.util.spec_from_file_location("spec_verify_project_for_test", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("layout", ["nested", "records"])
+def test_projection_from_acceptance_histograms(tmp_path, layout):
+    proj = _load_project()
+    alpha, k = 0.7, 4
+    hist = [1000 * alpha ** j * (1 - alpha) for j in range(k)] + [1000 * alpha ** k]     # geometric, truncated
+    if layout == "nested":
+        data = {"methods": {"ngram": {"k": {str(k): {"histogram": hist}}}, "suffix": {"2": [5, 3, 2]}}}
+    else:
+        data = {"results": [{"method": "ngram", "k": k, "accepted_hist": hist},
+                            {"method": "suffix", "k": 2, "accepted_hist": [5, 3, 2]}]}
+    path = tmp_path / "acc.json"
+    path.write_text(json.dumps(data))
+    acc = proj.load_acceptance(path)
+    assert set(acc) == {"ngram", "suffix"} and set(acc["ngram"]) == {k} and set(acc["suffix"]) == {2}
+    table = {"context": 512, "step_s": {"1": {"1": 2e-3, "5": 3e-3}, "16": {"1": 6e-3, "3": 9e-3, "5": 12e-3}}}
+    out = proj.project(acc, table, [1, 16])
+    row = out["methods"]["ngram"][k]
+    assert row["alpha"] == pytest.approx(alpha)
+    mean = sum(j * c for j, c in enumerate(hist)) / sum(hist)
+    assert row["mean_accepted"] == pytest.approx(mean)
+    assert row["speedup"][1] == pytest.approx((1 + mean) * 2e-3 / 3e-3)
+    assert row["speedup"][16] == pytest.approx((1 + mean) * 6e-3 / 12e-3)
+    assert out["best"]["suffix"][1][0] == 2
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({"note": "nothing"}))
+    with pytest.raises(ValueError):
+        proj.load_acceptance(empty)

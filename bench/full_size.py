@@ -94,8 +94,8 @@ def _engine(model_dir: str, **kw):
     from onecard.config import EngineArgs
     from onecard.core.engine_core import EngineCore
 
-    args = dict(model=model_dir, quantization="gptq", dtype="float16", max_model_len=8192, max_num_seqs=16,
-                max_num_batched_tokens=8192, gpu_memory_utilization=0.9, enable_prefix_caching=False)
+    args = {"model": model_dir, "quantization": "gptq", "dtype": "float16", "max_model_len": 8192, "max_num_seqs": 16,
+            "max_num_batched_tokens": 8192, "gpu_memory_utilization": 0.9, "enable_prefix_caching": False}
     args.update(kw)
     t0 = time.perf_counter()
     core = EngineCore(EngineArgs(**args).create_config())
@@ -194,7 +194,7 @@ def logits_only(model_dir: str, out: str) -> dict:
 def check_logits(core, n: int = 16) -> dict:
     """Triton path vs reference path on the full-size model: logits of one n-token prefill."""
     from onecard.kernels import dispatch
-    from onecard.runner.attn_metadata import AttentionMetadata
+    from onecard.kernels.attention.metadata import AttentionMetadata
 
     runner = core.runner
     model, dev, bs = runner.model, runner.device, runner.block_size

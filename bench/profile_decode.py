@@ -19,8 +19,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.full_size import _engine  # noqa: E402
-from onecard.runner.attn_metadata import AttentionMetadata  # noqa: E402
+from bench.full_size import _engine
+from onecard.kernels.attention.metadata import AttentionMetadata
 
 
 def decode_inputs(runner, bs: int, ctx: int):
@@ -42,7 +42,7 @@ def decode_inputs(runner, bs: int, ctx: int):
 def profile(runner, bs: int, ctx: int = 512, steps: int = 5) -> dict:
     model, kv = runner.model, runner.kv_caches
     ids, pos, md = decode_inputs(runner, bs, ctx)
-    fwd = lambda: model.compute_logits(model(ids, pos, kv, md))  # noqa: E731
+    fwd = lambda: model.compute_logits(model(ids, pos, kv, md))
     for _ in range(3):
         fwd()
     torch.cuda.synchronize()
@@ -61,7 +61,8 @@ def profile(runner, bs: int, ctx: int = 512, steps: int = 5) -> dict:
         g.replay()
     torch.cuda.synchronize()
     graph_us = (time.perf_counter() - t0) / 50 * 1e6
-    from torch.profiler import ProfilerActivity, profile as tprof
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as tprof
     with tprof(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             g.replay()
@@ -89,9 +90,9 @@ def profile(runner, bs: int, ctx: int = 512, steps: int = 5) -> dict:
           f"{total:.0f} us/step over {calls:.0f} kernels/step ({len(model.layers)} layers)")
     for r in rows[:12]:
         print(f"  {r['us_per_step']:8.1f} us/step {r['calls_per_step']:6.0f} x {r['us_per_call']:7.2f} us  {r['kernel']}")
-    return dict(bs=bs, ctx=ctx, graph_us=graph_us, eager_us=eager_us, kernel_us=total, kernels=calls,
-                layers=len(model.layers), rows=rows, graph_kernel_us=gtotal, graph_rows=graph_rows,
-                critical_us=critical)
+    return {"bs": bs, "ctx": ctx, "graph_us": graph_us, "eager_us": eager_us, "kernel_us": total, "kernels": calls,
+            "layers": len(model.layers), "rows": rows, "graph_kernel_us": gtotal, "graph_rows": graph_rows,
+            "critical_us": critical}
 
 
 def critical_path(prof, steps: int) -> dict[str, float]:
@@ -121,8 +122,8 @@ def kernel_rows(prof, steps: int) -> list[dict]:
             dt = ev.cuda_time_total
         if dt <= 0 or ev.count == 0:
             continue
-        rows.append(dict(kernel=ev.key[:90], calls_per_step=ev.count / steps, us_per_call=dt / ev.count,
-                         us_per_step=dt / steps))
+        rows.append({"kernel": ev.key[:90], "calls_per_step": ev.count / steps, "us_per_call": dt / ev.count,
+                     "us_per_step": dt / steps})
     rows.sort(key=lambda r: -r["us_per_step"])
     return rows
 
@@ -139,7 +140,7 @@ def profile_prefill(runner, t: int = 4096, steps: int = 2) -> dict:
                            max_query_len=t, max_seq_len=t, num_decode_tokens=0)
     ids = torch.randint(0, 1000, (t,), device=dev)
     pos = torch.arange(t, dtype=torch.long, device=dev)
-    fwd = lambda: model.compute_logits(model(ids, pos, kv, md)[-1:])  # noqa: E731
+    fwd = lambda: model.compute_logits(model(ids, pos, kv, md)[-1:])
     fwd()
     torch.cuda.synchronize()
     t0 = time.perf_counter()
@@ -147,7 +148,8 @@ def profile_prefill(runner, t: int = 4096, steps: int = 2) -> dict:
         fwd()
     torch.cuda.synchronize()
     eager_us = (time.perf_counter() - t0) / steps * 1e6
-    from torch.profiler import ProfilerActivity, profile as tprof
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as tprof
     with tprof(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             fwd()
@@ -158,7 +160,7 @@ def profile_prefill(runner, t: int = 4096, steps: int = 2) -> dict:
           f"{total:.0f} us ({len(model.layers)} layers)")
     for r in rows[:25]:
         print(f"  {r['us_per_step']:8.1f} us/fwd {r['calls_per_step']:6.0f} x {r['us_per_call']:8.2f} us  {r['kernel']}")
-    return dict(prefill_tokens=t, eager_us=eager_us, kernel_us=total, layers=len(model.layers), rows=rows)
+    return {"prefill_tokens": t, "eager_us": eager_us, "kernel_us": total, "layers": len(model.layers), "rows": rows}
 
 
 def main() -> None:

@@ -2,7 +2,8 @@
 list, constexprs and compile options) for sm70 and sm90, plain and JIT-aligned, with .file/.loc lines and DWARF
 sections stripped, hashed per config (OUT.json) and in full (OUT.json.ptx.json). Run it on a copy of the tree
 before and after and compare the JSON (CPU only; Triton's bundled ptxas; ~30 min on a busy 2-core machine).
-Usage: PYTHONPATH=TREE python bench/ptx_snapshot.py TREE OUT.json"""
+Usage: PYTHONPATH=TREE python bench/ptx_snapshot.py TREE OUT.json [MODULE ...]  (MODULEs: a subset of
+test_aot.MODULES, e.g. ``attention`` when only that package was touched; default all)"""
 import hashlib
 import importlib
 import importlib.util
@@ -48,7 +49,7 @@ def job(j):
 if __name__ == "__main__":
     aot = _aot()
     jobs = []
-    for mod in aot.MODULES:
+    for mod in sys.argv[3:] or aot.MODULES:
         for i, c in enumerate(importlib.import_module(f"onecard.kernels.{mod}.triton").aot_configs()):
             is_bf16 = any(v == "*bf16" for v in c.signature.values())
             for cc in (70, 90):

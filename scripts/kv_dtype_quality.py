@@ -47,7 +47,7 @@ def heldout_texts() -> tuple[list[str], list[str]]:
 @torch.inference_mode()
 def engine_perplexity(model_dir: Path, kv: str, ids: torch.Tensor, seq_len: int) -> tuple[float, int]:
     from onecard.config import EngineArgs
-    from onecard.runner.attn_metadata import AttentionMetadata
+    from onecard.kernels.attention.metadata import AttentionMetadata
     from onecard.runner.model_runner import ModelRunner
 
     cfg = EngineArgs(model=str(model_dir), device="cpu", kv_cache_dtype=kv, max_model_len=seq_len).create_config()
@@ -118,8 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"perplexity  kv {kv:<9} {ppl:9.4f} over {n} tokens ({time.perf_counter() - t0:.0f} s)", flush=True)
     toks = {} if a.skip_greedy else {kv: greedy(model_dir, kv, a.gen_tokens) for kv in a.kv}
     base = toks.get("float16") or toks.get(a.kv[0])
-    for kv in toks:
-        res["greedy"][kv] = agreement(toks[kv], base)
+    for kv, kv_toks in toks.items():
+        res["greedy"][kv] = agreement(kv_toks, base)
         print(f"greedy      kv {kv:<9} vs float16: {res['greedy'][kv]}", flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=1))

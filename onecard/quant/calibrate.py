@@ -20,13 +20,13 @@ from pathlib import Path
 import torch
 
 from onecard.kernels import dispatch as ops
+from onecard.kernels.attention.metadata import AttentionMetadata
 from onecard.kernels.fused_moe.ref import expert_inputs
 from onecard.models.registry import get_model_class
 from onecard.models.weights import ExpertsSpec, LinearSpec, Param, Spec
 from onecard.quant.checkpoint import FloatCheckpoint, write_gptq_checkpoint
 from onecard.quant.gptq import HessianAccumulator, gptq_quantize
 from onecard.quant.quantizer import QuantSpec, quantize_rtn
-from onecard.runner.attn_metadata import AttentionMetadata
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ import time
 import numpy as np
 import torch
 
-from onecard.runner.attn_metadata import AttentionMetadata
+from onecard.kernels.attention.metadata import AttentionMetadata
 from onecard.runner.input_batch import ModelInputs
 
 logger = logging.getLogger(__name__)

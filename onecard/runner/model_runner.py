@@ -33,7 +33,7 @@ from onecard import kv_dtype
 from onecard.config import ConfigError, EngineConfig, host_tier_blocks
 from onecard.core.outputs import RunnerOutput, SchedulerOutput
 from onecard.kernels import dispatch
-from onecard.runner.attn_metadata import AttentionMetadata
+from onecard.kernels.attention.metadata import AttentionMetadata
 from onecard.runner.input_batch import ModelInputs, build_inputs
 from onecard.runner.sampler import Sampler, SamplingBatch, compute_logprobs
 from onecard.runner.step_output import PendingOutput
@@ -157,7 +157,7 @@ class ModelRunner:
         tmp_blocks = (tokens + self.block_size - 1) // self.block_size + seqs
         self.initialize_kv_cache(tmp_blocks, log=False)
         tmp_bytes = tmp_blocks * self.block_bytes
-        self._dummy_forward(tokens, seqs)
+        self.profile_forward(tokens, seqs)
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated() - tmp_bytes
         self.kv_caches = []
@@ -172,7 +172,9 @@ class ModelRunner:
         return max(0, int(budget // self.block_bytes))
 
     @torch.inference_mode()
-    def _dummy_forward(self, tokens: int, seqs: int) -> None:
+    def profile_forward(self, tokens: int, seqs: int, layer_ids: list[int] | None = None) -> None:
+        """The memory profile's step: ``tokens`` prefill tokens over ``seqs`` sequences through the model (over
+        ``layer_ids`` only, if given: the precompile's dry run), then logits for max_num_seqs rows."""
         per = tokens // seqs
         lens = [per] * seqs
         lens[-1] += tokens - per * seqs
@@ -192,7 +194,7 @@ class ModelRunner:
             slot_mapping=torch.cat(slot).long(), query_start_loc=cu,
             seq_lens=torch.tensor(lens, dtype=torch.int32, device=self.device), block_table=table,
             max_query_len=max(lens), max_seq_len=max(lens))
-        hidden = self.model(ids, pos, self.kv_caches, md)
+        hidden = self.model(ids, pos, self.kv_caches, md, layer_ids)
         last = hidden[cu[1:].long() - 1]
         logits = self.model.compute_logits(last.repeat((self.config.scheduler.max_num_seqs + seqs - 1) // seqs, 1))
         torch.softmax(logits, dim=-1)

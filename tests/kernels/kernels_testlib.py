@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from onecard.kernels.attention.metadata import AttentionMetadata
 from onecard.kernels.gptq_gemm.format import pack_cols, pack_rows
 from onecard.kernels.types import GPTQWeight
-from onecard.runner.attn_metadata import AttentionMetadata
 
 
 def random_gptq(k: int, n: int, group_size: int, experts: int | None = None, desc_act: bool = False,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from onecard.runner.attn_metadata import AttentionMetadata
+from onecard.kernels.attention.metadata import AttentionMetadata
 
 
 @dataclass(slots=True)
@@ -34,7 +34,7 @@ class PagedCache:
         self.seqs: list[_Seq] = []
 
     @classmethod
-    def for_model(cls, model, **kw) -> "PagedCache":
+    def for_model(cls, model, **kw) -> PagedCache:
         return cls(len(model.layers), model.num_kv_heads, model.head_dim, **kw)
 
     def new_seq(self) -> int:

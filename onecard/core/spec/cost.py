@@ -9,7 +9,8 @@ Contract:
   ``ModelShape.from_hf_config(config, bits=4, group_size=128)``: the sizes the model below needs.
   ``CARDS`` / ``card_spec(name)``: per-card constants of the analytic model (documented below, assumptions
   marked). ``CostModel(shape, card, table=None)``; ``CostModel.for_card(name, shape, table_path=None)`` takes
-  the measured table of that card from a ``bench/spec_verify.py`` JSON when there is one.
+  the measured table of that card from a ``bench/spec_verify.py`` JSON when there is one;
+  ``CostModel.for_engine(engine_config, card, table_path=None)`` builds the shape from an ``EngineConfig``.
   ``step_time(batch, tokens, context=512) -> s``: one step of ``batch`` decode sequences and ``tokens`` query
   tokens in all (tokens >= batch; non-integer tokens per sequence interpolate). ``verify_cost(batch,
   k_per_seq, context=512) -> s`` = step_time(len(k_per_seq), Σ(1 + k_i)); ``relative_cost`` = that over the
@@ -28,7 +29,11 @@ Analytic model (no table for the card):
     flops = n x 2 x (active parameters incl. lm_head, which every verified position needs) + attention
             4 x n x context x heads x head_dim per layer;
     dequantized weights = layers x U(n) x expert weights (the cards whose Triton tl.dot is FMA code pay for
-            the int4 → fp16 conversion in compute: sm70/75; elsewhere it hides under the memory stream).
+            the int4 → fp16 conversion in compute: sm70/75; elsewhere it hides under the memory stream);
+    kernel paths (kernels/paths.py at the card's capability and n rows): where the dense GEMMs take the
+            dequantize + cuBLAS path (n >= 128, 65 below sm80) their fp16 copies are written and read (2 x
+            their fp16 bytes more); where the MoE takes the grouped / per-expert path (n >= 256) every expert
+            is read, dequantized, written and read again — the policy must not push a step there.
   Card constants: H200 ``overhead`` and ``bandwidth`` are fitted (two points, both memory-bound) to the measured
   decode TPOT of run T4 (BENCHMARKS.md: 2.59 ms at batch 1, 6.49 ms at batch 16, 512-token contexts, steps reading 2.11 / 11.6
   GB): the overhead is the per-step latency chain (launches, dependent kernels, host), the bandwidth what the
@@ -52,6 +57,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from onecard.kernels import paths
 from onecard.kv_dtype import bytes_per_token_hf
 
 
@@ -111,6 +117,12 @@ class ModelShape:
         return self.layers * (attn + self.num_experts * h * 2) + self.vocab * h * 2
 
     @property
+    def attention_fp16_bytes(self) -> float:
+        """One layer's q/k/v/o weights at fp16 (the copy the cuBLAS path dequantizes to)."""
+        d = self.head_dim
+        return 2.0 * (self.hidden * (self.heads + 2 * self.kv_heads) * d + self.heads * d * self.hidden)
+
+    @property
     def expert_bytes(self) -> float:
         """One expert's (or the dense MLP's) gate, up and down GEMMs in one layer."""
         return 2 * self._w(self.hidden, self.expert_intermediate) + self._w(self.expert_intermediate, self.hidden)
@@ -138,6 +150,7 @@ class CardSpec:
     overhead_s: float             # per step, whatever its size
     flop_rate: float              # FLOP/s for the verify GEMMs
     dequant_rate: float = math.inf  # weight elements/s converted int4 → fp16 where it costs compute (sm70/75)
+    cc: int = 90                  # compute capability: the kernel paths (kernels/paths.py) at each token count
     source: str = "assumed"
 
 
@@ -166,7 +179,7 @@ def _cards() -> dict[str, CardSpec]:
         "H100-80GB": CardSpec("H100-80GB", h100_bw, overhead, SM80_FLOP_RATE,
                               source="H200 fit scaled by HBM spec (assumed)"),
         "V100-32GB": CardSpec("V100-32GB", v["bandwidth"], v["overhead_s"], v["fma"],
-                              v["fma"] / 2 / v["dequant_ops"], source="bench/v100_estimate.py rates (assumed)"),
+                              v["fma"] / 2 / v["dequant_ops"], cc=70, source="bench/v100_estimate.py rates (assumed)"),
     }
 
 
@@ -207,7 +220,15 @@ class MeasuredTable:
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> MeasuredTable:
-        rows = {int(b): {int(t): float(s) for t, s in row.items()} for b, row in d["step_s"].items()}
+        """Each row made non-decreasing in tokens (a step with more tokens is never faster: a dip is timing
+        noise, and a falling row would make the policy draft for free)."""
+        rows: dict[int, dict[int, float]] = {}
+        for b, row in d["step_s"].items():
+            mono, top = {}, 0.0
+            for t in sorted(row, key=int):
+                top = max(top, float(row[t]))
+                mono[int(t)] = top
+            rows[int(b)] = mono
         if not rows or any(len(r) < 2 for r in rows.values()):
             raise ValueError("a measured table needs, per batch, at least two tokens-per-sequence points")
         return MeasuredTable(int(d.get("context", 512)), rows, float(d.get("union_correction") or 1.0))
@@ -240,6 +261,19 @@ class CostModel:
     _cache: dict = field(default_factory=dict, repr=False)
 
     @staticmethod
+    def for_engine(config: Any, card: str, table_path: str | Path | None = None) -> CostModel:
+        """From an ``EngineConfig`` (the model's config.json, its GPTQ bits and group, the KV format) on ``card``
+        (the device name torch reports, e.g. "NVIDIA H200")."""
+        from onecard.kv_dtype import resolve
+
+        m = config.model
+        q = m.quant
+        shape = ModelShape.from_hf_config(m.hf_config, bits=None if q is None else q.bits,
+                                          group_size=128 if q is None else q.group_size,
+                                          kv_format=resolve(config.cache.kv_cache_dtype, m.dtype))
+        return CostModel.for_card(card, shape, table_path)
+
+    @staticmethod
     def for_card(name: str, shape: ModelShape, table_path: str | Path | None = None) -> CostModel:
         table = load_table(table_path, name) if table_path is not None and Path(table_path).exists() else None
         return CostModel(shape, card_spec(name), table)
@@ -251,11 +285,19 @@ class CostModel:
     def analytic(self, batch: int, tokens: float, context: int = 512) -> float:
         s, c = self.shape, self.card
         corr = self.table.union_correction if self.table is not None else 1.0
+        rows = math.ceil(tokens)
         experts = s.experts_read(tokens, corr)
+        expert_fp16 = 3 * s.hidden * s.expert_intermediate * 2
+        extra = 0.0
+        if s.bits is not None and paths.choose_dense_gemm(rows, c.cc) == "cublas":
+            extra += 2 * s.layers * s.attention_fp16_bytes          # dequantized copy written, then read by cuBLAS
+        if s.bits is not None and s.num_experts and paths.choose_moe(rows, c.cc) in ("grouped", "per-expert"):
+            experts = float(s.num_experts)                          # every expert dequantized, written and read
+            extra += 2 * s.layers * s.num_experts * expert_fp16
         moe_layers_bytes = s.layers * experts * s.expert_bytes
         kv = batch * context * s.kv_bytes_per_token
         dequant = s.layers * experts * 3 * s.hidden * s.expert_intermediate
-        memory = (s.dense_bytes + moe_layers_bytes + kv) / c.bandwidth
+        memory = (s.dense_bytes + moe_layers_bytes + kv + extra) / c.bandwidth
         compute = tokens * s.flops_per_token(context) / c.flop_rate + dequant / c.dequant_rate
         return c.overhead_s + max(memory, compute)
 

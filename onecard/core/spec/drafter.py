@@ -93,9 +93,3 @@ def make_drafter(method: str, num_speculative_tokens: int | None = None, **param
         min_token_prob=cfg["suffix_decoding_min_token_prob"],
     )
 
-
-def check_int(name: str, value: Any, lowest: int) -> int:
-    """`value` as an int >= lowest, else ValueError naming the key (bools are refused)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
-        raise ValueError(f"{name}={value!r} must be an integer >= {lowest}")
-    return value

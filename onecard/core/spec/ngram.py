@@ -16,13 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from onecard.core.spec.drafter import check_int
-
-
-def as_ints(tokens: Sequence[int]) -> list[int]:
-    """Python ints from a list, tuple or numpy array slice (numpy scalars would leak into drafts)."""
-    tolist = getattr(tokens, "tolist", None)
-    return tolist() if tolist is not None else [int(t) for t in tokens]
+from onecard.core.spec.common import as_ints, check_int
 
 
 @dataclass(slots=True)

@@ -29,8 +29,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from onecard.core.spec.drafter import check_int
-from onecard.core.spec.ngram import as_ints
+from onecard.core.spec.common import as_ints, check_int
 from onecard.core.spec.suffix_tree import SuffixTree
 
 
@@ -101,10 +100,9 @@ class SuffixDrafter:
         k = min(max_k, self.k)
         if k <= 0 or not req.tail:
             return []
-        pattern = req.tail
-        draft = req.tree.speculate(pattern, k, self.spec_factor, self.min_prob)
+        draft = req.tree.speculate_tail(0, k, self.spec_factor, self.min_prob)
         if self._cached:
-            other = self.global_tree.speculate(pattern, k, self.spec_factor, self.min_prob)
+            other = self.global_tree.speculate(req.tail, k, self.spec_factor, self.min_prob)
             if other.score > draft.score:
                 draft = other
         return draft.tokens

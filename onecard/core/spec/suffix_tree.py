@@ -100,7 +100,17 @@ class SuffixTree:
         if len(active) > self.depth:
             active.pop(0)  # that suffix reached depth D: it stays where it ends
         self.ops += len(active)
-        for i, node in enumerate(active):
+        # Counts never decrease from a longer suffix to a shorter one, so the suffixes that occur only once
+        # come first; each is alone on its leaf and just lengthens its edge over the new token.
+        first = 0
+        for node in active:
+            if node.count != 1 or node is root:
+                break
+            node.buf, node.start = toks, pos - node.length
+            node.length += 1
+            first += 1
+        for i in range(first, len(active)):
+            node = active[i]
             children = node.children
             child = children.get(token) if children else None
             if child is None:
@@ -113,7 +123,9 @@ class SuffixTree:
                     if children is None:
                         children = node.children = {}
                     children[token] = leaf
-                    _promote(node, leaf)
+                    best = node.best
+                    if not node.stale and (best is None or (best.count == 1 and best.buf[best.start] > token)):
+                        node.best = leaf
                     active[i] = leaf
             elif node is not root and node.count == child.count + 1:
                 # This suffix is the only one ending at `node` and every other goes on to `child`: after the
@@ -137,9 +149,13 @@ class SuffixTree:
                     children[child.buf[child.start]] = child
                     node.best, node.stale = child, False
             elif child.length == 1:
-                child.count += 1
+                count = child.count = child.count + 1
                 child.buf, child.start = toks, pos
-                _promote(node, child)
+                best = node.best
+                if not node.stale and best is not child and (
+                    best is None or count > best.count or (count == best.count and token < best.buf[best.start])
+                ):
+                    node.best = child
                 active[i] = child
             else:
                 # Split `child` after its first token; the new node carries this suffix as well.
@@ -248,10 +264,21 @@ class SuffixTree:
     def speculate(self, pattern: list[int], max_tokens: int, spec_factor: float, min_prob: float) -> Draft:
         """Arctic Inference's path speculation: try every match length 1..len(pattern)-1; the highest score
         wins, a longer match on a tie. The draft for match length m is at most floor(m * spec_factor)."""
-        best = Draft()
         n = len(pattern)
-        for m in range(1, n):
-            found = self.match(pattern[n - m :])
+        return self._speculate((self.match(pattern[n - m :]) for m in range(1, n)), max_tokens, spec_factor,
+                               min_prob)
+
+    def speculate_tail(self, seq_id: int, max_tokens: int, spec_factor: float, min_prob: float) -> Draft:
+        """`speculate` with the pattern = the last `depth` tokens of sequence `seq_id` itself: its active
+        suffixes already end where each match length ends, so nothing is matched from the root."""
+        active = self.seqs[seq_id].active
+        return self._speculate(((active[-m], active[-m].length) for m in range(1, len(active))), max_tokens,
+                               spec_factor, min_prob)
+
+    def _speculate(self, matches, max_tokens: int, spec_factor: float, min_prob: float) -> Draft:
+        """`matches` yields, for m = 1, 2, ..., where the pattern's last m tokens end (None: no match)."""
+        best = Draft()
+        for m, found in enumerate(matches, 1):
             if found is None:
                 break  # a longer suffix cannot occur either
             cap = min(max_tokens, int(m * spec_factor + 1e-6))

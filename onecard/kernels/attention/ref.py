@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from onecard.kernels.attention.fp8 import dequantize, quantize
-from onecard.runner.attn_metadata import AttentionMetadata
+from onecard.kernels.attention.metadata import AttentionMetadata
 
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -36,7 +36,7 @@ def gather_kv(cache: torch.Tensor, block_row: torch.Tensor, seq_len: int, scale:
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, md: AttentionMetadata,
                     scale: float, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
     """q [T, Hq, D] -> [T, Hq, D] in q.dtype: causal GQA attention over each sequence's paged context."""
-    _, hq, d = q.shape
+    _, hq, _d = q.shape
     hkv = k_cache.shape[2]
     group = hq // hkv
     out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)

@@ -1,6 +1,7 @@
 """Attention metadata for one forward over a flattened variable-length batch.
 
-Contract: built by the model runner each step and passed down the forward call (never global).
+Contract: built by the model runner each step and passed down the forward call (never global). It lives
+beside the attention kernels that read it, so that models, layers and kernels import nothing from the runner.
 A batch is B sequences whose new tokens are concatenated: sequence i owns query rows
 ``query_start_loc[i]:query_start_loc[i+1]``; its context (cached prefix + these new tokens) is
 ``seq_lens[i]`` tokens long, so its new tokens sit at positions ``seq_lens[i] - query_len_i ...``.

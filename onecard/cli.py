@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return bench_main(rest)
     if cmd == "quantize":
-        from onecard.quant.gptq import main as quantize_main
+        from onecard.quant.cli import main as quantize_main
 
         return quantize_main(rest)
     print(f"onecard: unknown command {cmd!r}; choose from {commands}.", file=sys.stderr)

@@ -29,8 +29,6 @@ KNOWN_UP = {
 }
 # Cycles known and tolerated (each found cycle must lie inside one of these).
 KNOWN_CYCLES = [
-    # `onecard quantize`'s entry point in gptq.py imports the calibration driver that imports gptq.
-    {"onecard.quant.calibrate", "onecard.quant.gptq"},
     # the bench client and its bundled workload call each other lazily.
     {"onecard.tools.bench_serve", "onecard.tools.bench_workload"},
 ]

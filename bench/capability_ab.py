@@ -6,7 +6,9 @@ costs of the prefill path (per-shape library work); with torch answering 8.x the
 grouped GEMM (a host loop of per-expert cuBLAS calls, one new GEMM shape per expert) instead of the bf16
 CUTLASS one, so t1 carries a larger one-time cost and the difference shrinks: decode looks faster.
 
-Each measurement here reports, on the same engine and prompts, three decode figures:
+Each measurement here (bench/capability_bisect.measure, which bisects the capability's consumers one at a
+time in one process; this script keeps the lead's process-wide patch, applied before onecard is imported)
+reports, on the same engine and prompts, three decode figures:
   naive   = bs*128 / (t2 - t1_first)   the lead's method (t1 is the first run of these prompts)
   warmed  = bs*128 / (t2 - t1_again)   the same with t1 repeated after t2 (no first-time costs)
   arrival = bs / TPOT                  token arrival times, first to last (bench/full_size.py's method)
@@ -51,30 +53,9 @@ if CC is not None:   # the lead's patches: Triton keeps the real target, torch a
     torch.cuda.get_device_capability = lambda *a, **k: (CC // 10, CC % 10)
     torch.cuda.get_device_properties = lambda *a, **k: _Props(_real_props(*a, **k))
 
-from bench.full_size import V, _engine, _run  # noqa: E402
-from onecard.kernels.fused_moe import grouped  # noqa: E402
-
-
-def _total(times: dict[str, list[float]]) -> float:
-    return max(t[-1] for t in times.values())
-
-
-def measure(core, g: torch.Generator) -> dict:
-    res: dict = {}
-    for bs in (1, 16):
-        ps = [torch.randint(0, V, (512,), generator=g).tolist() for _ in range(bs)]
-        t1_first = _total(_run(core, ps, 1))
-        times = _run(core, ps, 129)
-        t2 = _total(times)
-        first, last = max(t[0] for t in times.values()), max(t[-1] for t in times.values())
-        t1_again = _total(_run(core, ps, 1))
-        res[f"bs{bs}"] = {"naive": bs * 128 / (t2 - t1_first), "warmed": bs * 128 / (t2 - t1_again),
-                          "arrival": bs * 128 / (last - first), "t1_first_ms": t1_first * 1e3,
-                          "t1_again_ms": t1_again * 1e3, "t2_ms": t2 * 1e3}
-    p = [torch.randint(0, V, (4096,), generator=g).tolist()]
-    res["prefill4k_first"] = 4096 / _total(_run(core, p, 1))
-    res["prefill4k_again"] = 4096 / _total(_run(core, p, 1))
-    return res
+from bench.capability_bisect import measure
+from bench.full_size import V, _engine, _run
+from onecard.kernels.fused_moe import grouped
 
 
 def main(model_dir: str, out: str) -> None:
@@ -83,7 +64,7 @@ def main(model_dir: str, out: str) -> None:
     _run(core, [torch.randint(0, V, (64,), generator=g).tolist()], 8)      # warm-up, as the lead
     res: dict = {"emulate": CC, "time_to_ready_s": ready, "runs": []}
     real_dtype, real_per_expert = grouped._gemm_dtype, grouped.per_expert
-    labels = ["emu%d" % CC] * 3 if CC else ["native", "gemm_fp16", "per_expert"] * 2 + ["native"]
+    labels = [f"emu{CC}"] * 3 if CC else ["native", "gemm_fp16", "per_expert"] * 2 + ["native"]
     for label in labels:
         grouped._gemm_dtype = (lambda x: x.dtype) if label == "gemm_fp16" else real_dtype
         grouped.per_expert = (lambda d: True) if label == "per_expert" else real_per_expert

@@ -9,10 +9,17 @@ TPOT = (last token - first token) / (new - 1); the median of the repeats is repo
 Floor: bytes one step reads (bench/full_size.step_bytes: weights of the step, 2.1 GB at batch 1, plus every
 sequence's KV, 98,304 B per token) over the device's copy bandwidth; ``floor_fraction`` = floor / TPOT.
 
+Split-KV A/B (issue 25 item 3): ``--policies legacy,fill`` (the default) measures every scenario under each
+split-KV policy of kernels/paths.split_kv in the same process, on the same engine and prompts: one set of CUDA
+graphs is captured per policy (the segment count is fixed at capture), and the repeats alternate policies
+(legacy, fill, legacy, fill, ...; the order flips every repeat). ``fill:N`` is "fill" with N resident programs
+per SM instead of paths.SPLIT_CTAS_PER_SM (a sweep of the one tunable). Each row reports the segments the
+graph's attention launches with and how many of them the context fills.
+
 Usage (repo root, a GPU, the checkpoint of ``python bench/full_size.py build /tmp/q30``):
-  python bench/long_context.py /tmp/q30 OUT.json
+  python bench/long_context.py /tmp/q30 OUT.json [--policies legacy,fill,fill:5]
   ONECARD_EMULATE_CC=70 python bench/long_context.py /tmp/q30 OUT.json   # the pre-sm80 branches on this card
-On the CPU (a smoke run of the same code with tiny contexts, no floor):
+On the CPU (a smoke run of the same code with tiny contexts, no floor, no graphs, reference kernels):
   python bench/long_context.py --cpu onecard/data/onecard-tiny-coder OUT.json
 """
 from __future__ import annotations
@@ -81,52 +88,144 @@ def tpot(times: list[list[float]]) -> float:
     return (last - first) / max(steps, 1)
 
 
-def scenario(core, bs: int, ctx: int, new: int, vocab: int, bw: float | None, seed: int) -> dict:
+def parse_policy(spec: str) -> tuple[str, int | None]:
+    """"fill" -> ("fill", None); "fill:5" -> ("fill", 5); "legacy" -> ("legacy", None)."""
+    from onecard.kernels import paths
+
+    name, _, n = spec.partition(":")
+    if name not in paths.SPLIT_KV_POLICIES or (n and not n.isdigit()):
+        raise SystemExit(f"--policies: {spec!r} is not one of {paths.SPLIT_KV_POLICIES} (optionally NAME:N)")
+    return name, int(n) if n else None
+
+
+def main_policy(specs: list[str]) -> str:
+    """The policy the top-level figures report: the default ("fill") where measured, else the last one."""
+    return "fill" if "fill" in specs else specs[-1]
+
+
+class Policies:
+    """One set of CUDA graphs per split-KV policy on one engine; ``use(spec)`` makes that policy live."""
+
+    def __init__(self, core, specs: list[str]):
+        from onecard.kernels import paths
+
+        self.core, self.specs, self.graphs = core, specs, {}
+        runner = core.runner
+        for spec in specs:
+            paths.set_split_kv_policy(*parse_policy(spec))
+            if getattr(runner, "graphs", None) is not None:              # GPU: capture under this policy
+                runner.capture_graphs()
+                self.graphs[spec] = runner.graphs
+        paths.set_split_kv_policy(None)
+
+    def use(self, spec: str) -> None:
+        from onecard.kernels import paths
+
+        paths.set_split_kv_policy(*parse_policy(spec))                  # eager launches decide at launch time
+        if spec in self.graphs:
+            self.core.runner.graphs = self.graphs[spec]
+
+    def segments(self, spec: str, bs: int, ctx: int) -> dict | None:
+        """The segments of the graph's attention launch for ``bs`` sequences, and those a ``ctx`` context fills."""
+        runner = self.core.runner
+        if spec not in self.graphs:
+            return None
+        from onecard.kernels import paths
+
+        g = self.graphs[spec]
+        gbs = next(b for b in g.batch_sizes if b >= bs)
+        dev = runner.device
+        cc, sms = paths.capability(dev), paths.device_props(dev.index or 0)[1]
+        hkv = int(self.core.config.model.hf_config.get("num_key_value_heads", 4))
+        paths.set_split_kv_policy(*parse_policy(spec))
+        try:
+            segs, min_tiles = paths.split_kv(gbs, True, g.max_model_len, hkv, sms, cc)
+        finally:
+            paths.set_split_kv_policy(None)
+        tiles = -(-ctx // paths.attention_tiles(cc, 16)[0])
+        per = max(-(-tiles // segs), min_tiles)
+        return {"graph_batch": gbs, "segments": segs, "filled": -(-tiles // per), "tiles_per_segment": per,
+                "programs": gbs * hkv * segs, "sms": sms}
+
+
+def scenario(core, pol: Policies, bs: int, ctx: int, new: int, vocab: int, bw: float | None, seed: int) -> dict:
     g = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(3, vocab, (ctx,), generator=g).tolist() for _ in range(bs)]
     t0 = time.perf_counter()
     run(core, prompts, 2)                                                 # prefill once: the prefix cache keeps it
     prefill_s = time.perf_counter() - t0
-    runs = [tpot(run(core, prompts, new)) for _ in range(DECODE_REPEATS)]
-    med = statistics.median(runs)
+    runs: dict[str, list[float]] = {s: [] for s in pol.specs}
+    for rep in range(DECODE_REPEATS):                                     # alternate, the order flipped each time
+        for spec in (pol.specs if rep % 2 == 0 else pol.specs[::-1]):
+            pol.use(spec)
+            runs[spec].append(tpot(run(core, prompts, new)))
     res = {"batch": bs, "context": ctx, "new_tokens": new, "first_prefill_s": prefill_s,
-           "tpot_ms": med * 1e3, "tok_s": bs / med, "tok_s_min": bs / max(runs), "tok_s_max": bs / min(runs),
-           "kv_gb_per_step": bs * ctx * KV_BYTES_PER_TOKEN / 1e9}
-    if bw is not None:
-        b = step_bytes(bs, ctx + new // 2)                                # the context grows during the run
-        res.update(bytes_per_step_gb=b / 1e9, floor_ms=b / bw * 1e3, floor_tok_s=bs * bw / b,
-                   floor_fraction=(b / bw) / med)
+           "kv_gb_per_step": bs * ctx * KV_BYTES_PER_TOKEN / 1e9, "policies": {}}
+    b = step_bytes(bs, ctx + new // 2) if bw is not None else None       # the context grows during the run
+    if b is not None:
+        res.update(bytes_per_step_gb=b / 1e9, floor_ms=b / bw * 1e3, floor_tok_s=bs * bw / b)
+    for spec, r in runs.items():
+        med = statistics.median(r)
+        row = {"tpot_ms": med * 1e3, "tok_s": bs / med, "tok_s_min": bs / max(r), "tok_s_max": bs / min(r),
+               "tpot_ms_runs": [x * 1e3 for x in r], "split": pol.segments(spec, bs, ctx + new // 2)}
+        if b is not None:
+            row["floor_fraction"] = (b / bw) / med
+        res["policies"][spec] = row
+    main_spec = main_policy(pol.specs)
+    res.update({k: res["policies"][main_spec][k] for k in ("tpot_ms", "tok_s", "tok_s_min", "tok_s_max")})
+    if "floor_fraction" in res["policies"][main_spec]:
+        res["floor_fraction"] = res["policies"][main_spec]["floor_fraction"]
+    if "legacy" in runs and main_spec != "legacy":
+        res["speedup_vs_legacy"] = res["policies"][main_spec]["tok_s"] / res["policies"]["legacy"]["tok_s"]
     return res
 
 
 def main(argv: list[str]) -> dict:
     cpu = "--cpu" in argv
+    specs = ["legacy", "fill"]
+    if "--policies" in argv:
+        i = argv.index("--policies")
+        specs = argv[i + 1].split(",")
+        argv = argv[:i] + argv[i + 2:]
+    for spec in specs:
+        parse_policy(spec)
     model_dir, out = [a for a in argv if a != "--cpu"][:2]
     scen = CPU_SCENARIOS if cpu else SCENARIOS
     new = 8 if cpu else NEW_TOKENS
     t0 = time.perf_counter()
     core = engine(model_dir, max(c for _, c in scen), cpu)
     vocab = int(core.config.model.hf_config.get("vocab_size", V))
+    pol = Policies(core, specs)
     res: dict = {"paths": None if cpu else capability_record(), "ready_s": time.perf_counter() - t0,
-                 "kv_tokens": core.info.kv_capacity_tokens}
+                 "kv_tokens": core.info.kv_capacity_tokens, "policies": specs,
+                 "main_policy": main_policy(specs)}
     bw = None if cpu else copy_bandwidth()
     res["copy_bandwidth_tb_s"] = None if bw is None else bw / 1e12
     rows = []
     for i, (bs, ctx) in enumerate(scen):
-        r = scenario(core, bs, ctx, new, vocab, bw, seed=100 + i)
+        r = scenario(core, pol, bs, ctx, new, vocab, bw, seed=100 + i)
         rows.append(r)
         print(json.dumps(r), flush=True)
-    base = {r["batch"]: r["tok_s"] for r in rows if r["context"] == min(c for b, c in scen if b == r["batch"])}
+    shortest = {b: min(c for bb, c in scen if bb == b) for b, _ in scen}
+    base = {(r["batch"], spec): p["tok_s"] for r in rows if r["context"] == shortest[r["batch"]]
+            for spec, p in r["policies"].items()}
     for r in rows:
-        r["fraction_of_short_context"] = r["tok_s"] / base[r["batch"]]
+        for spec, p in r["policies"].items():
+            p["fraction_of_short_context"] = p["tok_s"] / base[(r["batch"], spec)]
+        r["fraction_of_short_context"] = r["policies"][res["main_policy"]]["fraction_of_short_context"]
     res["scenarios"] = rows
     res["wall_s"] = time.perf_counter() - t0
     Path(out).write_text(json.dumps(res, indent=1))
     for r in rows:
-        floor = f"floor {r['floor_ms']:.3f} ms ({100 * r['floor_fraction']:.0f}% of it)" if "floor_ms" in r else ""
-        print(f"bs {r['batch']:2d} ctx {r['context']:6d}: {r['tok_s']:9.1f} tok/s (TPOT {r['tpot_ms']:.3f} ms, "
-              f"{r['tok_s_min']:.1f}-{r['tok_s_max']:.1f}; {100 * r['fraction_of_short_context']:.0f}% of the "
-              f"shortest context) {floor}")
+        floor = f"floor {r['floor_ms']:.3f} ms" if "floor_ms" in r else ""
+        print(f"bs {r['batch']:2d} ctx {r['context']:6d} {floor}")
+        for spec, p in r["policies"].items():
+            sp = p["split"]
+            split = f"{sp['segments']} segs ({sp['filled']} filled x {sp['tiles_per_segment']} tiles)" if sp else ""
+            frac = f", {100 * p['floor_fraction']:.0f}% of the floor" if "floor_fraction" in p else ""
+            print(f"   {spec:8s} {p['tok_s']:9.1f} tok/s (TPOT {p['tpot_ms']:.3f} ms, {p['tok_s_min']:.1f}-"
+                  f"{p['tok_s_max']:.1f}; {100 * p['fraction_of_short_context']:.0f}% of the shortest context"
+                  f"{frac}) {split}")
     return res
 
 

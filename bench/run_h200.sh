@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU facts, kernel checks, tiny-checkpoint engine checks, the full-size benchmark.
 # Usage (repo root, on the H200): OUT=/some/dir bash bench/run_h200.sh [parts...]
-# parts: specverify apimem probe kernels checks full asyncab kvdtype capab hosttier loadab nopdl pdl16 emu70 longctx gputests startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
+# parts: specverify apimem probe kernels checks full asyncab kvdtype capab capbisect hosttier loadab nopdl pdl16 emu70 longctx gputests startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
 #   emu70: the full-size bench with every kernel-path decision on sm70's branch (ONECARD_EMULATE_CC=70): run it
 #          beside `full` in one call for the relative figure (a functional check, not a V100 timing)
 #   specverify: issue 30: verify-step latency vs tokens per sequence (1..9) at batch 1 and 16 (the cost model's
@@ -19,8 +19,8 @@ for p in $parts; do
           timeout 600 python3 bench/api_gpu_memory.py "$OUT/api_gpu_memory.json" ;;
     specverify) log specverify  # two processes (the table, then the engine runs); with the build < 600 s
           [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30
-          timeout 200 python3 bench/spec_verify.py /tmp/q30 "$OUT" --parts verify ${SPEC_ACCEPTANCE:+--acceptance "$SPEC_ACCEPTANCE"}
-          timeout 150 python3 bench/spec_verify.py /tmp/q30 "$OUT" --parts e2e,random ${SPEC_ACCEPTANCE:+--acceptance "$SPEC_ACCEPTANCE"} ;;
+          timeout 150 python3 bench/spec_verify.py /tmp/q30 "$OUT" --parts verify ${SPEC_ACCEPTANCE:+--acceptance "$SPEC_ACCEPTANCE"}
+          timeout 200 python3 bench/spec_verify.py /tmp/q30 "$OUT" --parts e2e,random ${SPEC_ACCEPTANCE:+--acceptance "$SPEC_ACCEPTANCE"} ;;
     probe) log probe; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
            python3 -c "import torch,triton,transformers;print(torch.__version__,torch.version.cuda,triton.__version__,transformers.__version__)"
            [ -f onecard/hardware.py ] && timeout 60 python3 -m onecard.cli probe ;;
@@ -37,10 +37,16 @@ for p in $parts; do
     hosttier) log hosttier  # TTFT of a 32k-token prompt cold vs from the host KV tier (--kv-offloading-size)
           [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30
           timeout 400 python3 bench/host_tier.py /tmp/q30 "$OUT/host_tier.json" ;;
-    capab) log capab  # issue 29: decode measured three ways (lead's t2-t1, warmed, arrival) native / fp16 prefill / sm80
+    capab) log capab  # issue 29: the lead's process-wide patch (torch + onecard answer 8.0 from import) vs native,
+          # decode measured three ways (lead's t2-t1, warmed, arrival), two processes (~2.5 min)
           [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30
-          timeout 200 python3 bench/capability_ab.py /tmp/q30 "$OUT/cap_native.json"
-          timeout 120 python3 bench/capability_ab.py /tmp/q30 "$OUT/cap_emu80.json" --emulate 80 ;;
+          timeout 170 python3 bench/capability_ab.py /tmp/q30 "$OUT/cap_native.json"
+          timeout 110 python3 bench/capability_ab.py /tmp/q30 "$OUT/cap_emu80.json" --emulate 80 ;;
+    capbisect) log capbisect  # issue 29: each capability consumer alone at sm80 (pdl80 grouped80 torch80
+          # torch_native_off onecard80 lead80 triton_pin native), 3 alternating rounds in one engine, the guard
+          # (native vs the best), decode kernel profile native vs lead80, t1 first/again profile (~3.5 min)
+          [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30
+          timeout 260 python3 bench/capability_bisect.py /tmp/q30 "$OUT/cap_bisect.json" ;;
     loadab) log loadab  # weight loading, committed loader vs .ab/loader_old.py (when carried), alternating
           [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30
           for i in 1 2; do
@@ -56,9 +62,10 @@ for p in $parts; do
     emu70) log onecard_emu70  # the pre-sm80 (V100) paths on this card: decisions of sm70, Triton compiling for this one
           [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30
           ONECARD_EMULATE_CC=70 timeout 400 python3 bench/full_size.py onecard /tmp/q30 "$OUT/onecard_emu70.json" ;;
-    longctx) log long_context  # decode at 512 / 32k / 64k (bs1) and 512 / 8k (bs16) of context, medians of 3
+    longctx) log long_context  # decode at 512 / 32k / 64k (bs1) and 512 / 8k (bs16) of context, medians of 3,
+          # split-KV policies legacy vs fill (and fill at 5 programs/SM) alternating in one engine (~3-4 min)
           [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30
-          timeout 500 python3 bench/long_context.py /tmp/q30 "$OUT/long_context.json" ;;
+          timeout 330 python3 bench/long_context.py /tmp/q30 "$OUT/long_context.json" --policies legacy,fill,fill:5 ;;
     gputests) log gputests; timeout 590 python3 -m pytest -x -q -p no:cacheprovider tests/gpu 2>&1 | tail -15 ;;
     startup) log startup  # cold (fresh Triton cache) with precompile, warm, cold without precompile
           [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30

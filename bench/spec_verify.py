@@ -46,12 +46,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from spec_verify_project import load_acceptance, project
+from spec_verify_project import load_acceptance, load_steps_by_draft_len, project
 
 from onecard.core.spec.cost import CostModel, MeasuredTable, ModelShape, card_spec, expected_distinct_experts
 
 REPEATS = 7
-NEW_TOKENS = 192
+NEW_TOKENS = 192                      # per request, verify part's engine TPOT
+E2E_TOKENS = 128                      # per request, each end-to-end run
 ALPHAS = (0.5, 0.8, 0.95)
 TINY = "onecard/data/onecard-tiny-coder"
 
@@ -63,6 +64,7 @@ class Setup:
         self.tokens = range(1, 3) if tiny else range(1, 10)
         self.context = 32 if tiny else 512
         self.new_tokens = 6 if tiny else NEW_TOKENS
+        self.e2e_tokens = 6 if tiny else E2E_TOKENS
         self.k = 2 if tiny else 8
         self.repeats = 1 if tiny else REPEATS
         self.e2e_repeats = 1 if tiny else 3
@@ -273,8 +275,11 @@ class TeacherForcedDrafter:
         pass
 
 
-def _spec_run(core, spec, prompts, new: int, off: float, ref: dict, reps: int) -> dict:
-    """Runs with the speculator on: median tok/s, speed-up over ``off``, equal tokens (every run), acceptance."""
+def _spec_run(core, spec, prompts, new: int, off: float, ref: dict, reps: int, policy=None) -> dict:
+    """Runs with the speculator on: median tok/s, speed-up over ``off``, equal tokens (every run), acceptance.
+    ``policy``: a fresh SpecPolicy for these runs (None: every proposal verified in full, fixed k)."""
+    if hasattr(spec, "policy"):
+        spec.policy = policy
     core.scheduler.speculator = spec
     before = spec.stats()
     rates, equal = [], True
@@ -286,11 +291,13 @@ def _spec_run(core, spec, prompts, new: int, off: float, ref: dict, reps: int) -
     after = spec.stats()
     drafted = after.num_draft_tokens - before.num_draft_tokens
     return {"tok_s": on, "tok_s_runs": rates, "speedup": on / off, "tokens_equal": equal, "draft_tokens": drafted,
+            "policy": policy is not None,
             "acceptance": (after.num_accepted_tokens - before.num_accepted_tokens) / max(1, drafted),
             "verify_steps": after.num_drafts - before.num_drafts}
 
 
-def e2e_part(model_dir: str, s: Setup, vocab: int, parts: set[str], alphas: tuple[float, ...] = ALPHAS) -> dict:
+def e2e_part(model_dir: str, s: Setup, shape: ModelShape, card: str, parts: set[str],
+             alphas: tuple[float, ...] = ALPHAS, table_path: Path | None = None, save=None) -> dict:
     try:
         from onecard.core.spec.speculator import Speculator  # noqa: F401 - presence of the speculative engine
     except ImportError:
@@ -298,27 +305,52 @@ def e2e_part(model_dir: str, s: Setup, vocab: int, parts: set[str], alphas: tupl
     core = engine(model_dir, s, {"method": "ngram", "num_speculative_tokens": s.k})
     spec = core.scheduler.speculator
     own_drafter = spec.drafter
+    engine_policy = getattr(spec, "policy", None)          # the engine's SpecPolicy (GPU), if it has one
+    cost = None
+    if hasattr(spec, "policy"):                             # the engine takes a policy: test it with this card's
+        cost = engine_policy.cost if engine_policy is not None else CostModel.for_card(card, shape)
+        if table_path is not None and table_path.exists():  # ... measured table when the verify part wrote one
+            measured = CostModel.for_card(card, cost.shape, table_path)
+            cost = measured if measured.table is not None else cost
+
+    def variants() -> list[tuple[str, object]]:
+        """(suffix, policy) pairs: an adaptive policy (fresh evidence each time) and fixed k."""
+        if cost is None:
+            return [("", None)]
+        from onecard.core.spec.policy import SpecPolicy
+
+        return [("", SpecPolicy(s.k, cost)), ("_fixed_k", None)]
+
+    vocab = shape.vocab
     g = torch.Generator().manual_seed(5)
-    res: dict = {}
+    res: dict = {"policy_cost": None if cost is None else cost.source}
     for b in s.batches:
         prompts = [torch.randint(0, vocab, (s.context,), generator=g).tolist() for _ in range(b)]
         core.scheduler.speculator = None
         run(core, prompts, 4)
         ref: dict[int, list[int]] = {}
-        offs = [run(core, prompts, s.new_tokens, ref) for _ in range(s.e2e_repeats)]
+        offs = [run(core, prompts, s.e2e_tokens, ref) for _ in range(s.e2e_repeats)]
         off = statistics.median(offs)
         row: dict = {"off_tok_s": off, "off_tok_s_runs": offs}
         if "e2e" in parts:
             reference = {tuple(p): ref[i] for i, p in enumerate(prompts)}
             for a in alphas:
                 spec.drafter = TeacherForcedDrafter(reference, a, vocab)
-                row[f"teacher_alpha{a:.3f}"] = _spec_run(core, spec, prompts, s.new_tokens, off, ref, s.e2e_repeats)
+                for suffix, pol in variants():
+                    row[f"teacher_alpha{a:.3f}{suffix}"] = _spec_run(core, spec, prompts, s.e2e_tokens, off, ref,
+                                                                     s.e2e_repeats, pol)
         if "random" in parts:
             spec.drafter = own_drafter
-            row["random_ngram"] = _spec_run(core, spec, prompts, s.new_tokens, off, ref, s.e2e_repeats)
+            for suffix, pol in variants():
+                row[f"random_ngram{suffix}"] = _spec_run(core, spec, prompts, s.e2e_tokens, off, ref, s.e2e_repeats,
+                                                         pol)
         core.scheduler.speculator = spec
+        if hasattr(spec, "policy"):
+            spec.policy = engine_policy
         res[b] = row
         print(f"e2e B={b}: " + json.dumps(row), flush=True)
+        if save is not None:
+            save(res)                       # partial results survive the part's timeout
     return res
 
 
@@ -366,16 +398,24 @@ def main(argv: list[str] | None = None) -> dict:
         if a.device == "cuda":
             torch.cuda.empty_cache()
     if a.acceptance and table is not None:
-        res["projection"] = project(load_acceptance(a.acceptance), table, s.batches)
+        res["projection"] = project(load_acceptance(a.acceptance), table, s.batches,
+                                    load_steps_by_draft_len(a.acceptance))
     if parts & {"e2e", "random"}:
         alphas = ALPHAS
-        if a.acceptance:                       # the edit workload's own per-token acceptance, per method
-            fitted = project(load_acceptance(a.acceptance), None, ())["alpha_at_max_k"]
+        if a.acceptance:                       # the workloads' own per-token acceptance (edit workload rows)
+            fitted = project(load_acceptance(a.acceptance), None, (),
+                             load_steps_by_draft_len(a.acceptance))["alpha_at_max_k"]
             res["fitted_alpha"] = fitted
-            alphas = tuple(sorted(set(ALPHAS) | {round(x, 3) for x in fitted.values()}))
+            edit = [x for m, x in fitted.items() if m.startswith("edit:")] or list(fitted.values())
+            alphas = tuple(sorted(set(ALPHAS) | {round(min(edit), 2), round(max(edit), 2)}))   # time-bounded
+        path = out_dir / ("spec_verify.json" if "verify" in parts else "spec_e2e.json")
+
+        def save(e2e: dict) -> None:
+            path.write_text(json.dumps({**res, "e2e": e2e, "partial": True}, indent=1, default=str))
+
         try:
-            res["e2e"] = e2e_part(model, s, shape.vocab, parts, alphas)
-        except Exception as e:
+            res["e2e"] = e2e_part(model, s, shape, card, parts, alphas, out_dir / "spec_verify.json", save)
+        except Exception as e:                 # the verify figures above still get written
             res["e2e"] = {"error": repr(e)[:500]}
             print(f"e2e failed: {e!r}", flush=True)
     res["wall_s"] = time.perf_counter() - t0

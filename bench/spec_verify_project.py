@@ -4,7 +4,8 @@ Contract: ``load_acceptance(path) -> {method: {k: [c_0 .. c_k]}}`` reads bench/s
 tolerantly: any list of >= 2 non-negative numbers is a histogram of accepted draft lengths (c_j = verify steps
 that accepted j of k proposed tokens); its k is the nearest enclosing key or ``k`` field that is an integer with
 k + 1 == len(list) (else len − 1), its method the nearest enclosing ``method`` field or non-numeric key that is
-not a generic word. ``project(acceptance, table, batches) -> dict`` (``table`` None: acceptance only): per method and k, the mean accepted length
+not a generic word. ``load_steps_by_draft_len(path)``: the per-draft-length split when the JSON has it (``steps_by_draft_len``).
+``project(acceptance, table, batches, by_len=None) -> dict`` (``table`` None: acceptance only): per method and k, the mean accepted length
 a_k = Σ j·c_j / Σ c_j, the truncated-geometric acceptance α = Σ j·c_j / (Σ j·c_j + Σ_{j<k} c_j), and per
 batch B the projected speed-up (1 + a_k) · T(B, 1) / T(B, 1 + k) (every sequence drafting alike), plus the
 best k per method and batch. Derived from measurements, not a measurement.
@@ -69,8 +70,33 @@ def load_acceptance(path: str | Path) -> dict[str, dict[int, list[float]]]:
     return found
 
 
-def project(acceptance: dict[str, dict[int, list[float]]], table: Any, batches) -> dict:
-    """``table``: a MeasuredTable (cost.py) or its JSON dict (``step_s``)."""
+def load_steps_by_draft_len(path: str | Path) -> dict[str, dict[int, dict[int, dict[int, float]]]]:
+    """{method: {k: {d: {a: steps}}}} from records carrying ``method``, ``k`` and ``steps_by_draft_len`` (steps
+    whose draft had d tokens and whose first a were accepted); {} when the file has none."""
+    data = json.loads(Path(path).read_text())
+    out: dict = {}
+
+    def walk(obj: Any) -> None:
+        if isinstance(obj, dict):
+            sbl, m, k = obj.get("steps_by_draft_len"), obj.get("method"), _int(obj.get("k"))
+            if isinstance(sbl, dict) and isinstance(m, str) and k is not None:
+                out.setdefault(m, {})[k] = {int(d): {int(a): float(n) for a, n in row.items()} for d, row in sbl.items()}
+            for v in obj.values():
+                walk(v)
+        elif isinstance(obj, list):
+            for v in obj:
+                walk(v)
+
+    walk(data)
+    return out
+
+
+def project(acceptance: dict[str, dict[int, list[float]]], table: Any, batches,
+            by_len: dict[str, dict[int, dict[int, dict[int, float]]]] | None = None) -> dict:
+    """``table``: a MeasuredTable (cost.py) or its JSON dict (``step_s``); None: acceptance figures only.
+    With ``by_len`` (load_steps_by_draft_len) for a (method, k), the speed-up counts each step at its own
+    draft length d: Σ(a + 1) / Σ T(B, 1 + d) x T(B, 1) (a step without a draft is a plain decode step), and α
+    comes from the steps that carried a draft; otherwise every step is taken as a k-token verify."""
     tab = table if isinstance(table, MeasuredTable) or table is None else MeasuredTable.from_json(table)
     out: dict = {"note": "derived: measured verify-step table x CPU-measured acceptance; not an end-to-end run",
                  "methods": {}, "best": {}, "alpha_at_max_k": {}}
@@ -84,9 +110,19 @@ def project(acceptance: dict[str, dict[int, list[float]]], table: Any, batches) 
             a_k = acc / total
             fails = sum(hist[:k])
             alpha = acc / (acc + fails) if acc + fails > 0 else 0.0
-            rows[k] = {"steps": total, "mean_accepted": a_k, "alpha": alpha,
-                       "speedup": {b: (1 + a_k) * tab.interpolate(b, 1) / tab.interpolate(b, 1 + k)
-                                   for b in batches if tab is not None and b in tab.step_s}}
+            speedup = {b: (1 + a_k) * tab.interpolate(b, 1) / tab.interpolate(b, 1 + k)
+                       for b in batches if tab is not None and b in tab.step_s}
+            steps = (by_len or {}).get(method, {}).get(k)
+            if steps:
+                succ = sum(a * n for row in steps.values() for a, n in row.items())
+                miss = sum(n for d, row in steps.items() for a, n in row.items() if 0 < d and a < d)
+                alpha = succ / (succ + miss) if succ + miss > 0 else 0.0
+                emitted = sum((a + 1) * n for row in steps.values() for a, n in row.items())
+                speedup = {b: emitted * tab.interpolate(b, 1)
+                           / sum(n * tab.interpolate(b, 1 + d) for d, row in steps.items() for n in row.values())
+                           for b in batches if tab is not None and b in tab.step_s}
+            rows[k] = {"steps": total, "mean_accepted": a_k, "alpha": alpha, "speedup": speedup,
+                       "by_draft_len": bool(steps)}
         out["methods"][method] = rows
         if rows:
             out["alpha_at_max_k"][method] = rows[max(rows)]["alpha"]
@@ -135,4 +171,5 @@ if __name__ == "__main__":
     verify = json.loads(Path(sys.argv[2]).read_text())
     card = sys.argv[3] if len(sys.argv) > 3 else next(iter(verify["cards"]))
     tab = verify["cards"][card]
-    print(json.dumps(project(load_acceptance(sys.argv[1]), tab, [int(b) for b in tab["step_s"]]), indent=1))
+    print(json.dumps(project(load_acceptance(sys.argv[1]), tab, [int(b) for b in tab["step_s"]],
+                             load_steps_by_draft_len(sys.argv[1])), indent=1))

@@ -40,6 +40,7 @@ H200 = {"bw": 4.3e12, "fma": 67e12, "tc": 750e12}     # copy bandwidth measured;
 DEQUANT_OPS = 4                                       # per weight element (shift, mask, subtract, convert; scale FMA)
 HOST_MATMUL_S = 10e-6                                 # one eager torch.matmul launch (assumed)
 CTX = 512
+V100_SMS, GRAPH_BOUND = 80, 65536   # split-KV segments: a V100's SMs; the CUDA graphs' bound (max_model_len)
 PREFILL = 4096
 
 
@@ -77,6 +78,14 @@ def gemm(m: int, k: int, n: int) -> float:
     return 2.0 * m * k * n
 
 
+def filled_segments(bs: int, cc: int) -> int:
+    """Split-KV segments a CTX-token context fills in the graph's attention launch (paths.split_kv at the
+    graph's bound; the kernel cuts each context into ceil(tiles / segments)-tile segments)."""
+    segs, min_tiles = paths.split_kv(bs, True, GRAPH_BOUND, NKV, V100_SMS, cc)
+    tiles = -(-CTX // paths.attention_tiles(cc, 16)[0])
+    return -(-tiles // max(-(-tiles // segs), min_tiles))
+
+
 def decode(bs: int, h200: dict[str, float]) -> list[Kernel]:
     """One decode step of ``bs`` sequences at CTX tokens of context, on the sm70 paths (Triton everywhere but
     lm_head; decode configs decode1 / decode16-pre-sm80, split-KV attention)."""
@@ -94,7 +103,7 @@ def decode(bs: int, h200: dict[str, float]) -> list[Kernel]:
         Kernel("q/k-norm + RoPE + KV store", L, bs * qkv_n * 2 * 2, 0, "fma", h200_us=h200.get("rope")),
         Kernel(f"paged attention, {CTX}-token contexts (split-KV)", L, kv + bs * NQ * D * 4,
                4.0 * bs * CTX * D * NQ, "fma", h200_us=h200.get("attn")),
-        Kernel("segment reduce", L, bs * NQ * 16 * D * 4, 0, "fma", h200_us=h200.get("reduce")),
+        Kernel("segment reduce", L, bs * NQ * filled_segments(bs, cc) * D * 4, 0, "fma", h200_us=h200.get("reduce")),
         Kernel("o_proj GEMV / skinny", L, gptq_bytes(NQ * D, H) + act, gemm(bs, NQ * D, H), "fma",
                dequant=NQ * D * H, h200_us=h200.get("o")),
         Kernel("router GEMV + routing (bs1: with the norm, one launch)", L, E * H * 2 + act, gemm(bs, H, E), "fma",

@@ -1,7 +1,9 @@
-"""Checkpoint metadata without tensor data: config.json, the quantization config and safetensors HEADERS.
+"""Checkpoint metadata without tensor data: config.json, generation_config.json, the quantization config and
+safetensors HEADERS.
 
-Contract: ``read_checkpoint_meta(path) -> CheckpointMeta`` reads ``config.json``, the GPTQ config
-(``onecard.config.read_quant_config``) and, for every shard (``model.safetensors.index.json`` or
+Contract: ``read_checkpoint_meta(path) -> CheckpointMeta`` reads ``config.json``, ``generation_config.json``
+(when present), the GPTQ config (``read_quant_config``: ``QuantConfig``, or ``ConfigError`` naming what is not
+supported) and, for every shard (``model.safetensors.index.json`` or
 ``*.safetensors``), only the 8-byte little-endian header length and the JSON header that follows it: name,
 dtype, shape and byte range of every tensor. Tensor bytes are never read, so a 60 GB checkpoint is scanned in
 well under a second. A shard shorter than its header says (an interrupted download) or a header that is not
@@ -16,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from onecard.config import ConfigError, QuantConfig, read_json, read_quant_config, read_raw_quant_config
+from onecard.env import ConfigError
 
 # Bytes per element of each safetensors dtype.
 DTYPE_BYTES = {
@@ -26,6 +28,58 @@ DTYPE_BYTES = {
 FLOAT_DTYPES = frozenset({"F64", "F32", "F16", "BF16"})
 FP8_DTYPES = frozenset({"F8_E4M3", "F8_E5M2"})
 _MAX_HEADER = 100 << 20        # safetensors itself refuses headers above 100 MB
+
+
+@dataclass(slots=True)
+class QuantConfig:
+    """GPTQ settings read from quantize_config.json or config.json's quantization_config."""
+
+    method: str                    # "gptq"
+    bits: int
+    group_size: int                # -1 = whole column
+    desc_act: bool
+    sym: bool
+    checkpoint_format: str         # "gptq" (v1, zeros stored minus one) | "gptq_v2"
+    lm_head: bool
+    dynamic: dict[str, dict[str, Any]] = field(default_factory=dict)  # regex -> overrides; "-:" = skip
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path} is missing: not a Hugging Face model directory.") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path} is not valid JSON: {e}") from None
+
+
+def read_raw_quant_config(path: Path, hf_config: dict[str, Any]) -> dict[str, Any] | None:
+    """config.json's quantization_config, else quantize_config.json, unvalidated; None if neither."""
+    raw = hf_config.get("quantization_config")
+    qfile = path / "quantize_config.json"
+    if raw is None and qfile.exists():
+        raw = read_json(qfile)
+    return raw
+
+
+def read_quant_config(path: Path, hf_config: dict[str, Any]) -> QuantConfig | None:
+    """GPTQ settings from config.json's quantization_config, else quantize_config.json; None if neither."""
+    raw = read_raw_quant_config(path, hf_config)
+    if raw is None:
+        return None
+    method = str(raw.get("quant_method", "gptq")).lower()
+    if method not in ("gptq",):
+        raise ConfigError(f"quantization method {method!r} in {path} is not supported; onecard runs gptq.")
+    bits = int(raw.get("bits", 4))
+    if bits != 4:
+        raise ConfigError(f"GPTQ bits={bits} in {path} is not supported; onecard runs 4-bit GPTQ only.")
+    fmt = str(raw.get("checkpoint_format") or raw.get("format") or "gptq").lower()
+    if fmt not in ("gptq", "gptq_v2"):
+        raise ConfigError(f"GPTQ checkpoint_format={fmt!r} is not supported; use gptq (v1) or gptq_v2.")
+    return QuantConfig(
+        method="gptq", bits=bits, group_size=int(raw.get("group_size", 128)),
+        desc_act=bool(raw.get("desc_act", False)), sym=bool(raw.get("sym", True)), checkpoint_format=fmt,
+        lm_head=bool(raw.get("lm_head", False)), dynamic=dict(raw.get("dynamic") or {}))
 
 
 @dataclass(slots=True)
@@ -52,6 +106,7 @@ class CheckpointMeta:
     quant_method: str | None = None      # as written in the checkpoint ("gptq", "fp8", ...), None = float
     tensors: dict[str, TensorMeta] = field(default_factory=dict)
     files: list[str] = field(default_factory=list)
+    generation_config: dict[str, Any] = field(default_factory=dict)   # generation_config.json ({} if none)
 
     @property
     def architecture(self) -> str | None:
@@ -139,7 +194,9 @@ def read_checkpoint_meta(path: Path, hf_config: dict[str, Any] | None = None,
     method = quant_method_of(path, cfg)
     # A non-GPTQ method (fp8, awq, ...) is reported, not raised, so the planner can say why it is refused.
     quant = read_quant_config(path, cfg) if method in (None, "gptq") else None
-    meta = CheckpointMeta(path=path, hf_config=cfg, quant=quant, quant_method=method)
+    gen = path / "generation_config.json"
+    meta = CheckpointMeta(path=path, hf_config=cfg, quant=quant, quant_method=method,
+                          generation_config=read_json(gen) if gen.exists() else {})
     if with_tensors:
         meta.files = shard_names(path)
         for f in meta.files:

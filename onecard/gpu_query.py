@@ -15,7 +15,7 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass
 
-from onecard.config import Env
+from onecard.env import Env
 
 
 class GpuQueryError(RuntimeError):
@@ -73,7 +73,8 @@ print(json.dumps({"name": torch.cuda.get_device_name(0), "cc": [cc // 10, cc % 1
 
 
 def _torch_child(timeout: float = 120.0) -> GpuInfo:
-    out = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True, timeout=timeout)
+    out = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True, timeout=timeout,
+                         check=False)
     if out.returncode != 0:
         raise GpuQueryError(f"CUDA initialisation failed: {out.stderr.strip().splitlines()[-1:]}")
     d = json.loads(out.stdout.strip().splitlines()[-1])

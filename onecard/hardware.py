@@ -23,13 +23,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from onecard import kv_dtype
+from onecard.dtypes import DTYPE_ALIASES, normalize_dtype  # noqa: F401 - the dtype names' home; re-exported
 from onecard.kernels import paths
 
 logger = logging.getLogger(__name__)
 
 MIN_CC = (7, 0)
-DTYPE_ALIASES = {"half": "float16", "fp16": "float16", "float16": "float16", "bf16": "bfloat16",
-                 "bfloat16": "bfloat16", "float": "float32", "float32": "float32", "fp32": "float32"}
 GPTQ_NAMES = ("gptq", "gptq_marlin")
 FP8_NAMES = ("fp8", "fp8_e4m3", "fp8_e5m2", "modelopt_fp8", "fbgemm_fp8")
 
@@ -47,10 +46,6 @@ class Decision:
 
 def sm(cc: tuple[int, int] | None) -> str:
     return "CPU" if cc is None else f"sm{cc[0]}{cc[1]}"
-
-
-def normalize_dtype(dtype: str) -> str | None:
-    return DTYPE_ALIASES.get(str(dtype).lower())
 
 
 def _backends(cc: tuple[int, int] | None, quantized: bool) -> dict[str, str]:

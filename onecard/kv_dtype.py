@@ -6,7 +6,8 @@ Contract (no torch here: the planner runs without it):
   format, one of "float16" | "bfloat16" | "float32" | "fp8_e5m2" | "fp8_e4m3" ("auto" = the serving dtype,
   "fp8" = "fp8_e4m3" as in vLLM); raises ValueError naming the value for an unknown one.
   ``element_bytes(fmt)``; ``bytes_per_token(num_layers, num_kv_heads, head_dim, fmt)`` = 2 (K and V) x layers
-  x kv heads x head_dim x element bytes; ``bytes_per_token_hf(hf_config, fmt)`` the same from a config.json.
+  x kv heads x head_dim x element bytes; ``bytes_per_token_hf(hf_config, fmt)`` the same from a config.json
+  (``kv_shape(hf_config)``: its layers, KV heads and head_dim).
   ``hardware_problem(fmt, cc)``: None when a card of compute capability ``cc`` (None = CPU) runs ``fmt``,
   else the reason, naming what would work.
 Formats:
@@ -21,14 +22,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from onecard.dtypes import DTYPE_ALIASES, DTYPE_BYTES
+from onecard.kernels import paths
+
 KV_CACHE_DTYPES = ("auto", "float16", "bfloat16", "float32", "fp8", "fp8_e4m3", "fp8_e5m2")
 FP8_FORMATS = ("fp8_e5m2", "fp8_e4m3")
-_ALIASES = {"auto": None, "float16": "float16", "half": "float16", "fp16": "float16", "bfloat16": "bfloat16",
-            "bf16": "bfloat16", "float32": "float32", "float": "float32", "fp32": "float32",
-            "fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
-_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "fp8_e5m2": 1, "fp8_e4m3": 1}
+_ALIASES = {"auto": None, **DTYPE_ALIASES, "fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
+_BYTES = {**DTYPE_BYTES, "fp8_e5m2": 1, "fp8_e4m3": 1}
 E4M3_MIN_CC = (8, 9)
-BF16_MIN_CC = (8, 0)
 
 
 def resolve(kv_cache_dtype: str | None, model_dtype: str) -> str:
@@ -54,13 +55,19 @@ def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, fmt: str)
     return 2 * num_layers * num_kv_heads * head_dim * element_bytes(fmt)
 
 
-def bytes_per_token_hf(hf_config: dict[str, Any], fmt: str) -> int:
-    """From config.json's fields (KeyError names a missing one)."""
+def kv_shape(hf_config: dict[str, Any]) -> tuple[int, int, int]:
+    """(layers, KV heads, head_dim) from config.json's fields (KeyError names a missing one): the one reading of
+    them (``ModelConfig``, the plan and ``bytes_per_token_hf`` use it)."""
     c = hf_config
     heads = int(c["num_attention_heads"])
     kv_heads = int(c.get("num_key_value_heads") or heads)
     head_dim = int(c.get("head_dim") or int(c["hidden_size"]) // heads)
-    return bytes_per_token(int(c["num_hidden_layers"]), kv_heads, head_dim, fmt)
+    return int(c["num_hidden_layers"]), kv_heads, head_dim
+
+
+def bytes_per_token_hf(hf_config: dict[str, Any], fmt: str) -> int:
+    """From config.json's fields (KeyError names a missing one)."""
+    return bytes_per_token(*kv_shape(hf_config), fmt)
 
 
 def hardware_problem(fmt: str, cc: tuple[int, int] | None) -> str | None:
@@ -71,6 +78,6 @@ def hardware_problem(fmt: str, cc: tuple[int, int] | None) -> str | None:
     if fmt == "fp8_e4m3" and tuple(cc) < E4M3_MIN_CC:
         return (f"--kv-cache-dtype=fp8_e4m3 (fp8) needs compute capability 8.9+ (Ada/Hopper convert e4m3 in "
                 f"hardware) and this is {where}; use --kv-cache-dtype=fp8_e5m2 (same bytes, runs on sm70+) or auto.")
-    if fmt == "bfloat16" and tuple(cc) < BF16_MIN_CC:
+    if fmt == "bfloat16" and not paths.bf16_allowed(paths.as_int(cc)):
         return f"--kv-cache-dtype=bfloat16 needs compute capability 8.0+ and this is {where}; use auto."
     return None

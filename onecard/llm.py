@@ -14,11 +14,17 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, Sequence
+from typing import Any
 
-from onecard.config import EngineArgs
-from onecard.frontend.output_processor import EngineRequestError, RequestOutputState, fan_out, offline_logprobs
+from onecard.config import EngineArgs, EngineConfig
+from onecard.frontend.output_processor import (
+    EngineRequestError,
+    RequestOutputState,
+    fan_out,
+    offline_logprobs,
+)
 from onecard.frontend.tokenizer import load_tokenizer, resolve_chat_template
 from onecard.outputs import CompletionOutput, RequestOutput
 from onecard.protocol import EngineOutput, EngineRequest, TokenLogprobs
@@ -39,12 +45,7 @@ class LLM:
     def __init__(self, model: str | None = None, **kwargs: Any):
         from onecard.core.engine_core import EngineCore
 
-        names = {f.name for f in fields(EngineArgs)}
-        unknown = set(kwargs) - names
-        if unknown:
-            raise TypeError(f"unknown engine argument(s): {sorted(unknown)}; known: {sorted(names)}")
-        self.engine_args = EngineArgs(model=model, **kwargs)
-        self.config = self.engine_args.create_config()
+        self.engine_args, self.config = self.config_for(model, **kwargs)
         # the server's loader: local files only (onecard never downloads), --chat-template read the same way
         self.tokenizer = load_tokenizer(self.config.model.tokenizer)
         chat_template = resolve_chat_template(self.config.model.chat_template)
@@ -53,6 +54,17 @@ class LLM:
         self.engine = EngineCore(self.config)
         self._ids = itertools.count()
         self._grammar = None               # GrammarService, made at the first constrained request
+
+    @staticmethod
+    def config_for(model: str | None = None, **kwargs: Any) -> tuple[EngineArgs, EngineConfig]:
+        """The engine arguments and configuration ``LLM(model, **kwargs)`` runs with (nothing is loaded): the
+        option table's names, resolved by ``EngineArgs.create_config`` as ``onecard serve`` resolves its flags."""
+        names = {f.name for f in fields(EngineArgs)}
+        unknown = set(kwargs) - names
+        if unknown:
+            raise TypeError(f"unknown engine argument(s): {sorted(unknown)}; known: {sorted(names)}")
+        args = EngineArgs(model=model, **kwargs)
+        return args, args.create_config()
 
     def _compile_constraint(self, sp: SamplingParams) -> None:
         so = sp.structured_outputs

@@ -1,9 +1,13 @@
 """Memory plan from metadata only: will this checkpoint, with these serve flags, run on this card?
 
-Contract: ``plan(model, args, gpu_memory_gib=None, gpu_name=None) -> PlanReport``; ``args`` is anything with
-EngineArgs attribute names (missing ones take EngineArgs' defaults). ``model`` is a directory, a cached hub id,
-or a hub id read remotely (``checkpoint_meta_for``: config and safetensors headers only, a few hundred KB). ``plan_from_meta`` does the arithmetic
-on an already-read ``CheckpointMeta`` (the serve preflight uses it). Nothing reads tensor data.
+Contract: ``plan(model, args, gpu_memory_gib=None, gpu_name=None) -> PlanReport``; ``args`` is ``EngineArgs``
+or anything with its attribute names (missing ones take EngineArgs' defaults). ``model`` is a directory, a
+cached hub id, or a hub id read remotely (``checkpoint_meta_for``: config and safetensors headers only, a few
+hundred KB). The options resolve through ``config.create_config`` for a GPU of the card's capability, the
+function serve and ``LLM`` use, so the plan and the server cannot disagree on the dtype, the context length,
+the token budget or the KV format. ``plan_from_meta(meta, engine_args, ...)`` plans an already-read
+``CheckpointMeta``; ``plan_from_config(meta, engine_config, ...)`` does the arithmetic on a resolved
+``EngineConfig`` (the serve preflight uses it). Nothing reads tensor data. ``PlanSettings`` is ``EngineArgs``.
 
 Arithmetic (bytes; "A" = serving-dtype bytes, T = --max-num-batched-tokens, S = min(--max-num-seqs, T)):
   weights   GPTQ qweight/qzeros as stored (int32), scales at fp16, g_idx only with desc_act (the loader drops
@@ -31,8 +35,9 @@ Arithmetic (bytes; "A" = serving-dtype bytes, T = --max-num-batched-tokens, S = 
             (config.host_tier_blocks, as the runner allocates it); this machine's available memory is reported
             beside it (the plan may be for another machine, so it only warns).
 CLI: ``add_plan_arguments(parser)`` adds --gpu / --gpu-memory-gib / --json to a parser that already has the
-serve flags (the CLI passes ``onecard.cli.add_serve_arguments``); ``main_plan(argv)`` builds that parser
-itself, so every serve flag is accepted and those that do not change memory are ignored. Exit 0 = fits and
+serve flags (``config.add_serve_arguments``, generated from the option table); ``main_plan(argv)`` builds that
+parser itself, so every serve flag is accepted, with serve's defaults, and those that do not change memory are
+ignored. Exit 0 = fits and
 allowed, 1 = does not fit or refused, 2 = bad arguments.
 """
 from __future__ import annotations
@@ -40,78 +45,47 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from onecard.checkpoint_meta import FLOAT_DTYPES, CheckpointMeta, read_checkpoint_meta
-from onecard.config import ConfigError, EngineArgs, host_tier_blocks
-from onecard.hardware import decide, host_memory, normalize_dtype, sm
-from onecard.kv_dtype import bytes_per_token_hf
-from onecard.kv_dtype import resolve as resolve_kv_dtype
+from onecard.config import (
+    ConfigError,
+    DeviceSpec,
+    EngineArgs,
+    EngineConfig,
+    add_serve_arguments,
+    create_config,
+    host_tier_blocks,
+    model_argument,
+)
+from onecard.dtypes import DTYPE_BYTES
+from onecard.env import Env
+from onecard.gpus import GPUS, GpuSpec, find_gpu  # noqa: F401 - the plan's cards (re-exported for callers)
+from onecard.hardware import decide, host_memory, sm
 from onecard.kernels import paths
+from onecard.kv_dtype import bytes_per_token, kv_shape
+from onecard.kv_dtype import resolve as resolve_kv_dtype
 
 GIB = 2**30
 FIXED_OVERHEAD = int(0.75 * GIB)
 GROUPED_MOE_MIN_TOKENS = paths.GROUPED_MIN_TOKENS
-DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 AGENT_CONTEXT = 32768             # tokens of a typical coding-agent conversation (issue 23)
 
 
-@dataclass(slots=True)
-class GpuSpec:
-    name: str
-    memory_gib: float          # total memory as the driver reports it (nvidia-smi MiB / 1024)
-    cc: tuple[int, int]
+# The plan takes the engine's own options (the name is kept for callers that spell it so).
+PlanSettings = EngineArgs
 
 
-GPUS = {g.name: g for g in (
-    GpuSpec("V100-16GB", 16160 / 1024, (7, 0)), GpuSpec("V100-32GB", 32510 / 1024, (7, 0)),
-    GpuSpec("T4", 15360 / 1024, (7, 5)), GpuSpec("A10", 23028 / 1024, (8, 6)),
-    GpuSpec("A100-40GB", 40960 / 1024, (8, 0)), GpuSpec("A100-80GB", 81920 / 1024, (8, 0)),
-    GpuSpec("L4", 23034 / 1024, (8, 9)), GpuSpec("L40S", 46068 / 1024, (8, 9)),
-    GpuSpec("H100-80GB", 81559 / 1024, (9, 0)), GpuSpec("H200", 143771 / 1024, (9, 0)),
-)}
-_ALIASES = {"V100": "V100-32GB", "A100": "A100-80GB", "H100": "H100-80GB", "V10016GB": "V100-16GB",
-            "V10032GB": "V100-32GB", "A10040GB": "A100-40GB", "A10080GB": "A100-80GB", "H10080GB": "H100-80GB"}
-
-
-def find_gpu(name: str) -> GpuSpec:
-    """A known card by name, case- and punctuation-insensitive ("v100-32gb", "H200", "NVIDIA H200")."""
-    def key(s: str) -> str:
-        # torch/nvidia-smi names carry vendor and form factor: "Tesla V100-SXM2-32GB", "NVIDIA H100 80GB HBM3".
-        s = re.sub(r"NVIDIA|TESLA|SXM\d?|PCIE|HBM\dE?|NVL", "", s.upper())
-        return "".join(c for c in s if c.isalnum())
-    k = key(name)
-    for g in GPUS.values():
-        if key(g.name) == k:
-            return g
-    for alias, target in _ALIASES.items():
-        if key(alias) == k:
-            return GPUS[target]
-    raise ConfigError(f"--gpu={name} is unknown; known: {', '.join(GPUS)} (or pass --gpu-memory-gib N).")
-
-
-@dataclass(slots=True)
-class PlanSettings:
-    dtype: str = "auto"
-    quantization: str | None = None
-    kv_cache_dtype: str = "auto"
-    max_model_len: int | None = None
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int | None = None
-    gpu_memory_utilization: float = 0.9
-    block_size: int = 16
-    kv_cache_memory_bytes: int | None = None
-    enable_chunked_prefill: bool = True
-    kv_offloading_size: float | None = None
-
-    @staticmethod
-    def from_args(args: Any) -> PlanSettings:
-        d = EngineArgs()
-        return PlanSettings(**{f: getattr(args, f, getattr(d, f)) if args is not None else getattr(d, f)
-                               for f in PlanSettings.__dataclass_fields__})
+def engine_args_of(args: Any) -> EngineArgs:
+    """``args`` as EngineArgs: itself, or its attributes of EngineArgs' names (defaults for the rest; None: all)."""
+    if isinstance(args, EngineArgs):
+        return args
+    d = EngineArgs()
+    values = {f.name: getattr(args, f.name, getattr(d, f.name)) for f in fields(EngineArgs)}
+    values["model"] = model_argument(args)                  # MODEL or --model, as serve takes it
+    return EngineArgs(**values)
 
 
 @dataclass(slots=True)
@@ -202,15 +176,6 @@ class PlanReport:
         return "\n".join(lines)
 
 
-def resolve_dtype(requested: str, hf_config: dict[str, Any], quantized: bool) -> str:
-    """The serving dtype on a GPU, as onecard's config resolves it (GPTQ → float16; else the checkpoint's)."""
-    if requested == "auto":
-        if quantized:
-            return "float16"
-        return normalize_dtype(str(hf_config.get("torch_dtype") or hf_config.get("dtype") or "float32")) or "float32"
-    return normalize_dtype(requested) or requested
-
-
 def weight_bytes(meta: CheckpointMeta, dtype: str, device: str = "cuda") -> tuple[int, dict[str, int]]:
     """Bytes the loader places on the device, with a breakdown (see the module docstring). GPTQ scales go
     to fp16 on CUDA and stay as stored on the CPU (as the loader does)."""
@@ -237,8 +202,7 @@ def activation_bytes(meta: CheckpointMeta, tokens: int, seqs: int, act_bytes: in
                      cc: tuple[int, int] | None) -> tuple[int, dict[str, int]]:
     c = meta.hf_config
     h, heads = int(c["hidden_size"]), int(c["num_attention_heads"])
-    kv_heads = int(c.get("num_key_value_heads") or heads)
-    d = int(c.get("head_dim") or h // heads)
+    _, kv_heads, d = kv_shape(c)
     out = {"hidden": tokens * 4 * h * act_bytes, "attention": tokens * ((heads + 2 * kv_heads) * d + heads * d) * act_bytes}
     experts = int(c.get("num_experts") or 0)
     if experts:
@@ -264,58 +228,62 @@ def activation_bytes(meta: CheckpointMeta, tokens: int, seqs: int, act_bytes: in
     return sum(out.values()), out
 
 
-def plan_from_meta(meta: CheckpointMeta, settings: PlanSettings, total_memory: int | None,
+def plan_from_meta(meta: CheckpointMeta, settings: EngineArgs, total_memory: int | None,
                    cc: tuple[int, int] | None, gpu_name: str | None = None, model: str | None = None) -> PlanReport:
+    """Plan ``settings`` for ``meta`` on a GPU of capability ``cc`` (None: unknown) with ``total_memory`` bytes."""
+    config = create_config(settings, meta, DeviceSpec("cuda", cc), Env.read())
+    quantization = settings.quantization if settings.quantization not in (None, "auto") else meta.quant_method
+    return plan_from_config(meta, config, total_memory, cc, gpu_name, model, quantization)
+
+
+def plan_from_config(meta: CheckpointMeta, config: EngineConfig, total_memory: int | None,
+                     cc: tuple[int, int] | None, gpu_name: str | None = None, model: str | None = None,
+                     quantization: str | None = None) -> PlanReport:
+    """The arithmetic of the module docstring on a resolved configuration; ``quantization`` as the flag or the
+    checkpoint names it (default: the checkpoint's method)."""
+    m, cache, sched = config.model, config.cache, config.scheduler
     c = meta.hf_config
-    s = settings
     reasons: list[str] = []
     arch = meta.architecture
-    quantization = (s.quantization if s.quantization not in (None, "auto") else meta.quant_method)
-    if s.quantization in ("gptq", "gptq_marlin") and meta.quant is None:
-        reasons.append(f"--quantization={s.quantization} but {meta.path} has no GPTQ quantization config.")
-    dtype = resolve_dtype(s.dtype, c, meta.quant is not None)
-    decision = decide(cc, dtype, quantization, s.kv_cache_dtype)
+    quantization = quantization or meta.quant_method
+    dtype = m.dtype
+    decision = decide(cc, dtype, quantization, cache.kv_cache_dtype)
     refusal = decision.refusal
     arch_why = architecture_problem(arch)
     if arch_why:
         refusal = arch_why if refusal is None else f"{arch_why}; {refusal}"
-    if refusal is None and reasons:
-        refusal = reasons[0]
     if decision.refusal:
         reasons.append(decision.refusal)
     if arch_why:
         reasons.insert(0, arch_why)
     try:
-        kv_dt = resolve_kv_dtype(s.kv_cache_dtype, dtype)
+        kv_dt = resolve_kv_dtype(cache.kv_cache_dtype, dtype)
     except ValueError:
         kv_dt = dtype                                   # the decision above names the unknown value
     max_pos = int(c.get("max_position_embeddings", 4096))
-    max_len = int(s.max_model_len or max_pos)
-    if max_len > max_pos and not c.get("rope_scaling"):
-        msg = f"--max-model-len={max_len} is larger than the model's max_position_embeddings ({max_pos})."
-        reasons.append(msg)
-        refusal = refusal or msg
-    tokens = s.max_num_batched_tokens or (8192 if s.enable_chunked_prefill else max(max_len, 2048))
+    tokens = sched.max_num_batched_tokens
     w_total, w_parts = weight_bytes(meta, dtype)
     try:
-        kv_tok = bytes_per_token_hf(c, kv_dt)
-        a_total, a_parts = activation_bytes(meta, tokens, s.max_num_seqs, DTYPE_BYTES.get(dtype, 2), cc)
+        kv_tok = bytes_per_token(m.num_layers, m.num_kv_heads, m.head_dim, kv_dt)
+        a_total, a_parts = activation_bytes(meta, tokens, sched.max_num_seqs, DTYPE_BYTES.get(dtype, 2), cc)
     except KeyError as e:
         raise ConfigError(f"{meta.path / 'config.json'} lacks {e.args[0]!r}; cannot size the KV cache "
                           + (f"({refusal})" if refusal else "(not a decoder-only LLM config?)")) from None
     r = PlanReport(
         model=model or str(meta.path), architecture=arch, gpu=gpu_name,
-        compute_capability=None if cc is None else sm(cc), total_memory_gib=None if total_memory is None else total_memory / GIB,
-        gpu_memory_utilization=s.gpu_memory_utilization, dtype=dtype, kv_cache_dtype=kv_dt,
+        compute_capability=None if cc is None else sm(cc),
+        total_memory_gib=None if total_memory is None else total_memory / GIB,
+        gpu_memory_utilization=cache.gpu_memory_utilization, dtype=dtype, kv_cache_dtype=kv_dt,
         quantization=quantization, weights_bytes=w_total, weights_gib=w_total / GIB, weights_breakdown=w_parts,
-        kv_bytes_per_token=kv_tok, activation_bytes=a_total, activation_breakdown=a_parts, max_model_len=max_len,
-        max_num_seqs=s.max_num_seqs, max_num_batched_tokens=tokens, block_size=s.block_size,
-        allowed=refusal is None, refusal=refusal, backends=decision.backends, reasons=reasons)
-    _host_tier(r, s.kv_offloading_size)
+        kv_bytes_per_token=kv_tok, activation_bytes=a_total, activation_breakdown=a_parts,
+        max_model_len=m.max_model_len, max_num_seqs=sched.max_num_seqs, max_num_batched_tokens=tokens,
+        block_size=cache.block_size, allowed=refusal is None, refusal=refusal, backends=decision.backends,
+        reasons=reasons)
+    _host_tier(r, cache.kv_offloading_size)
     if total_memory is None:
         reasons.append("no card given and no GPU here: pass --gpu NAME or --gpu-memory-gib N for the KV capacity.")
         return r
-    _fit(r, total_memory, max_pos, int(c.get("vocab_size", 0)), s.kv_cache_memory_bytes)
+    _fit(r, total_memory, max_pos, int(c.get("vocab_size", 0)), cache.kv_cache_memory_bytes)
     return r
 
 
@@ -412,7 +380,6 @@ def local_gpu() -> tuple[str, int, tuple[int, int]] | None:
 def checkpoint_meta_for(model: str, revision: str | None = None, download_dir: str | None = None) -> CheckpointMeta:
     """A local directory or cached snapshot is read from disk; a hub id only the hub has, from its metadata
     (config.json, quantization config, safetensors headers by ranged reads): nothing is downloaded."""
-    from onecard.config import Env
     from onecard.models.hub import parse_hub_id, remote_checkpoint_meta
     from onecard.models.resolve import cached_model
 
@@ -424,7 +391,7 @@ def checkpoint_meta_for(model: str, revision: str | None = None, download_dir: s
 
 
 def plan(model: str, args: Any = None, gpu_memory_gib: float | None = None, gpu_name: str | None = None) -> PlanReport:
-    settings = PlanSettings.from_args(args)
+    settings = engine_args_of(args)
     meta = checkpoint_meta_for(model, getattr(args, "revision", None), getattr(args, "download_dir", None))
     cc: tuple[int, int] | None = None
     total: int | None = None
@@ -457,8 +424,6 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
 
 
 def build_plan_parser() -> argparse.ArgumentParser:
-    from onecard.cli import add_serve_arguments
-
     parser = argparse.ArgumentParser(prog="onecard plan", description=
                                      "Memory plan from checkpoint metadata (no weights are read).")
     add_serve_arguments(parser)
@@ -467,12 +432,12 @@ def build_plan_parser() -> argparse.ArgumentParser:
 
 def main_plan(argv: list[str]) -> int:
     ns = build_plan_parser().parse_args(argv)
-    model = ns.model or ns.model_tag
-    if model is None:
-        from onecard.models.resolve import default_model_path
-
-        model = str(default_model_path())
     try:
+        model = model_argument(ns)
+        if model is None:
+            from onecard.models.resolve import default_model_path
+
+            model = str(default_model_path())
         report = plan(model, ns, ns.gpu_memory_gib, ns.gpu)
     except ConfigError as e:
         print(f"onecard plan: error: {e}", file=sys.stderr)

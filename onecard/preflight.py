@@ -19,7 +19,7 @@ import logging
 from onecard.checkpoint_meta import read_checkpoint_meta
 from onecard.config import ConfigError, EngineConfig
 from onecard.hardware import arch_covers, decide, sm
-from onecard.plan import GIB, PlanSettings, architecture_problem, plan_from_meta
+from onecard.plan import GIB, architecture_problem, plan_from_config
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +32,6 @@ def _detect(cc, total_memory, free_memory, arch_list, env=None):
     """GPU 0's facts through NVML (onecard.gpu_query): the API process never creates a CUDA context."""
     from onecard.gpu_query import GpuQueryError, query_gpu
     from onecard.gpu_query import arch_list as torch_arch_list
-
     from onecard.kernels import paths
 
     emulated = paths.emulated_capability()                                # ONECARD_EMULATE_CC honoured
@@ -54,7 +53,7 @@ def _detect(cc, total_memory, free_memory, arch_list, env=None):
 
 def preflight(engine_config: EngineConfig, cc: tuple[int, int] | None = None, total_memory: int | None = None,
               free_memory: int | None = None, arch_list: list[str] | None = None) -> None:
-    m, cache, sched = engine_config.model, engine_config.cache, engine_config.scheduler
+    m, cache = engine_config.model, engine_config.cache
     why = architecture_problem(m.architecture)
     if why:
         raise PreflightError(why)
@@ -77,13 +76,8 @@ def preflight(engine_config: EngineConfig, cc: tuple[int, int] | None = None, to
             raise PreflightError(f"this GPU is {sm(cc)} but {reason}.")
     if total_memory is None:
         return
-    settings = PlanSettings(
-        dtype=m.dtype, quantization=quant, kv_cache_dtype=cache.kv_cache_dtype, max_model_len=m.max_model_len,
-        max_num_seqs=sched.max_num_seqs, max_num_batched_tokens=sched.max_num_batched_tokens,
-        gpu_memory_utilization=cache.gpu_memory_utilization, block_size=cache.block_size,
-        kv_cache_memory_bytes=cache.kv_cache_memory_bytes, enable_chunked_prefill=sched.enable_chunked_prefill)
     meta = read_checkpoint_meta(m.path, m.hf_config)
-    report = plan_from_meta(meta, settings, int(total_memory), cc, f"this {sm(cc)} GPU", m.model)
+    report = plan_from_config(meta, engine_config, int(total_memory), cc, f"this {sm(cc)} GPU", m.model, quant)
     if cache.num_gpu_blocks is not None:       # a fixed pool (tests): check that pool, not the sizing
         needed = report.weights_bytes + report.activation_bytes + cache.num_gpu_blocks * cache.block_size \
             * report.kv_bytes_per_token

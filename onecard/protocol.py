@@ -79,6 +79,12 @@ class EngineStats:
     kv_bytes_to_host: int = 0                     # host KV tier: bytes copied GPU -> host (cumulative)
     kv_bytes_from_host: int = 0                   # host KV tier: bytes copied host -> GPU (cumulative)
     host_kv_cache_usage: float = 0.0              # host KV tier: fraction of its slots in use, 0..1
+    # speculative decoding (cumulative; vLLM's vllm:spec_decode_*): sequences verified with drafts, draft
+    # tokens, accepted drafts, and accepted drafts per draft position (None when speculation is off)
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_pos: list[int] | None = None
 
 
 @dataclass(slots=True)

@@ -68,7 +68,7 @@ for f in files:
 print(f"calibration text: {len(parts)} files, {total / 1e6:.1f} M chars")
 EOF
 rm -rf "$WORK_DIR/gptq"
-$PY -m onecard.quant.gptq "$WORK_DIR/float" "$WORK_DIR/gptq" --bits 4 --group-size 128 --sym \
+$PY -m onecard.quant.cli "$WORK_DIR/float" "$WORK_DIR/gptq" --bits 4 --group-size 128 --sym \
     --calibration "$WORK_DIR/calib.txt" --device "$DEVICE" "${QUANT[@]}"
 
 echo "== 4/5 held-out perplexity"

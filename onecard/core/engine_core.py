@@ -5,52 +5,65 @@ scheduler and fills ``info``. ``add_request`` returns an error ``EngineOutput`` 
 (too long, queue full) and None when admitted to the queue; ``abort`` returns the aborted requests' final
 outputs; ``step()`` runs schedule → execute → update and returns the outputs of that step. A failure inside
 the runner fails only the requests of that step (FinishReason.ERROR, status 500) and frees their blocks.
-With ``async_scheduling`` (and a runner that has ``submit``), ``step()`` schedules and submits step n+1 first,
+With ``async_scheduling``, ``step()`` schedules and submits step n+1 first,
 then waits for step n's sampled ids and updates with them: the GPU has the next step queued while the host
 updates, sends outputs, takes new requests and schedules (the scheduler's placeholders make this exact; a
 request that stopped at step n has had one more token computed, which is dropped). ``has_unfinished()`` stays
 true while a step is in flight.
-This module imports no torch itself: the runner is created through ``runner_factory``.
+With ``config.speculative`` the scheduler drafts through a ``Speculator`` (``drafter``: the config's method
+unless one is given, e.g. a test's; on a GPU a ``SpecPolicy`` with the card's cost model picks each step's draft
+lengths, on the CPU every proposal is verified) and the runner verifies the drafts (sync loop only; config.py refuses the
+pair with async scheduling).
+The runner is driven through its lifecycle protocol (runner/lifecycle.py: load, precompile, size and allocate
+the KV cache, capture graphs, host tier, then submit/execute); this module decides which stages run (device,
+options). It imports no torch itself: the runner is created through ``runner_factory``.
 """
 from __future__ import annotations
 
 import gc
 import logging
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from onecard import kv_dtype
 from onecard.config import EngineConfig
 from onecard.core.request import Request
 from onecard.core.scheduler import Scheduler
 from onecard.protocol import EngineInfo, EngineOutput, EngineRequest, EngineStats, FinishReason
+from onecard.runner.lifecycle import Runner
 
 logger = logging.getLogger(__name__)
 
 
-def _default_runner_factory(config: EngineConfig):
+def _default_runner_factory(config: EngineConfig) -> Runner:
     from onecard.runner.model_runner import ModelRunner
 
     return ModelRunner(config)
 
 
 class EngineCore:
-    def __init__(self, config: EngineConfig, runner_factory: Callable | None = None):
+    def __init__(self, config: EngineConfig, runner_factory: Callable[[EngineConfig], Runner] | None = None,
+                 drafter=None):
         t0 = time.perf_counter()
         self.config = config
-        self.runner = (runner_factory or _default_runner_factory)(config)
-        if config.device == "cuda" and hasattr(self.runner, "precompile"):
+        self.runner: Runner = (runner_factory or _default_runner_factory)(config)
+        if config.device == "cuda":
             self.runner.precompile()     # every Triton kernel variant, compiled in parallel before first use
         num_blocks = self.runner.determine_num_blocks()
         self.runner.initialize_kv_cache(num_blocks)
-        if config.device == "cuda" and not config.enforce_eager and hasattr(self.runner, "capture_graphs"):
+        if config.device == "cuda" and not config.enforce_eager:
             self.runner.capture_graphs()
         num_host_blocks = 0
-        if config.cache.kv_offloading_size and hasattr(self.runner, "initialize_host_tier"):
+        if config.cache.kv_offloading_size:
             num_host_blocks = self.runner.initialize_host_tier()
+        speculator = None
+        if config.speculative is not None:
+            from onecard.core.spec.speculator import Speculator
+
+            speculator = Speculator(config.speculative, drafter, self._spec_policy(config))
         self.scheduler = Scheduler(config.scheduler, config.cache, num_blocks, num_host_blocks=num_host_blocks,
-                                   kv_block_bytes=int(getattr(self.runner, "block_bytes", 0)))
-        self.async_scheduling = config.scheduler.async_scheduling and hasattr(self.runner, "submit")
+                                   kv_block_bytes=self.runner.block_bytes, speculator=speculator)
+        self.async_scheduling = config.scheduler.async_scheduling
         self._in_flight = None                   # (SchedulerOutput, PendingOutput) submitted, not yet updated
         self.num_steps = 0
         self.last_step_tokens = 0
@@ -75,6 +88,17 @@ class EngineCore:
         if num_host_blocks:
             logger.info("host KV tier: %d blocks (%d prefix tokens) in %.2f GiB of host memory", num_host_blocks,
                         num_host_blocks * bs, config.cache.kv_offloading_size)
+
+    def _spec_policy(self, config: EngineConfig):
+        """The per-step draft length from the verify step's cost on this GPU (core/spec/policy.py); on the CPU
+        every proposal is verified in full (no cost model for it)."""
+        if config.device != "cuda" or not self.runner.device_name:
+            return None
+        card = self.runner.device_name
+        from onecard.core.spec.cost import CostModel
+        from onecard.core.spec.policy import SpecPolicy
+
+        return SpecPolicy(config.speculative.num_speculative_tokens, CostModel.for_engine(config, card))
 
     def add_request(self, er: EngineRequest) -> EngineOutput | None:
         sp = er.sampling_params
@@ -107,7 +131,7 @@ class EngineCore:
         self._count_step(sched)
         try:
             result = self.runner.execute(sched)
-        except Exception as e:  # fail this step's requests, keep serving
+        except Exception as e:  # noqa: BLE001 - fail this step's requests (logged in _fail), keep serving
             return self._fail(sched, e)
         return self.scheduler.update(sched, result)
 
@@ -121,14 +145,14 @@ class EngineCore:
             self._count_step(sched)
             try:
                 pending = self.runner.submit(sched)
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - as in step()
                 outs = self._fail(sched, e)
         if self._in_flight is not None:
             prev, prev_pending = self._in_flight
             self._in_flight = None
             try:
                 result = prev_pending.result()
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - as in step()
                 outs = self._fail(prev, e) + outs
             else:
                 outs = self.scheduler.update(prev, result) + outs

@@ -12,6 +12,7 @@ Contract:
   reviving free ones), adds fresh blocks for ``request.num_computed_tokens + hits + num_new_tokens`` tokens,
   and registers in the prefix cache every block that is full once this step's tokens are written. A sibling
   admitted later in the same step can hit those blocks: each layer stores all new KV before attention.
+- ``trim(request, num_tokens)`` drops the blocks beyond the first ``num_tokens`` tokens (rejected drafts' slots).
 - ``free(request)`` drops one reference per block, in reverse order, so a request's tail is evicted first.
   Free blocks form an LRU queue (least recently freed at the head; uncached blocks go to the head at once);
   a free block keeps its hash until it is reused, so a later request can revive it.
@@ -36,7 +37,7 @@ from onecard.core.request import Request
 class KVBlock:
     """One block of the pool. ``block_hash``/``token_ids`` are set while the block is in the prefix cache."""
 
-    __slots__ = ("block_id", "ref_cnt", "block_hash", "token_ids")
+    __slots__ = ("block_hash", "block_id", "ref_cnt", "token_ids")
 
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
@@ -290,6 +291,29 @@ class KVCacheManager:
                 block.token_ids = tuple(tokens[i * bs:(i + 1) * bs])
                 cached[h] = block
         self._req_num_cached[rid] = num_full
+
+    def trim(self, request: Request, num_tokens: int) -> None:
+        """Release the request's blocks beyond the first ``num_tokens`` tokens (speculative decoding: the slots of
+        rejected drafts). Those blocks were never registered in the prefix cache (only blocks full of known tokens
+        are), so they go to the head of the free queue."""
+        rid = request.request_id
+        blocks = self._req_blocks.get(rid)
+        keep = -(-num_tokens // self.block_size)
+        if blocks is None or len(blocks) <= keep:
+            return
+        ids = self._req_block_ids[rid]
+        freed = self._freed_since_take if self.host is not None else None
+        while len(blocks) > keep:
+            block = blocks.pop()
+            ids.pop()
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                self._free[block.block_id] = block
+                if block.block_hash is None:
+                    self._free.move_to_end(block.block_id, last=False)
+                if freed is not None:
+                    freed.add(block.block_id)
+        self._req_num_cached[rid] = min(self._req_num_cached[rid], keep)
 
     def free(self, request: Request) -> None:
         """Release the request's blocks (no-op if it has none)."""

@@ -3,7 +3,8 @@
 Contract: the runner computes ``num_new_tokens`` tokens for each scheduled request, starting at
 ``num_computed_tokens`` (its token ids are ``request.all_token_ids[start:start + n]``), writing their KV
 through ``block_ids``. It samples a next token only for requests where ``samples`` is True (the chunk
-reaches the end of the known tokens). Request objects are shared in-process (B owns both sides).
+reaches the end of the known tokens). A request with ``draft_token_ids`` (speculative decoding) computes its last
+token then the drafts, and gets back ``verified_token_ids`` instead of one sampled id. Request objects are shared in-process (B owns both sides).
 With a host KV tier the step also carries copies as (gpu block, host slot) pairs: ``kv_to_host`` first, then
 ``kv_from_host``, all done before attention reads any block of the step; with ``kv_transfer_wait`` they must
 also queue behind the step still in flight (one of their GPU blocks was freed since it was scheduled).
@@ -22,7 +23,10 @@ class ScheduledRequest:
     num_computed_tokens: int          # before this step
     num_new_tokens: int
     block_ids: list[int]              # every block of the request, in order (covers start + n tokens)
-    samples: bool                     # True when start + n == request.num_tokens
+    samples: bool                     # True when start + n == request.num_tokens (or it carries drafts)
+    # Speculative decoding: k draft ids computed after the request's last token (num_new_tokens == 1 + k); the
+    # runner verifies them (logits at all 1 + k positions) and returns the accepted ones plus one sampled token.
+    draft_token_ids: list[int] | None = None
 
 
 @dataclass(slots=True)
@@ -45,3 +49,6 @@ class RunnerOutput:
     sampled_token_ids: dict[str, int]                       # request_id -> token, for requests that sample
     logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)   # request_id -> why it must end (grammar dead end)
+    # Requests verified with drafts: the accepted drafts then one sampled token (1..k+1 ids), and their logprobs.
+    verified_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    verified_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)

@@ -21,6 +21,13 @@ Contract:
   max_tokens, max_model_len), frees finished requests and returns one ``EngineOutput`` per request that got
   a token or finished. Requests that ended since the step was scheduled are skipped. A request in the runner's
   ``errors`` (its grammar reached a dead end) finishes with ``FinishReason.ERROR`` and that message (400).
+- Speculative decoding (a ``Speculator``): a decode step of a running request may carry k drafts
+  (``ScheduledRequest.draft_token_ids``, 1 + k tokens against the budget, k bounded so that max_tokens,
+  max_model_len and --long-prefill-token-threshold hold; drafts that do not fit the free blocks are dropped,
+  never preempting anyone). ``update`` sets ``num_computed_tokens`` to the last token plus the accepted drafts,
+  frees the blocks beyond (``KVCacheManager.trim``; the prefix cache only ever registers blocks full of known
+  tokens), appends the verified tokens one by one with the same stop checks (tokens after a stop are dropped)
+  and counts the metrics. Prefill chunks are passed to the drafter (``observe``); ended requests ``finish``.
 - ``abort(ids)`` ends requests with ``FinishReason.ABORT`` and frees their blocks. Finished and aborted ids
   come in the next ``SchedulerOutput.finished_request_ids``; ``preempted_request_ids`` are this step's
   preemptions (never scheduled in the same step). Both mean: drop the runner's per-request state (a
@@ -42,6 +49,7 @@ from onecard.core.block_hash import update_block_hashes
 from onecard.core.kv_cache_manager import KVCacheManager
 from onecard.core.outputs import RunnerOutput, ScheduledRequest, SchedulerOutput
 from onecard.core.request import Request, RequestStatus
+from onecard.core.spec.speculator import Speculator
 from onecard.protocol import EngineOutput, EngineStats, FinishReason
 
 logger = logging.getLogger(__name__)
@@ -53,8 +61,9 @@ _FINISHED = RequestStatus.FINISHED
 
 class Scheduler:
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, num_blocks: int,
-                 num_host_blocks: int = 0, kv_block_bytes: int = 0) -> None:
+                 num_host_blocks: int = 0, kv_block_bytes: int = 0, speculator: Speculator | None = None) -> None:
         self.config = scheduler_config
+        self.speculator = speculator
         self.max_model_len = scheduler_config.max_model_len
         self.block_size = cache_config.block_size
         self.kv_block_bytes = kv_block_bytes
@@ -163,6 +172,8 @@ class Scheduler:
         req.finish_reason = reason
         req.stop_reason = stop_reason
         self.kv_cache_manager.free(req)
+        if self.speculator is not None:
+            self.speculator.finish(req, reason in (FinishReason.ABORT, FinishReason.ERROR))
         del self.requests[rid]
         del self._stop_info[rid]
         del self._arrival[rid]
@@ -170,6 +181,8 @@ class Scheduler:
 
     def _preempt(self, req: Request) -> None:
         self.kv_cache_manager.free(req)
+        if self.speculator is not None:
+            self.speculator.preempted(req)
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
         req.num_preemptions += 1
@@ -184,8 +197,11 @@ class Scheduler:
         budget = cfg.max_num_batched_tokens
         threshold = cfg.long_prefill_token_threshold
         decodes: list[ScheduledRequest] = []
+        verifies: list[ScheduledRequest] = []      # decodes with drafts (speculative decoding): 1 + k tokens
         prefills: list[ScheduledRequest] = []
         preempted: set[str] = set()
+        spec = self.speculator
+        step_drafts = self._propose_all() if spec is not None else None
 
         running = self.running
         i = 0
@@ -201,15 +217,25 @@ class Scheduler:
             n = known - start
             if 0 < threshold < n:
                 n = threshold
-            if n > budget:
-                n = budget
+            n = min(n, budget)
             if n <= 0:                      # the runner did not sample it last step: nothing to compute
                 i += 1
                 continue
+            drafts = step_drafts.get(req.request_id) if step_drafts else None
+            if drafts and n == 1:
+                if len(drafts) >= budget:
+                    drafts = drafts[:budget - 1] or None
+                if drafts:
+                    n += len(drafts)
+            else:
+                drafts = None
             while True:
                 ids = kv.allocate_slots(req, n)
                 if ids is not None:
                     break
+                if drafts:                  # drafts never preempt anyone: fall back to a plain decode
+                    drafts, n = None, 1
+                    continue
                 victim = running.pop()      # the latest arrival; never one already scheduled this step
                 self._preempt(victim)
                 preempted.add(victim.request_id)
@@ -217,11 +243,18 @@ class Scheduler:
                     break
             if ids is None:
                 break
-            samples = start + n == known
-            req.num_computed_tokens = start + n
+            samples = start + n == known or drafts is not None
+            req.num_computed_tokens = start + n       # drafts included; update() keeps the accepted ones
             if samples:
                 req.num_output_placeholders = pending + 1
-            (decodes if n == 1 else prefills).append(ScheduledRequest(req, start, n, ids, samples))
+            if drafts is not None:
+                verifies.append(ScheduledRequest(req, start, n, ids, True, drafts))
+            elif n == 1:
+                decodes.append(ScheduledRequest(req, start, n, ids, samples))
+            else:
+                prefills.append(ScheduledRequest(req, start, n, ids, samples))
+                if spec is not None:
+                    spec.observe(req, start + n)
             budget -= n
             i += 1
 
@@ -229,6 +262,7 @@ class Scheduler:
             self._admit_waiting(budget, decodes, prefills)
 
         finished, self._finished_ids = self._finished_ids, set()
+        decodes.extend(verifies)
         decodes.extend(prefills)
         total = sum(sr.num_new_tokens for sr in decodes)
         out = SchedulerOutput(decodes, total, finished, preempted)
@@ -276,7 +310,29 @@ class Scheduler:
                 bisect.insort(running, req, key=lambda r: arrival[r.request_id])
             sr = ScheduledRequest(req, num_hit, n, ids, samples)
             (decodes if n == 1 else prefills).append(sr)
+            if self.speculator is not None:
+                self.speculator.observe(req, num_hit + n)
             budget -= n
+
+    def _propose_all(self) -> dict[str, list[int]]:
+        """Drafts for this step's decodes (requests whose next token is their only one to compute), each at most
+        what max_tokens, max_model_len and --long-prefill-token-threshold leave room for (a step emits the
+        accepted drafts plus one token); the step's budget trims them in ``schedule``."""
+        threshold = self.config.long_prefill_token_threshold
+        stop_info, max_len = self._stop_info, self.max_model_len
+        cands: list[tuple[Request, int]] = []
+        prefill = 0
+        for req in self.running:
+            known = len(req.all_token_ids)
+            todo = known - req.num_computed_tokens
+            if req.num_output_placeholders or todo != 1:
+                prefill += min(todo, threshold) if threshold > 0 else max(todo, 0)
+                continue
+            max_k = min(stop_info[req.request_id][3] - len(req.output_token_ids), max_len - known) - 1
+            if threshold > 0:
+                max_k = min(max_k, threshold - 1)
+            cands.append((req, max(max_k, 0)))
+        return self.speculator.propose_step(cands, prefill) if cands else {}
 
     def update(self, scheduler_output: SchedulerOutput, runner_output: RunnerOutput) -> list[EngineOutput]:
         sampled = runner_output.sampled_token_ids
@@ -296,9 +352,16 @@ class Scheduler:
                 continue
             req.num_output_placeholders -= 1
             rid = req.request_id
-            token = sampled.get(rid)
-            if token is None:
-                continue
+            if sr.draft_token_ids is not None:
+                token = None
+                verified = runner_output.verified_token_ids.get(rid)
+                if verified is None:
+                    continue
+                self._accept_drafts(sr, verified)
+            else:
+                token = sampled.get(rid)
+                if token is None:
+                    continue
             if errors and rid in errors:
                 outputs.append(EngineOutput(rid, [], FinishReason.ERROR, error=errors[rid], error_status=400,
                                             num_prompt_tokens=len(req.prompt_token_ids)))
@@ -307,6 +370,16 @@ class Scheduler:
                     preempted_finished = True
                 else:
                     any_finished = True
+                continue
+            if token is None:                   # a verify step: several tokens
+                out = self._append_verified(req, verified, runner_output.verified_logprobs.get(rid))
+                outputs.append(out)
+                if out.finish_reason is not None:
+                    self._finish(req, out.finish_reason, out.stop_reason)
+                    if status is _PREEMPTED:
+                        preempted_finished = True
+                    else:
+                        any_finished = True
                 continue
             out_ids = req.output_token_ids
             out_ids.append(token)               # Request.append_output_token, inlined (hot loop)
@@ -326,7 +399,7 @@ class Scheduler:
             lp = logprobs.get(rid) if logprobs else None
             cached = req.num_cached_tokens
             out = EngineOutput(rid, [token], reason, stop_reason, None if lp is None else [lp],
-                               len(req.prompt_token_ids), cached if cached > 0 else 0)
+                               len(req.prompt_token_ids), max(0, cached))
             if num_out == 1:
                 out.scheduled_time = req.scheduled_time
             outputs.append(out)
@@ -341,6 +414,43 @@ class Scheduler:
         if preempted_finished:              # preempted while its last token was in flight
             self.waiting = deque(r for r in self.waiting if r.status is not _FINISHED)
         return outputs
+
+    def _accept_drafts(self, sr: ScheduledRequest, verified: list[int]) -> None:
+        """KV stays valid for the last token and the accepted drafts: roll the rest back (slots, blocks)."""
+        req = sr.request
+        num_accepted = len(verified) - 1
+        self.speculator.record(req, len(sr.draft_token_ids), num_accepted)
+        if req.status is _RUNNING:          # (a preempted request has no blocks and restarts from 0)
+            req.num_computed_tokens = sr.num_computed_tokens + 1 + num_accepted
+            self.kv_cache_manager.trim(req, req.num_computed_tokens)
+
+    def _append_verified(self, req: Request, tokens: list[int], lps: list | None) -> EngineOutput:
+        """Append a verify step's tokens one by one, each checked for a stop as a single decode's would be; the
+        tokens after a stop are dropped."""
+        eos, stop_ids, min_tokens, max_tokens = self._stop_info[req.request_id]
+        out_ids, all_ids = req.output_token_ids, req.all_token_ids
+        reason = stop_reason = None
+        n = 0
+        for token in tokens:
+            out_ids.append(token)
+            all_ids.append(token)
+            n += 1
+            num_out = len(out_ids)
+            if num_out >= min_tokens:
+                if token in eos:
+                    reason = FinishReason.STOP
+                elif token in stop_ids:
+                    reason, stop_reason = FinishReason.STOP, token
+            if reason is None and (num_out >= max_tokens or len(all_ids) >= self.max_model_len):
+                reason = FinishReason.LENGTH
+            if reason is not None:
+                break
+        cached = req.num_cached_tokens
+        out = EngineOutput(req.request_id, tokens[:n], reason, stop_reason, None if lps is None else lps[:n],
+                           len(req.prompt_token_ids), max(0, cached))
+        if len(out_ids) == n:
+            out.scheduled_time = req.scheduled_time
+        return out
 
     # ------------------------------------------------------------------ state
     def has_unfinished(self) -> bool:
@@ -360,7 +470,7 @@ class Scheduler:
     def stats(self) -> EngineStats:
         kv = self.kv_cache_manager
         host = kv.host
-        return EngineStats(num_running=len(self.running), num_waiting=len(self.waiting),
+        s = EngineStats(num_running=len(self.running), num_waiting=len(self.waiting),
                            kv_cache_usage=kv.usage, prefix_cache_queries=kv.prefix_cache_queries,
                            prefix_cache_hits=kv.prefix_cache_hits, num_preemptions=self.num_preemptions,
                            external_prefix_cache_queries=kv.host_queries,
@@ -368,3 +478,8 @@ class Scheduler:
                            kv_bytes_to_host=kv.blocks_to_host * self.kv_block_bytes,
                            kv_bytes_from_host=kv.blocks_from_host * self.kv_block_bytes,
                            host_kv_cache_usage=host.usage if host is not None else 0.0)
+        if self.speculator is not None:
+            c = self.speculator.counts
+            s.spec_num_drafts, s.spec_num_draft_tokens = c.num_drafts, c.num_draft_tokens
+            s.spec_num_accepted_tokens, s.spec_accepted_per_pos = c.num_accepted_tokens, list(c.accepted_per_pos)
+        return s

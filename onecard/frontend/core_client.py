@@ -1,5 +1,7 @@
 """Process A's handle on the engine core (process B, or a thread in --single-process mode).
 
+Process A's side only: the loop that B runs, and B's process entry point, are core/engine_loop.py.
+
 Contract (``CoreClient``): ``start()`` begins loading in the background and returns at once;
 ``wait_ready()`` blocks until B has loaded the model (returns ``EngineInfo``) or raises the start-up error;
 ``add_request`` / ``abort`` never block (a writer thread owns the pipe, so a full or dead pipe cannot stall
@@ -24,7 +26,8 @@ from collections.abc import Callable
 from typing import Any
 
 from onecard.config import ConfigError, EngineConfig
-from onecard.protocol import Abort, EngineInfo, EngineOutput, EngineRequest, EngineStats, FinishReason
+from onecard.core.engine_loop import process_main, run_engine_loop
+from onecard.protocol import Abort, EngineInfo, EngineOutput, EngineRequest, EngineStats
 
 logger = logging.getLogger(__name__)
 
@@ -65,63 +68,12 @@ class CoreClient(abc.ABC):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Implementations. Both run the same loop (``run_engine_loop``) over a message channel; they differ only in
+# Implementations. Both run B's loop (core/engine_loop.py) over a message channel; they differ only in
 # where B lives: a thread of this process (--single-process, tests) or a spawned process (default).
 
 
 class EngineStartupError(RuntimeError):
     """B failed to start (bad config, does not fit, load error); the message says why."""
-
-
-def run_engine_loop(config: EngineConfig, recv: Callable[[float | None], Any], send: Callable[[tuple], None],
-                    core_factory: Callable[[EngineConfig], Any] | None = None) -> None:
-    """B's main loop. ``recv(timeout)`` returns a message or None on timeout; ``send(msg)`` never blocks long.
-
-    Messages in: EngineRequest, Abort, "stop". Out: ("ready", EngineInfo), ("error", text, is_config),
-    ("out", [EngineOutput], EngineStats). ``core_factory`` (default ``EngineCore``) lets tests run the same
-    loop over a core with a scripted runner.
-    """
-    if core_factory is None:
-        from onecard.core.engine_core import EngineCore as core_factory
-
-    try:
-        core = core_factory(config)
-    except ConfigError as e:
-        send(("error", str(e), True))
-        return
-    except Exception as e:
-        logger.exception("engine start-up failed")
-        send(("error", f"{type(e).__name__}: {e}", False))
-        return
-    send(("ready", core.info))
-    while True:
-        msg = recv(None if not core.has_unfinished() else 0.0)
-        outs: list = []
-        while msg is not None:
-            if isinstance(msg, str) and msg == "stop":
-                return
-            if isinstance(msg, Abort):
-                outs.extend(core.abort(msg.request_ids))
-            else:
-                err = _admit(core, msg)
-                if err is not None:
-                    outs.append(err)
-            msg = recv(0.0)
-        if core.has_unfinished():
-            outs.extend(core.step())
-        send(("out", outs, core.stats()))
-
-
-def _admit(core: Any, request: EngineRequest) -> EngineOutput | None:
-    """Add one request; a fault while admitting it fails that request only (attributable), never the loop."""
-    try:
-        return core.add_request(request)
-    except Exception as e:  # noqa: BLE001 - reported to its request, with the traceback in the log
-        logger.exception("admitting request %s failed", getattr(request, "request_id", "?"))
-        rid = getattr(request, "request_id", "?")
-        status = 400 if isinstance(e, ValueError) else 500
-        return EngineOutput(rid, [], FinishReason.ERROR, error=f"the request could not be admitted: "
-                            f"{type(e).__name__}: {e}", error_status=status)
 
 
 class _ClientBase(CoreClient):
@@ -190,7 +142,7 @@ class _ClientBase(CoreClient):
         for callback in list(self.on_dead):
             try:
                 callback(why)
-            except Exception:  # noqa: BLE001 - one listener's fault must not hide the death from others
+            except Exception:  # one listener's fault must not hide the death from others
                 logger.exception("an on_dead callback failed")
 
     async def get_outputs(self) -> list[EngineOutput]:
@@ -252,7 +204,7 @@ class ThreadCoreClient(_ClientBase):
         def main() -> None:
             try:
                 run_engine_loop(self.config, recv, self._on_message, self._core_factory)
-            except BaseException as e:  # noqa: BLE001 - the loop's death is reported, not swallowed
+            except BaseException as e:  # the loop's death is reported, not swallowed
                 logger.exception("the engine thread died")
                 self._died(f"the engine thread died: {type(e).__name__}: {e}")
                 return
@@ -272,40 +224,6 @@ class ThreadCoreClient(_ClientBase):
         self._in.put("stop")
         if self._thread is not None:
             self._thread.join(timeout=10)
-
-
-def _process_main(config: EngineConfig, conn_in, conn_out, core_factory=None) -> None:
-    import signal
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)    # A decides when B stops
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    logging.basicConfig(level=config.env.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    set_engine_threads(config)
-    if core_factory is None:
-        import torch  # noqa: F401 - the runner needs it anyway; loaded now, with the thread count set
-
-    def recv(timeout: float | None):
-        if conn_in.poll(timeout):
-            try:
-                return conn_in.recv()
-            except EOFError:
-                return "stop"
-        return None
-
-    run_engine_loop(config, recv, conn_out.send, core_factory)
-
-
-def set_engine_threads(config: EngineConfig) -> None:
-    """Torch's intra-op threads in B (``--engine-threads``): oversubscribed spinning threads on a busy box
-    cost far more than they give (see config.default_engine_threads). B is a fresh process: the OpenMP
-    runtime reads this when torch loads."""
-    import os
-    import sys
-
-    os.environ["OMP_NUM_THREADS"] = str(config.engine_threads)
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        torch.set_num_threads(config.engine_threads)
 
 
 def _exit_text(code: int | None) -> str:
@@ -335,7 +253,7 @@ class ProcessCoreClient(_ClientBase):
         ctx = mp.get_context("spawn")
         self._a_in, self._b_out = ctx.Pipe(duplex=False)    # B -> A
         self._b_in, self._a_out = ctx.Pipe(duplex=False)    # A -> B
-        self._proc = ctx.Process(target=_process_main, args=(config, self._b_in, self._b_out, core_factory),
+        self._proc = ctx.Process(target=process_main, args=(config, self._b_in, self._b_out, core_factory),
                                  name="onecard-engine", daemon=True)
         self._out: queue.SimpleQueue = queue.SimpleQueue()
         self._reader: threading.Thread | None = None

@@ -11,7 +11,9 @@ for another reason (EOS, length, abort). ``.text`` is the output text so far, ``
 - Stop strings may span tokens. On a match the text is cut at the match (the stop string is kept only with
   ``include_stop_str_in_output``), ``stop_string`` names it, and every later ``update`` returns nothing: the
   caller aborts the request. Among several stops the match that *ends* first wins (ties: the longer one), so
-  the result does not depend on how the tokens were batched into updates.
+  the result does not depend on how the tokens were batched into updates. An update of several tokens is
+  checked after each token, and the tokens after the one that completed the match are dropped (not in
+  ``token_ids``): the same outputs as one token per update.
 - While stop strings are set, the last ``len(longest stop) - 1`` characters are held back so a partial stop
   is never streamed; ``flush()`` releases them.
 - ``spaces_between_special_tokens`` only matters for slow (Python) tokenizers; fast byte-level BPE
@@ -124,13 +126,18 @@ class IncrementalDetokenizer:
         if self.finished:
             return DetokUpdate("", None)
         search_from = len(self._text)
+        each = bool(self.stop) and len(new_token_ids) > 1     # several tokens at once (speculative decoding)
+        stopped = False
         for tid in new_token_ids:
             self.token_ids.append(tid)
             self._ids.append(tid)
             self._text += self._decode_next()
             if len(self.token_ids) <= self.min_tokens:
                 search_from = len(self._text)   # stop strings count only after min_tokens (vLLM)
-        if self._apply_stop(search_from):
+            elif each and self._apply_stop(search_from):
+                stopped = True                  # the tokens after the one that completed the stop are dropped
+                break
+        if stopped or self._apply_stop(search_from):
             delta = self._text[self._emitted:]
             self._emitted = len(self._text)
             return DetokUpdate(delta, self.stop_string)

@@ -2,8 +2,9 @@
 
 Contract: ``RequestOutputState(tokenizer, prompt_ids, params)`` holds one engine request's output state
 (incremental detokenizer with stop strings and ``min_tokens``, token ids, logprobs, finish).
-``process(out)`` turns one ``EngineOutput`` into a ``GenerationDelta`` (text delta, ids, raw logprobs,
-finish reason, stop reason) and says whether the caller must abort the engine request (a stop string
+``process(out)`` turns one ``EngineOutput`` (one token, or several from a speculative verify step: a stop
+string inside them keeps the tokens up to the one that completed it) into a ``GenerationDelta`` (text delta,
+ids, raw logprobs, finish reason, stop reason) and says whether the caller must abort the engine request (a stop string
 matched while the engine would go on); an engine rejection raises ``EngineRequestError``.
 ``fan_out(request_id, params)`` is the one rule for ``n``: child ids (``id`` when n == 1, else
 ``f"{id}-{i}"``) with per-child params (n=1, seed + i). ``merge_streams`` interleaves async iterators (the
@@ -71,9 +72,16 @@ class RequestOutputState:
         if out.finish_reason == FinishReason.ERROR:
             self.finish_reason = FinishReason.ERROR.value
             raise EngineRequestError(out.error or "the engine rejected the request", out.error_status)
-        self.num_output_tokens += len(out.new_token_ids)
-        text, stop_str = self.detok.update(out.new_token_ids) if out.new_token_ids else ("", None)
+        new_ids, new_lps = out.new_token_ids, out.new_logprobs
+        before = len(self.detok.token_ids)
+        text, stop_str = self.detok.update(new_ids) if new_ids else ("", None)
         abort = False
+        if stop_str is not None:
+            kept = len(self.detok.token_ids) - before     # several tokens in one output: those up to the stop
+            if kept < len(new_ids):
+                new_ids = new_ids[:kept]
+                new_lps = new_lps[:kept] if new_lps is not None else None
+        self.num_output_tokens += len(new_ids)
         if stop_str is not None:
             # the stop string ends the request; B may still produce tokens until it sees the abort
             self.finish_reason, self.stop_reason = FinishReason.STOP.value, stop_str
@@ -83,7 +91,7 @@ class RequestOutputState:
             text += self.detok.flush() or ""
         if out.num_prompt_tokens:
             self.num_prompt_tokens = out.num_prompt_tokens
-        delta = GenerationDelta(text=text, token_ids=list(out.new_token_ids), logprobs=out.new_logprobs,
+        delta = GenerationDelta(text=text, token_ids=list(new_ids), logprobs=new_lps,
                                 finish_reason=self.finish_reason, stop_reason=self.stop_reason,
                                 num_prompt_tokens=self.num_prompt_tokens, num_cached_tokens=out.num_cached_tokens,
                                 num_output_tokens=self.num_output_tokens)

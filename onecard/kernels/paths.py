@@ -7,7 +7,7 @@ return a path name; the thresholds they use are the constants below. ``dispatch.
 ``hardware.py`` (``onecard probe``'s description: ``describe``) read them; nothing else keeps a copy.
 Capabilities are ints (70 = sm70). ``capability(device)`` is the only place that asks the device (through
 torch, imported lazily: this module imports nothing heavy) and the only place that honours the emulation
-switch ``ONECARD_EMULATE_CC`` (``config.Env.emulate_cc``): with it every decision here takes that
+switch ``ONECARD_EMULATE_CC`` (``env.Env.emulate_cc``): with it every decision here takes that
 capability's branch while Triton still compiles for the real card (Triton asks its own driver, not us).
 
 Paths (``choose(op, tokens, cc)``):
@@ -18,7 +18,8 @@ Paths (``choose(op, tokens, cc)``):
               sorted GEMM; sorted16 up to SORTED16_MAX_TOKENS, and always below sm80: sorted64 spills there)
               | grouped (PyTorch grouped GEMM, T >= GROUPED_MIN_TOKENS, sm80+, where the start-up probe found a
               working grouped-GEMM dtype) | per-expert (same T below sm80: one cuBLAS GEMM per expert)
-Other decisions: ``attention_tiles`` (BLOCK_N, warps by capability), ``split_kv_segments``, ``use_pdl``
+Other decisions: ``attention_tiles`` (BLOCK_N, warps by capability), ``split_kv`` (split-KV decode attention:
+segments and the shortest segment; policy ``ONECARD_SPLIT_KV``, see ``split_kv``), ``use_pdl``
 (programmatic dependent launch: sm90+, decode-sized launches), ``grouped_gemm_dtype`` (bf16 on sm90+ for
 fp16 inputs), ``bf16_allowed`` (the dtype rule: sm80+).
 """
@@ -28,7 +29,9 @@ import functools
 from collections.abc import Iterable
 from typing import Any
 
-CAPABILITIES = (70, 75, 80, 86, 89, 90)   # the values ONECARD_EMULATE_CC accepts (the tests use 70/75/80/90)
+# the values ONECARD_EMULATE_CC and ONECARD_SPLIT_KV accept (their home: env.py, which reads them)
+from onecard.env import CAPABILITIES, SPLIT_KV_POLICIES
+
 INTERPRETER_CC = 80                   # TRITON_INTERPRET on the CPU counts as sm80 (exercises the tensor-core paths)
 
 TENSOR_CORE_DOT_MIN_CC = 80           # tl.dot uses tensor cores from sm80 (Triton >= 3.2 dropped MMAv1)
@@ -43,7 +46,14 @@ DECODE_MAX_TOKENS = 16                # fused MoE: the split-K decode kernels up
 SORTED16_MAX_TOKENS = 64              # fused MoE: sorted16 up to here (sm80+), sorted64 above
 GROUPED_MIN_TOKENS = 256              # fused MoE: dequantize + grouped / per-expert cuBLAS GEMM from here
 SPLIT_MIN_SEQ_LEN = 1024              # attention: split-KV only pays off for long decode contexts
-MAX_SEGMENTS = 16                     # attention: split-KV segments at most
+MAX_SEGMENTS = 128                    # attention: split-KV segments at most (the partials' workspace bound)
+LEGACY_MAX_SEGMENTS = 16              # ... under the "legacy" policy (the one before issue 25's tuning)
+# Resident decode-attention CTAs per SM that split-KV aims to fill (one wave): sm80+ tiles (64 keys, 4 warps) at
+# the served shape compile for sm90 to 96 registers / 38 KB shared (fp16 KV: 5 fit) and 164 registers / 22 KB
+# (fp8_e5m2 KV: 3 fit), so 3 is one full wave for both; below sm80 (32 keys, 8 warps, 210 registers) 1 fits.
+SPLIT_CTAS_PER_SM, SPLIT_CTAS_PER_SM_PRE_AMPERE = 3, 1
+SPLIT_PROGRAM_OVERHEAD_TILES = 1      # split-KV cost model: a program's fixed cost (q, partials), in key tiles
+SPLIT_MIN_SEGMENT_TILES = 1           # the shortest segment, in key tiles (ATTN_BLOCK_N keys each)
 ATTN_BLOCK_N, ATTN_WARPS = 64, 4      # attention tiles, sm80+
 
 OPS = ("dense_gemm", "moe")
@@ -67,7 +77,7 @@ def set_emulated_capability(cc: int | None, *, clear: bool = False) -> None:
 
 @functools.lru_cache(maxsize=1)
 def _env_emulation() -> int | None:
-    from onecard.config import Env  # the one reader of the environment
+    from onecard.env import Env  # the one reader of the environment
 
     return Env.read().emulate_cc
 
@@ -212,13 +222,86 @@ def attention_tiles(cc: int, block_m: int) -> tuple[int, int]:
     return (32, 8) if block_m <= 16 else (16, 8)
 
 
-def split_kv_segments(num_seqs: int, decode_only: bool, max_seq_len: int, kv_heads: int, sms: int) -> int:
-    """Split-KV segments for a paged-attention launch: only decode-only batches with long contexts split,
-    into enough programs for ~2 per SM."""
+class _SplitKvPolicy:
+    """Set by ``set_split_kv_policy`` (tests, benches); unset: read once from env.Env (ONECARD_SPLIT_KV)."""
+
+    name: str | None = None
+    ctas_per_sm: int | None = None
+
+
+def set_split_kv_policy(name: str | None, ctas_per_sm: int | None = None) -> None:
+    """Use split-KV policy ``name`` (one of SPLIT_KV_POLICIES; None: the environment's) in this process;
+    ``ctas_per_sm`` overrides SPLIT_CTAS_PER_SM for "fill" (benchmark sweeps). Launches decide at launch time:
+    CUDA graphs keep the choice they were captured with."""
+    if name is not None and name not in SPLIT_KV_POLICIES:
+        raise ValueError(f"split-KV policy {name!r} is not one of {SPLIT_KV_POLICIES}")
+    _SplitKvPolicy.name, _SplitKvPolicy.ctas_per_sm = name, ctas_per_sm
+
+
+@functools.lru_cache(maxsize=1)
+def _env_split_kv() -> str:
+    from onecard.env import Env  # the one reader of the environment
+
+    return Env.read().split_kv
+
+
+def split_kv_policy() -> str:
+    return _SplitKvPolicy.name or _env_split_kv()
+
+
+def split_kv_ctas_per_sm(cc: int) -> int:
+    """Decode-attention CTAs per SM that one wave of split-KV programs holds on capability ``cc``."""
+    if _SplitKvPolicy.ctas_per_sm is not None:
+        return _SplitKvPolicy.ctas_per_sm
+    return SPLIT_CTAS_PER_SM if tensor_core_dot(cc) else SPLIT_CTAS_PER_SM_PRE_AMPERE
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def split_kv(num_seqs: int, decode_only: bool, max_seq_len: int, kv_heads: int, sms: int, cc: int,
+             policy: str | None = None) -> tuple[int, int]:
+    """(segments, shortest segment in key tiles) of a paged-attention launch; (1, 1): no split.
+
+    ``max_seq_len`` is an upper bound on every sequence's length (CUDA graphs pass max_model_len): the kernel
+    splits each sequence's own key tiles into ceil(tiles / segments)-tile segments (never shorter than the
+    returned minimum), so a segment is a whole number of BLOCK_N-key tiles, shorter contexts leave the last
+    segments empty (their programs exit at once, the reduce reads only the filled ones) and the count depends
+    only on the launch's shapes (B, KV heads, the bound): a captured graph stays right for every context.
+
+    Policy "fill" (the default): the count with the shortest critical path, counted in key tiles: the resident
+    programs (one wave = ``split_kv_ctas_per_sm(cc)`` x ``sms``) run together, so B x KV heads x S programs take
+    ceil(programs / wave) waves of ceil(tiles / S) + SPLIT_PROGRAM_OVERHEAD_TILES each (the overhead: loading q,
+    writing the partials, which the reduce reads back); the fewest segments among equals, at most MAX_SEGMENTS
+    and one per SPLIT_MIN_SEGMENT_TILES tiles of the bound. This fills the SMs while B x KV heads do not
+    (bs1 at 32k on 132 SMs: 86 segments of 6 tiles), splits no batch that already fills a wave evenly, and
+    bounds the reduce: its partials (B x query heads x S rows of D fp32) are at most one wave of programs x
+    GROUP rows at a short bound, and at long contexts a segment is many tiles long.
+    Policy "legacy" (issue 25's before, for A/B): ~2 programs per SM rounded up to a power of two, at most
+    LEGACY_MAX_SEGMENTS (bs1 at 32k on 132 SMs: 16 segments, 64 programs: half the SMs idle)."""
     if not decode_only or max_seq_len < SPLIT_MIN_SEQ_LEN:
-        return 1
-    want = 2 * sms // max(1, num_seqs * kv_heads)
-    return max(1, min(MAX_SEGMENTS, 1 if want <= 1 else 1 << (int(want) - 1).bit_length()))
+        return 1, 1
+    base = max(1, num_seqs * kv_heads)                                    # programs without a split
+    if (policy or split_kv_policy()) == "legacy":
+        want = 2 * sms // base
+        return max(1, min(LEGACY_MAX_SEGMENTS, 1 if want <= 1 else 1 << (int(want) - 1).bit_length())), 1
+    tiles = _cdiv(max_seq_len, attention_tiles(cc, 16)[0])               # key tiles of the bound (decode tiles)
+    return _fill_segments(base, tiles, split_kv_ctas_per_sm(cc) * sms), SPLIT_MIN_SEGMENT_TILES
+
+
+@functools.lru_cache(maxsize=4096)
+def _fill_segments(base: int, tiles: int, wave: int) -> int:
+    """split_kv's "fill" count for ``base`` programs per segment, ``tiles`` key tiles, ``wave`` resident programs."""
+    most = max(1, min(MAX_SEGMENTS, tiles // SPLIT_MIN_SEGMENT_TILES))
+    return min(range(1, most + 1),
+               key=lambda s: (_cdiv(base * s, wave) * (_cdiv(tiles, s) + SPLIT_PROGRAM_OVERHEAD_TILES), s))
+
+
+def split_kv_segments(num_seqs: int, decode_only: bool, max_seq_len: int, kv_heads: int, sms: int,
+                      cc: int = 90) -> int:
+    """The segment count of ``split_kv``."""
+    return split_kv(num_seqs, decode_only, max_seq_len, kv_heads, sms, cc)[0]
 
 
 def use_pdl(num_tokens: int, cc: int, max_tokens: int) -> bool:
@@ -290,6 +373,10 @@ __all__ = [
     "per_expert_moe",
     "real_capability",
     "set_emulated_capability",
+    "set_split_kv_policy",
+    "split_kv",
+    "split_kv_ctas_per_sm",
+    "split_kv_policy",
     "split_kv_segments",
     "tensor_core_dot",
     "token_boundaries",

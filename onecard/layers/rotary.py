@@ -66,7 +66,7 @@ def rope_cache(hf_config: dict[str, Any], head_dim: int, max_positions: int) -> 
         elif kind == "linear":
             inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2).float() / head_dim)) / float(scaling["factor"])
         else:
-            from onecard.config import ConfigError
+            from onecard.env import ConfigError
 
             raise ConfigError(f"rope_scaling type {kind!r} is not supported; onecard supports default, linear and yarn.")
     pos = torch.arange(max_positions, dtype=torch.float32)

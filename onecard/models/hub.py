@@ -31,8 +31,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from onecard.checkpoint_meta import DTYPE_BYTES, CheckpointMeta, TensorMeta, read_checkpoint_meta, shard_names
-from onecard.config import ConfigError, Env, read_json
+from onecard.checkpoint_meta import (
+    DTYPE_BYTES,
+    CheckpointMeta,
+    TensorMeta,
+    read_checkpoint_meta,
+    read_json,
+    shard_names,
+)
+from onecard.env import ConfigError, Env
 
 logger = logging.getLogger(__name__)
 

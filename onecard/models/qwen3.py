@@ -1,7 +1,8 @@
 """Qwen3 (dense) and Qwen3-MoE causal LMs: our modules, calling kernels through ``dispatch``.
 
-Contract: ``forward(input_ids[T], positions[T], kv_caches, md) -> hidden[T, H]`` over a flattened
-variable-length batch (see kernels/attention/metadata.py); ``compute_logits(hidden[B, H]) -> [B, V]`` fp32.
+Contract: ``forward(input_ids[T], positions[T], kv_caches, md, layer_ids=None) -> hidden[T, H]`` over a
+flattened variable-length batch (see kernels/attention/metadata.py; ``layer_ids``: a subset of the layers, for
+dry forwards); ``compute_logits(hidden[B, H]) -> [B, V]`` fp32.
 Weights: ``weight_specs()`` declares which checkpoint tensor fills which parameter (names, shapes, fused q/k/v and
 gate/up, stacked experts; see models/weights.py); models/loader.py places them.
 Per layer: RMSNorm(+residual) → qkv → per-head q/k RMSNorm + RoPE, K/V into the cache → paged attention → o_proj →
@@ -10,7 +11,7 @@ MoE layer calls the norm and the experts as one op, ``norm_moe``, which its batc
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -163,10 +164,15 @@ class Qwen3ForCausalLM(nn.Module):
         self.weights_bytes = 0
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                kv_caches: list[tuple[torch.Tensor, torch.Tensor]], md: AttentionMetadata) -> torch.Tensor:
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]], md: AttentionMetadata,
+                layer_ids: Sequence[int] | None = None) -> torch.Tensor:
+        """``layer_ids``: run only these decoder layers, each on its own cache (the precompile's dry forward:
+        identical layers launch identical kernels, so one of each kind records them all). None: every layer."""
         x = F.embedding(input_ids, self.embed_tokens)                      # [T, H]
         residual = None
-        for layer, kv in zip(self.layers, kv_caches):
+        pairs = (zip(self.layers, kv_caches) if layer_ids is None
+                 else ((self.layers[i], kv_caches[i]) for i in layer_ids))
+        for layer, kv in pairs:
             x, residual = layer(x, residual, positions, self.cos_sin, kv, md)
         x, _ = ops.rms_norm(x, self.norm, self.eps, residual)
         return x

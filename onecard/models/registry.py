@@ -1,7 +1,7 @@
 """HF architecture name → our model class, with a reason for architectures we know we do not run."""
 from __future__ import annotations
 
-from onecard.config import ConfigError
+from onecard.env import ConfigError
 from onecard.models.qwen3 import Qwen3ForCausalLM, Qwen3MoeForCausalLM
 
 MODELS = {"Qwen3ForCausalLM": Qwen3ForCausalLM, "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM}

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from onecard.config import ConfigError, Env
+from onecard.env import ConfigError, Env
 from onecard.models.hub import cached_snapshot, download_snapshot, parse_hub_id
 
 DEFAULT_MODEL_NAME = "onecard-tiny-coder"

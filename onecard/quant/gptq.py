@@ -1,4 +1,4 @@
-"""GPTQ (Frantar et al. 2022) for one linear layer, and the `onecard quantize` command.
+"""GPTQ (Frantar et al. 2022) for one linear layer (the `onecard quantize` command: quant/cli.py).
 
 Contract:
   ``HessianAccumulator(K).add(x)`` accumulates H = 2/n * sum x x^T over calibration inputs x [T, K].
@@ -8,14 +8,11 @@ Contract:
   (desc_act: columns in decreasing diag(H), groups in that order, recorded in g_idx) - as in AutoGPTQ and
   GPTQModel. Dead inputs (diag(H) == 0) get weight 0 in the objective. An all-zero H (an expert that saw no
   calibration token) reduces to round-to-nearest.
-  ``main(argv) -> int`` is `onecard quantize MODEL_DIR OUT_DIR ...` (see ``build_parser``).
 """
 from __future__ import annotations
 
-import argparse
 import logging
 import math
-from pathlib import Path
 
 import torch
 
@@ -114,59 +111,3 @@ def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, spec: QuantSpec, damp: 
         Q = Q[:, invperm]
         g_idx = g_idx[invperm]
     return QuantizedLinear(Q.t().contiguous(), scales.half(), zeros, g_idx.contiguous(), group)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="onecard quantize",
-                                description="GPTQ-quantize a Hugging Face Qwen3 / Qwen3-MoE checkpoint to 4 bits "
-                                            "in the GPTQModel/AutoGPTQ format.")
-    p.add_argument("model_dir", help="float HF checkpoint directory (config.json, safetensors, tokenizer)")
-    p.add_argument("out_dir", help="where the GPTQ checkpoint is written")
-    p.add_argument("--bits", type=int, default=4)
-    p.add_argument("--group-size", type=int, default=128, help="-1 = one group per column")
-    p.add_argument("--desc-act", action="store_true", help="act-order: quantize columns by decreasing diag(H)")
-    sym = p.add_mutually_exclusive_group()
-    sym.add_argument("--sym", dest="sym", action="store_true", default=True)
-    sym.add_argument("--asym", dest="sym", action="store_false")
-    p.add_argument("--calibration", required=True,
-                   help="calibration text: a file (.txt/.py/.jsonl with a 'text' field) or a folder of .py files")
-    p.add_argument("--num-samples", type=int, default=128)
-    p.add_argument("--seq-len", type=int, default=512)
-    p.add_argument("--damp", type=float, default=0.01, help="damping as a fraction of mean(diag(H))")
-    p.add_argument("--block-size", type=int, default=128, help="lazy-batch block size")
-    p.add_argument("--checkpoint-format", choices=["gptq", "gptq_v2"], default="gptq",
-                   help="gptq = v1 (zeros - 1, GPTQModel's default), gptq_v2 = true zeros")
-    p.add_argument("--rtn", action="store_true", help="round-to-nearest instead of GPTQ (for comparison)")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    from onecard.config import ConfigError
-    from onecard.quant.calibrate import quantize_model
-
-    args = build_parser().parse_args(argv)
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(message)s")
-    if args.bits != 4:
-        print(f"error: --bits {args.bits} is not supported; onecard's kernels run 4-bit GPTQ (use --bits 4).")
-        return 2
-    if args.group_size not in (-1,) and (args.group_size <= 0 or args.group_size % 8):
-        print(f"error: --group-size {args.group_size}: use -1 or a positive multiple of 8 (e.g. 128).")
-        return 2
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    spec = QuantSpec(bits=args.bits, group_size=args.group_size, sym=args.sym, desc_act=args.desc_act)
-    try:
-        quantize_model(Path(args.model_dir), Path(args.out_dir), spec, calibration=Path(args.calibration),
-                       num_samples=args.num_samples, seq_len=args.seq_len, damp=args.damp,
-                       block_size=args.block_size, device=torch.device(device),
-                       checkpoint_format=args.checkpoint_format, method="rtn" if args.rtn else "gptq")
-    except (ConfigError, FileNotFoundError, ValueError) as e:
-        print(f"error: {e}")
-        return 2
-    print(f"wrote {args.out_dir}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -5,7 +5,9 @@ batch follow ``sched.scheduled`` order. ``cached_tables`` maps request id -> num
 incrementally so a decode step costs O(new blocks), not O(context), per request. A token past a request's
 known ids (async scheduling: sampled by the step still in flight; only ever a 1-token decode) is written as 0
 and listed in ``placeholder_rows``, with its row in the previous step's sampled ids (``last_rows[request id]``)
-in ``placeholder_src``: the runner copies those ids on the device.
+in ``placeholder_src``: the runner copies those ids on the device. A request with drafts (speculative decoding)
+computes its last known token then its drafts, and has a logit row at each of those 1 + k positions
+(``logits_per_sample``).
 """
 from __future__ import annotations
 
@@ -31,6 +33,9 @@ class ModelInputs:
     num_decode_tokens: int       # leading requests with query length 1
     placeholder_rows: list[int] | None = None   # [P] rows whose id is the previous step's sample (else None)
     placeholder_src: list[int] | None = None    # [P] their rows in the previous step's sampled ids
+    # speculative decoding: logit rows per sampling request (1 + its drafts), in logits_indices order; None when
+    # no request carries drafts (then one row each)
+    logits_per_sample: list[int] | None = None
 
 
 def block_ids_array(cached: dict[str, np.ndarray], req_id: str, block_ids: list[int]) -> np.ndarray:
@@ -85,7 +90,10 @@ def _general_inputs(sched: SchedulerOutput, block_size: int, cached: dict[str, n
     for s in reqs:
         toks = s.request.all_token_ids
         p = s.num_computed_tokens
-        if p < len(toks):
+        if s.draft_token_ids:                                  # the last known token, then the drafts
+            ids.append(toks[p])
+            ids.extend(s.draft_token_ids)
+        elif p < len(toks):
             ids.extend(toks[p:p + s.num_new_tokens])
         else:                                                  # a placeholder (one token, see the contract)
             ph_rows.append(len(ids))
@@ -109,13 +117,18 @@ def _general_inputs(sched: SchedulerOutput, block_size: int, cached: dict[str, n
     seq_lens = (starts + q_lens).astype(np.int32)
     sample_rows = [i for i, s in enumerate(reqs) if s.samples]
     logits_indices = cu[1:][sample_rows] - 1 if sample_rows else np.zeros(0, dtype=np.int64)
+    per_sample = None
+    if any(reqs[i].draft_token_ids for i in sample_rows):        # every position of a verified request
+        per_sample = [len(reqs[i].draft_token_ids or ()) + 1 for i in sample_rows]
+        logits_indices = np.concatenate([np.arange(cu[i + 1] - m, cu[i + 1]) for i, m in zip(sample_rows, per_sample)])
     num_decode = leading_decodes(q_lens)
     return ModelInputs(
         input_ids=input_ids, positions=positions, slot_mapping=slot_mapping,
         query_start_loc=cu.astype(np.int32), seq_lens=seq_lens, block_table=block_table,
         logits_indices=np.asarray(logits_indices, dtype=np.int64), sample_rows=sample_rows,
         max_query_len=int(q_lens.max()) if n else 0, max_seq_len=int(seq_lens.max()) if n else 0,
-        num_decode_tokens=num_decode, placeholder_rows=ph_rows or None, placeholder_src=ph_src or None)
+        num_decode_tokens=num_decode, placeholder_rows=ph_rows or None, placeholder_src=ph_src or None,
+        logits_per_sample=per_sample)
 
 
 def _decode_inputs(sched: SchedulerOutput, block_size: int, cached: dict[str, np.ndarray],

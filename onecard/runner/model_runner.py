@@ -19,6 +19,8 @@ scheduling the mask waits for the step in flight's samples after this step's for
 ``initialize_host_tier()`` (with ``--kv-offloading-size``) allocates the host KV tier's memory after the KV cache
 and returns its size in blocks (refused when the machine has less memory available); each step then first makes
 the copies its SchedulerOutput lists (runner/kv_offload.py), before its forward.
+A step with drafts (speculative decoding; synchronous loop only) computes logits at every verified position and
+hands them to runner/spec_verify.py, which returns the accepted tokens (eager: CUDA graphs cover plain decodes).
 """
 from __future__ import annotations
 
@@ -57,6 +59,8 @@ class ModelRunner:
 
         self.config = config
         self.device = torch.device(config.device)
+        # the card's name (the speculative-decoding cost model reads it); None off a GPU
+        self.device_name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None
         self.dtype = _DTYPES[config.model.dtype]
         dispatch.set_default_backend(config.env.kernel_backend, config.env.triton_interpret)
         if self.device.type == "cuda":                                    # (PDL is never used off a GPU)
@@ -157,7 +161,7 @@ class ModelRunner:
         tmp_blocks = (tokens + self.block_size - 1) // self.block_size + seqs
         self.initialize_kv_cache(tmp_blocks, log=False)
         tmp_bytes = tmp_blocks * self.block_bytes
-        self._dummy_forward(tokens, seqs)
+        self.profile_forward(tokens, seqs)
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated() - tmp_bytes
         self.kv_caches = []
@@ -172,7 +176,9 @@ class ModelRunner:
         return max(0, int(budget // self.block_bytes))
 
     @torch.inference_mode()
-    def _dummy_forward(self, tokens: int, seqs: int) -> None:
+    def profile_forward(self, tokens: int, seqs: int, layer_ids: list[int] | None = None) -> None:
+        """The memory profile's step: ``tokens`` prefill tokens over ``seqs`` sequences through the model (over
+        ``layer_ids`` only, if given: the precompile's dry run), then logits for max_num_seqs rows."""
         per = tokens // seqs
         lens = [per] * seqs
         lens[-1] += tokens - per * seqs
@@ -192,7 +198,7 @@ class ModelRunner:
             slot_mapping=torch.cat(slot).long(), query_start_loc=cu,
             seq_lens=torch.tensor(lens, dtype=torch.int32, device=self.device), block_table=table,
             max_query_len=max(lens), max_seq_len=max(lens))
-        hidden = self.model(ids, pos, self.kv_caches, md)
+        hidden = self.model(ids, pos, self.kv_caches, md, layer_ids)
         last = hidden[cu[1:].long() - 1]
         logits = self.model.compute_logits(last.repeat((self.config.scheduler.max_num_seqs + seqs - 1) // seqs, 1))
         torch.softmax(logits, dim=-1)
@@ -252,6 +258,10 @@ class ModelRunner:
         if sched.is_empty:
             return PendingOutput.ready(RunnerOutput(sampled_token_ids={}))
         inputs = build_inputs(sched, self.block_size, self.block_tables, self._last_rows)
+        if inputs.logits_per_sample is not None:
+            for s in sched.scheduled:       # the scheduler trims rejected drafts' blocks: rebuild these tables
+                if s.draft_token_ids:
+                    self.block_tables.pop(s.request.request_id, None)
         hidden = self._forward(inputs)
         if not inputs.sample_rows:
             self._last_tokens = self._last_rows = self._last_pending = None
@@ -261,6 +271,12 @@ class ModelRunner:
         else:
             last = hidden[torch.from_numpy(inputs.logits_indices).to(self.device, non_blocking=True)]
         logits = self.model.compute_logits(last)                              # [S, V] fp32
+        if inputs.logits_per_sample is not None:                              # speculative decoding
+            from onecard.runner.spec_verify import verify
+
+            self._last_tokens = self._last_rows = self._last_pending = None
+            scheduled = [sched.scheduled[i] for i in inputs.sample_rows]
+            return PendingOutput.ready(verify(self, scheduled, inputs.logits_per_sample, logits))
         reqs = [sched.scheduled[i].request for i in inputs.sample_rows]
         want = [r.sampling_params.logprobs for r in reqs]
         max_n = max((n for n in want if n is not None), default=None)
@@ -320,7 +336,9 @@ class ModelRunner:
             fill(input_ids, inputs)
         return self.model(input_ids, t(inputs.positions), self.kv_caches, md)
 
-    def _sampling_batch(self, reqs, vocab: int) -> SamplingBatch:
+    def _sampling_batch(self, reqs, vocab: int, extra: list[list[int]] | None = None) -> SamplingBatch:
+        """One row per entry of ``reqs``; ``extra[i]``: output tokens row i sees beyond the request's own (the
+        drafts before a verified position: penalties and min_tokens count them)."""
         dev = self.device
         sps = [r.sampling_params for r in reqs]
         temps = [sp.temperature for sp in sps]
@@ -351,9 +369,10 @@ class ModelRunner:
                 all_greedy=False, any_top_p_k=any(sp.top_p < 1.0 or sp.top_k > 0 for sp in sps),
                 any_min_p=any(sp.min_p > 0 for sp in sps), generators=gens)
         banned = []
-        for r, sp in zip(reqs, sps):
+        for i, (r, sp) in enumerate(zip(reqs, sps)):
             # outputs so far: the known ones plus any the step in flight samples (placeholders beyond this one)
-            if r.num_output_tokens + max(r.num_output_placeholders - 1, 0) < sp.min_tokens:
+            ahead = len(extra[i]) if extra is not None else 0
+            if r.num_output_tokens + max(r.num_output_placeholders - 1, 0) + ahead < sp.min_tokens:
                 ids = set(sp.stop_token_ids or [])
                 if not sp.ignore_eos:
                     ids |= set(r.eos_token_ids)
@@ -367,8 +386,9 @@ class ModelRunner:
             counts = torch.zeros(n, vocab, dtype=torch.float32, device=dev)
             seen = torch.zeros(n, vocab, dtype=torch.bool, device=dev)
             for i, r in enumerate(reqs):
-                if r.output_token_ids:
-                    out_ids = torch.tensor(r.output_token_ids, dtype=torch.long, device=dev)
+                out_list = r.output_token_ids + extra[i] if extra is not None and extra[i] else r.output_token_ids
+                if out_list:
+                    out_ids = torch.tensor(out_list, dtype=torch.long, device=dev)
                     counts[i].index_add_(0, out_ids, torch.ones_like(out_ids, dtype=torch.float32))
                     seen[i, out_ids] = True
                 seen[i, torch.tensor(r.prompt_token_ids, dtype=torch.long, device=dev)] = True

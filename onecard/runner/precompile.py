@@ -99,6 +99,26 @@ def representative_layers(layers: nn.ModuleList) -> list[int]:
     return sorted(first.values())
 
 
+@torch.inference_mode()
+def dry_run(runner) -> None:
+    """Every forward the precompile records, through one layer of each kind (identical layers launch identical
+    kernels, and each skipped launch saves Triton's launch-path Python, ~0.3 ms: 48 layers x ~50 shapes was
+    12 s), over the runner's KV cache. Inside ``record()`` no kernel runs, so two blocks do; elsewhere these are
+    real forwards (the tests run them on the CPU) and need the memory profile's blocks."""
+    sched = runner.config.scheduler
+    model = runner.model
+    layer_ids = representative_layers(model.layers)
+    tokens = sched.max_num_batched_tokens
+    runner.profile_forward(tokens, max(1, min(sched.max_num_seqs, tokens)), layer_ids)   # the memory profile
+    for bs in runner.graph_batch_sizes():
+        ids, pos, md = batch([1] * bs, [1] * bs, runner.block_size, runner.device, max_seq_len=sched.max_model_len,
+                             table_width=-(-sched.max_model_len // runner.block_size))
+        model(ids, pos, runner.kv_caches, md, layer_ids)
+    for q, c, long in dry_shapes(sched.max_num_seqs, sched.max_num_batched_tokens, sched.max_model_len):
+        ids, pos, md = batch(q, c, runner.block_size, runner.device, max_seq_len=sched.max_model_len if long else None)
+        model.compute_logits(model(ids, pos, runner.kv_caches, md, layer_ids)[-1:])
+
+
 def applies(device: torch.device, env, log: bool = True) -> bool:
     """Will the precompile run? A CUDA device on the Triton backend, ONECARD_PRECOMPILE not 0 (``env``:
     config.Env), and no onecard kernel compiled yet in this process (record() would refuse). ``log``: say so
@@ -142,29 +162,13 @@ def _precompile(runner, pool) -> dict | None:
     from onecard.kernels import precompile as pc
 
     t0 = time.perf_counter()
-    sched = runner.config.scheduler
-    model = runner.model
-    all_layers = model.layers
     try:
         runner.initialize_kv_cache(2, log=False)                          # shapes/strides only: nothing runs
-        # one layer of each kind: identical layers launch identical kernels (and each skipped launch costs
-        # Triton's launch-path Python, ~0.3 ms: 48 layers x ~50 shapes was 12 s)
-        model.layers = nn.ModuleList([all_layers[i] for i in representative_layers(all_layers)])
         with pc.record() as rec:
             if rec is None:
                 logger.info("precompile skipped: a kernel was compiled before start-up")
                 return None
-            tokens = sched.max_num_batched_tokens
-            runner._dummy_forward(tokens, max(1, min(sched.max_num_seqs, tokens)))   # the memory profile's batch
-            for bs in runner.graph_batch_sizes():
-                ids, pos, md = batch([1] * bs, [1] * bs, runner.block_size, runner.device,
-                                     max_seq_len=sched.max_model_len,
-                                     table_width=-(-sched.max_model_len // runner.block_size))
-                runner.model(ids, pos, runner.kv_caches, md)
-            for q, c, long in dry_shapes(sched.max_num_seqs, sched.max_num_batched_tokens, sched.max_model_len):
-                ids, pos, md = batch(q, c, runner.block_size, runner.device,
-                                     max_seq_len=sched.max_model_len if long else None)
-                runner.model.compute_logits(runner.model(ids, pos, runner.kv_caches, md)[-1:])
+            dry_run(runner)
         torch.cuda.synchronize()
         dry = time.perf_counter() - t0
         summary = pc.compile_all(list(rec.specs.values()), pc.current_target(), pool=pool)
@@ -172,7 +176,6 @@ def _precompile(runner, pool) -> dict | None:
         logger.exception("precompile failed; kernels compile at their first launch")
         return None
     finally:
-        model.layers = all_layers
         runner.kv_caches = []
     summary.update(dry_seconds=dry, launches=rec.launches, total_seconds=time.perf_counter() - t0)
     logger.info("precompiled %d of %d kernel variants in %.1f s (%d workers; dry forwards %.1f s)",
@@ -180,4 +183,4 @@ def _precompile(runner, pool) -> dict | None:
     return summary
 
 
-__all__ = ["applies", "batch", "dry_shapes", "precompile", "representative_layers", "start_workers"]
+__all__ = ["applies", "batch", "dry_run", "dry_shapes", "precompile", "representative_layers", "start_workers"]

@@ -5,6 +5,7 @@ argmax of the penalised logits. Random rows draw with the exponential-race trick
 which needs no host sync and lets a seeded request use its own ``torch.Generator`` so its samples do not
 depend on what else is in the batch. Logprobs are vLLM's default "raw" logprobs (log_softmax of the model's
 logits before any processing). The only host sync is the final ``.tolist()`` in the runner.
+``Sampler.verify`` accepts or rejects speculative drafts against the same per-position distributions.
 """
 from __future__ import annotations
 
@@ -65,14 +66,7 @@ class Sampler:
 
     def _random(self, logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
         greedy = logits.argmax(dim=-1)                                   # [B]
-        temp = torch.where(b.temperature < 1e-5, torch.ones_like(b.temperature), b.temperature)
-        logits = logits / temp.unsqueeze(1)
-        if b.any_top_p_k:
-            logits = apply_top_k_top_p(logits, b.top_k, b.top_p)
-        probs = torch.softmax(logits, dim=-1)                            # [B, V]
-        if b.any_min_p:
-            top = probs.amax(dim=-1, keepdim=True)
-            probs = torch.where(probs < b.min_p.unsqueeze(1) * top, torch.zeros_like(probs), probs)
+        probs = _probs(logits, b)                                        # [B, V] (not normalised under min-p)
         q = torch.empty_like(probs)
         if all(g is None for g in b.generators):
             q.exponential_(generator=self.generator)
@@ -81,6 +75,63 @@ class Sampler:
                 q[row].exponential_(generator=g or self.generator)
         sampled = (probs / q).argmax(dim=-1)
         return torch.where(b.temperature < 1e-5, greedy, sampled)
+
+    def verify(self, logits: torch.Tensor, b: SamplingBatch, drafts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Speculative decoding: row r holds the logits at a position whose draft is ``drafts[r]`` (-1: none, the
+        position after the last draft). Returns (sample[R], accept[R] bool). Greedy rows: accept = the argmax is
+        the draft, sample = the argmax. Random rows (exact rejection sampling with a point proposal q = 1[draft]):
+        accept with probability p(draft); sample from p with the draft removed and renormalised (the residual
+        max(p - q, 0)) on a draft row, from p on a row without one. p is what ``sample`` would draw from at that
+        position (bans, penalties, temperature, top-k/top-p/min-p applied by the caller's batch). Seeded rows
+        draw from their own generator: the exponentials first, then the uniform of a draft row."""
+        logits = logits.float()
+        if b.banned is not None:
+            logits = logits.clone()
+            for row, ids in enumerate(b.banned):
+                if ids:
+                    logits[row, ids] = float("-inf")
+        if b.seen_mask is not None:
+            logits = apply_penalties(logits, b)
+        greedy = logits.argmax(dim=-1)                                   # [R]
+        has_draft = drafts >= 0
+        if b.all_greedy:
+            return greedy, has_draft & (greedy == drafts)
+        probs = _probs(logits, b)
+        probs = probs / probs.sum(dim=-1, keepdim=True)                  # [R, V] normalised (min-p zeroes some)
+        safe = drafts.clamp(min=0).unsqueeze(1)                          # [R, 1]
+        p_draft = probs.gather(1, safe).squeeze(1)                       # [R]
+        residual = probs.scatter(1, safe, torch.where(has_draft.unsqueeze(1), 0.0, p_draft.unsqueeze(1)))
+        q = torch.empty_like(probs)
+        u = torch.ones_like(p_draft)                                     # 1.0: never accepted (no draft)
+        if all(g is None for g in b.generators):
+            q.exponential_(generator=self.generator)
+            u = torch.where(has_draft, torch.rand(u.shape, generator=self.generator, device=u.device), u)
+        else:
+            has = has_draft.tolist()
+            for row, g in enumerate(b.generators):
+                g = g or self.generator
+                q[row].exponential_(generator=g)
+                if has[row]:
+                    u[row] = torch.rand((), generator=g, device=u.device)
+        sampled = (residual / q).argmax(dim=-1)
+        accepted = has_draft & (u < p_draft)
+        is_greedy = b.temperature < 1e-5
+        return (torch.where(is_greedy, greedy, sampled),
+                torch.where(is_greedy, has_draft & (greedy == drafts), accepted))
+
+
+def _probs(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
+    """The distribution a random row draws from: temperature, top-k/top-p, softmax, min-p (zeroed, not
+    renormalised: the exponential race does not need it)."""
+    temp = torch.where(b.temperature < 1e-5, torch.ones_like(b.temperature), b.temperature)
+    logits = logits / temp.unsqueeze(1)
+    if b.any_top_p_k:
+        logits = apply_top_k_top_p(logits, b.top_k, b.top_p)
+    probs = torch.softmax(logits, dim=-1)                                # [B, V]
+    if b.any_min_p:
+        top = probs.amax(dim=-1, keepdim=True)
+        probs = torch.where(probs < b.min_p.unsqueeze(1) * top, torch.zeros_like(probs), probs)
+    return probs
 
 
 def compute_logprobs(raw_logits: torch.Tensor, tokens: torch.Tensor, n: int) -> SamplerResult:

@@ -11,7 +11,8 @@ working). With a thinking model the matcher is idle until ``</think>`` (``Compil
 and ``<think>`` is also allowed as the first token when the model may open a block itself. A request whose
 matcher rejects a token or allows none (a dead end) goes to ``errors`` (request id -> message; the scheduler
 finishes it with an error and frees its blocks) and is left unconstrained for the step.
-``drop(request_id)`` forgets a finished request. ``apply_token_bitmask(logits, bitmask, rows)`` masks logits
+``masks_spec(reqs, drafts)`` fills the rows of a speculative verify step (every draft position; the matcher
+advances through the drafts and rolls back, runner/spec_verify.py). ``drop(request_id)`` forgets a finished request. ``apply_token_bitmask(logits, bitmask, rows)`` masks logits
 in place with plain torch ops (CPU, sm70, sm90; no kernel to compile).
 The xgrammar ``TokenizerInfo`` is built the way process A builds it (``frontend.grammar.tokenizer_info``), in a
 background thread started at construction when ``eager``; compiled grammars are deserialized once per key.
@@ -225,6 +226,83 @@ class GrammarMasker:
         self.rows_masked += n
         self.steps_masked += 1
         return mask, row_t
+
+    def masks_spec(self, reqs, drafts: list[list[int] | None]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Speculative decoding (synchronous loop): request i has ``1 + len(drafts[i])`` rows, in order; row j is
+        masked as a plain decode step would mask it after the drafts before it. The matcher advances through the
+        drafts while filling and is rolled back to the request's known outputs afterwards. Rows after a draft the
+        grammar rejects are left unmasked: that draft's own row forbids it, so they are never used."""
+        t0 = time.perf_counter()
+        host_rows: list[np.ndarray] = []
+        rows: list[int] = []
+        base = 0
+        for r, d in zip(reqs, drafts):
+            d = d or []
+            so = r.sampling_params.structured_outputs
+            if so is None or so._compiled is None:
+                base += 1 + len(d)
+                continue
+            rid = r.request_id
+            try:
+                st = self._state(r)
+            except Exception as e:  # noqa: BLE001 - this request cannot be constrained: it fails alone
+                self.errors[rid] = f"structured outputs could not start: {e}"
+                base += 1 + len(d)
+                continue
+            cc = so._compiled
+            out = r.output_token_ids
+            err = self._advance(st, cc, out[st.accepted:]) if not st.failed and st.accepted < len(out) else None
+            if err is not None:
+                st.failed = True
+                self.errors[rid] = err
+            if st.failed:
+                base += 1 + len(d)
+                continue
+            phase, pushed = st.phase, 0
+            m = st.matcher
+            for j in range(len(d) + 1):
+                if phase != "think" and not m.is_terminated():
+                    buf = torch.zeros((1, self.words), dtype=torch.int32)
+                    m.fill_next_token_bitmask(buf, 0)
+                    row = buf.numpy()[0]
+                    if phase == "maybe_think":
+                        w, b = divmod(cc.think_start, 32)
+                        row[w] |= np.array(1 << b, dtype=np.uint32).view(np.int32)
+                    elif not row.any():
+                        if j == 0:
+                            st.failed = True
+                            self.errors[rid] = ("the structured-output grammar reached a dead end (no token can "
+                                                "continue it)")
+                        break
+                    host_rows.append(row)
+                    rows.append(base + j)
+                if j == len(d):
+                    break
+                t = d[j]                        # advance as _advance does, remembering what to roll back
+                if phase == "think":
+                    if t == cc.think_end:
+                        phase = "active"
+                    continue
+                if phase == "maybe_think":
+                    if t == cc.think_start:
+                        phase = "think"
+                        continue
+                    phase = "active"
+                if m.is_terminated():
+                    continue
+                if not m.accept_token(t):
+                    break
+                pushed += 1
+            if pushed:
+                m.rollback(pushed)
+            base += 1 + len(d)
+        self.fill_seconds += time.perf_counter() - t0
+        if not rows:
+            return None
+        self.rows_masked += len(rows)
+        self.steps_masked += 1
+        mask = torch.from_numpy(np.stack(host_rows)).to(self.device)
+        return mask, torch.tensor(rows, dtype=torch.int64).to(self.device)
 
     def take_errors(self) -> dict[str, str]:
         errors, self.errors = self.errors, {}

@@ -2,21 +2,20 @@
 
 Contract: ``make_state(engine_config, core, settings=None, tokenizer=None)`` builds a ``ServerState`` around any
 ``CoreClient`` (the real one, or a scripted one in tests); ``settings_from(engine_config, **flags)`` fills
-``ServerSettings`` from the engine config. ``prepare_server(engine_config, ns)`` does the same from parsed CLI
-flags and returns a ``Server`` whose ``run()`` blocks until SIGTERM/SIGINT (then: stop accepting, let
+``ServerSettings`` from the engine config. ``prepare_server(engine_config, server_config)`` does the same from the
+server's options (``config.ServerConfig``) and returns a ``Server`` whose ``run()`` blocks until SIGTERM/SIGINT (then: stop accepting, let
 in-flight requests finish within ``--shutdown-timeout``; at the deadline the ones still running end with an
 error (streams: an error event and [DONE]) and the server stops the engine) and returns the exit status: 0
 after a signal, 1 when the engine failed to start or died while serving (the watchdog).
 """
 from __future__ import annotations
 
-import argparse
 import logging
 import signal
 import time
 from typing import Any
 
-from onecard.config import EngineConfig, default_api_threads
+from onecard.config import EngineConfig, ServerConfig, default_api_threads
 from onecard.frontend.async_engine import AsyncEngine
 from onecard.frontend.core_client import CoreClient
 from onecard.frontend.grammar import GrammarService, StructuredOutputsConfig
@@ -135,27 +134,28 @@ class Server:
         return 0
 
 
-def prepare_server(engine_config: EngineConfig, ns: argparse.Namespace) -> Server:
+def prepare_server(engine_config: EngineConfig, server: ServerConfig) -> Server:
     from onecard.frontend.core_client import make_core_client
 
-    settings = settings_from(engine_config, api_key=ns.api_key, reasoning_parser=ns.reasoning_parser,
-                             tool_call_parser=ns.tool_call_parser,
-                             enable_auto_tool_choice=ns.enable_auto_tool_choice,
-                             max_body_bytes=ns.max_request_body_bytes, log_requests=not ns.disable_log_requests,
-                             log_stats=not ns.disable_log_stats, api_threads=ns.api_threads,
-                             structured_outputs=StructuredOutputsConfig.parse(ns.structured_outputs_config,
-                                                                              ns.guided_decoding_backend))
+    settings = settings_from(engine_config, api_key=server.api_key, reasoning_parser=server.reasoning_parser,
+                             tool_call_parser=server.tool_call_parser,
+                             enable_auto_tool_choice=server.enable_auto_tool_choice,
+                             max_body_bytes=server.max_request_body_bytes,
+                             log_requests=not server.disable_log_requests, log_stats=not server.disable_log_stats,
+                             api_threads=server.api_threads,
+                             structured_outputs=StructuredOutputsConfig.parse(server.structured_outputs_config,
+                                                                              server.guided_decoding_backend))
     # Start B first: its imports and weight loading overlap A's tokenizer and app set-up (time to ready).
     started_at = time.perf_counter()
-    core = make_core_client(engine_config, single_process=ns.single_process)
+    core = make_core_client(engine_config, single_process=server.single_process)
     core.start()
     tokenizer = load_tokenizer(engine_config.model.tokenizer)
     state = make_state(engine_config, core, settings, tokenizer)
     state.started_at = started_at          # "ready in" counts from B's spawn, not from the app's creation
     _limit_api_torch_threads()
     logger.info("starting onecard: model %s as %s on http://%s:%d (engine loading in the background)",
-                settings.model_root, ", ".join(settings.served_model_names), ns.host or "0.0.0.0", ns.port)
-    return Server(state, ns.host or "0.0.0.0", ns.port, ns.shutdown_timeout, ns.uvicorn_log_level)
+                settings.model_root, ", ".join(settings.served_model_names), server.host or "0.0.0.0", server.port)
+    return Server(state, server.host or "0.0.0.0", server.port, server.shutdown_timeout, server.uvicorn_log_level)
 
 
 def _limit_api_torch_threads() -> None:

@@ -7,7 +7,9 @@ token counts); ``on_http`` counts responses for the app's middleware (``http_req
 handler}``, as vLLM's instrumentator names it); ``on_step(stats)`` observes ``vllm:iteration_tokens_total`` once per engine step; engine-level
 gauges (running, waiting, KV usage, prefix-cache queries/hits, preemptions, and the host KV tier's
 lookups/hits as vLLM's "external" prefix cache, its bytes copied each way as vLLM's offload
-``kv_offload_total_bytes{transfer_type}`` and its usage as ``cpu_cache_usage_perc``) are read from
+``kv_offload_total_bytes{transfer_type}`` and its usage as ``cpu_cache_usage_perc``; with speculative decoding
+vLLM's ``spec_decode_num_{drafts,draft_tokens,accepted_tokens}_total`` and
+``spec_decode_num_accepted_tokens_per_pos_total{position}``) are read from
 ``stats_fn()`` (the latest ``EngineStats``) at scrape time; once the engine is up, ``info_fn()`` (its
 ``EngineInfo``) adds vLLM's ``vllm:cache_config_info`` (labels: block_size, cache_dtype, num_gpu_blocks, ...)
 and ``onecard:kv_cache_capacity_tokens`` / ``onecard:kv_cache_bytes_per_token`` (the KV pool in tokens). ``render()`` returns the text exposition and its
@@ -80,6 +82,16 @@ class _EngineStatsCollector(Collector):
         yield offload
         yield gauge("vllm:cpu_cache_usage_perc", "Host KV tier usage. 1 means 100 percent usage.",
                     s.host_kv_cache_usage)
+        if s.spec_accepted_per_pos is not None:           # speculative decoding on: vLLM's spec-decode series
+            yield counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", s.spec_num_drafts)
+            yield counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", s.spec_num_draft_tokens)
+            yield counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.",
+                          s.spec_num_accepted_tokens)
+            per_pos = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                          "Accepted tokens per draft position.", labels=names + ["position"])
+            for pos, v in enumerate(s.spec_accepted_per_pos):
+                per_pos.add_metric(values + [str(pos)], v)
+            yield per_pos
         info = self.info_fn() if self.info_fn is not None else None
         if info is not None:
             yield from self._cache_info(info, gauge)

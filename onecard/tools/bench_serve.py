@@ -12,7 +12,8 @@ Prompt lengths are fitted with the server's ``/tokenize`` (else a ``max_tokens=1
 TTFT, TPOT, ITL and end-to-end latency (mean, median, std, p90, p99, in ms), request and token throughput;
 ``--json FILE`` writes those figures with the keys of `vllm bench serve`'s result file (``model_id``,
 ``input_lens``, ``output_lens``, ``ttfts``, ``itls``, ``generated_texts``, ``errors``, ``mean_ttft_ms`` ...)
-plus one record per request (seconds);
+plus one record per request (seconds); when the server speculates, the run's mean acceptance length and the
+other ``spec_decode_*`` keys of `vllm bench serve` (from /metrics before and after; tools/bench_spec.py);
 ``--plot FILE.png`` draws latency against time and a TTFT histogram. Exit 0 when every request succeeded.
 """
 from __future__ import annotations
@@ -33,16 +34,19 @@ import httpx
 import numpy as np
 from tqdm import tqdm
 
+from onecard.tools.bench_spec import read_spec_counters, spec_summary
+
 log = logging.getLogger(__name__)
 
 # Short common words: most are one token with a leading space in BPE vocabularies, so a first guess of one
 # word per token is close and /tokenize only has to correct it.
-_WORDS = ("the of and to in is you that it he was for on are as with his they at be this have from or one "
+_WORD_TEXT = ("the of and to in is you that it he was for on are as with his they at be this have from or one "
           "had by word but not what all were we when your can said there use an each which she do how their "
           "if will up other about out many then them these so some her would make like him into time has look "
           "two more write go see number no way could people my than first water been call who oil its now find "
           "long down day did get come made may part def return class import self print list dict value key "
-          "data file line code test run loop int str true false none while break else try except yield").split()
+          "data file line code test run loop int str true false none while break else try except yield")
+_WORDS = _WORD_TEXT.split()
 
 
 @dataclass(slots=True)
@@ -396,6 +400,12 @@ def print_summary(s: dict[str, Any]) -> None:
         rows.append((f"-- {title} --", None))
         rows += [(f"{kind.capitalize()} {key.upper()} (ms)", f"{s[f'{kind}_{key}_ms']:.2f}")
                  for kind in ("mean", "median", "p99")]
+    if "spec_decode_acceptance_length" in s:            # vLLM bench serve's section
+        rows += [("-- Speculative Decoding --", None),
+                 ("Acceptance rate (%)", f"{s['spec_decode_acceptance_rate']:.2f}"),
+                 ("Acceptance length", f"{s['spec_decode_acceptance_length']:.2f}"),
+                 ("Drafts", s["spec_decode_num_drafts"]), ("Draft tokens", s["spec_decode_draft_tokens"]),
+                 ("Accepted tokens", s["spec_decode_accepted_tokens"])]
     print("{s:{c}^50}".format(s=" Serving Benchmark Result ", c="="))
     for name, value in rows:
         print(f"{name:<40}{'' if value is None else value!s:>10}")
@@ -435,6 +445,7 @@ async def _amain(a: argparse.Namespace) -> int:
             return 1
         cards = {c["id"]: c for c in r.json()["data"]}
         model = a.model or next(iter(cards))
+        spec_before = await read_spec_counters(client)
         if a.dataset_name == "coding":
             from onecard.tools import bench_workload
 
@@ -444,7 +455,8 @@ async def _amain(a: argparse.Namespace) -> int:
             n = a.num_prompts or sum(len(c.turns) for c in convs)
             a.concurrency = a.concurrency or len(convs)
             results, duration = await bench_workload.run_conversations(client, convs, a, model, n)
-            return _report(results, duration, a, model)
+            spec = spec_summary(spec_before, await read_spec_counters(client))
+            return _report(results, duration, a, model, spec)
         specs = await build_specs(client, a, model)
         if not a.skip_initial_test:
             first = await send_request(client, specs[0], a, model, time.perf_counter())
@@ -452,11 +464,13 @@ async def _amain(a: argparse.Namespace) -> int:
                 print(f"initial test request failed: {first.error}", file=sys.stderr)
                 return 1
         results, duration = await run_load(client, specs, a, model)
-    return _report(results, duration, a, model)
+        spec = spec_summary(spec_before, await read_spec_counters(client))
+    return _report(results, duration, a, model, spec)
 
 
-def _report(results: list[RequestResult], duration: float, a: argparse.Namespace, model: str) -> int:
-    summary = summarize(results, duration, a, model)
+def _report(results: list[RequestResult], duration: float, a: argparse.Namespace, model: str,
+            spec: dict[str, Any] | None = None) -> int:
+    summary = summarize(results, duration, a, model) | (spec or {})
     print_summary(summary)
     errors = sorted({e for e in summary["errors"] if e})
     if errors:

@@ -32,8 +32,19 @@ class Script:
         return list(self.tokenizer.encode(self.default, add_special_tokens=False))
 
 
+@dataclass(slots=True)
+class _Done:
+    """A step whose output is already on the host (a PendingStep without torch)."""
+
+    output: RunnerOutput
+
+    def result(self) -> RunnerOutput:
+        return self.output
+
+
 class ScriptedRunner:
     weights_bytes = 1 << 20
+    device_name = None
 
     def __init__(self, config: EngineConfig, script: Script, num_blocks: int = 64, gate: threading.Event | None = None):
         self.config = config
@@ -49,6 +60,10 @@ class ScriptedRunner:
         self.release = threading.Event()
         self.step_delay = 0.0                     # seconds per step (long streams in process tests)
 
+    # the runner lifecycle (onecard/runner/lifecycle.py): no kernels, no graphs, no host tier
+    def precompile(self) -> None:
+        return None
+
     def determine_num_blocks(self) -> int:
         if self.gate is not None:
             self.gate.wait(30)
@@ -57,9 +72,22 @@ class ScriptedRunner:
     def initialize_kv_cache(self, num_blocks: int) -> None:
         self.num_blocks = num_blocks
 
+    def capture_graphs(self) -> None:
+        return None
+
+    def initialize_host_tier(self) -> int:
+        return 0
+
+    @property
+    def block_bytes(self) -> int:
+        return self.config.cache.block_size * 64
+
     @property
     def kv_cache_bytes(self) -> int:
-        return self.num_blocks * self.config.cache.block_size * 64
+        return self.num_blocks * self.block_bytes
+
+    def submit(self, sched: SchedulerOutput) -> _Done:
+        return _Done(self.execute(sched))
 
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:
         self.steps += 1

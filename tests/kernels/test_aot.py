@@ -108,9 +108,9 @@ def compiled() -> list[tuple[str, int, str, str | None]]:
 
 def test_every_dispatcher_config_is_listed():
     """The dispatchers' choices are the configs listed for AOT (names of the fixed tables)."""
+    from onecard.kernels.attention import triton as attn
     from onecard.kernels.fused_moe import triton as moe
     from onecard.kernels.gptq_gemm import triton as gemm
-    from onecard.kernels.attention import triton as attn
     assert {gemm.choose_config(m) for m in range(1, 5000)} == set(gemm._CONFIGS)
     assert {moe.choose_config(t, cc) for t in range(1, 5000) for cc in (70, 90)} == \
         set(moe._CONFIGS) | set(moe.DECODE_CONFIGS)
@@ -168,9 +168,8 @@ def test_pre_sm80_tiles_do_not_spill(compiled):
     chosen there up to the per-expert cuBLAS prefill (attention.triton.attn_tiles, fused_moe.triton.choose_config)
     compile for sm70, as the JIT specializes them, with no stack frame (GPTQ without g_idx: the served
     checkpoint)."""
-    from onecard.kernels.fused_moe.stages import choose_decode_config
-
     from onecard.kernels.fused_moe.grouped import GROUPED_MIN_TOKENS
+    from onecard.kernels.fused_moe.stages import choose_decode_config
     from onecard.kernels.fused_moe.triton import choose_config
 
     chosen = {f"moe_decode[{choose_decode_config(t, 70)},stage={s},float=False,per_row=False,fp16]"
@@ -178,7 +177,9 @@ def test_pre_sm80_tiles_do_not_spill(compiled):
     chosen |= {f"moe[{choose_config(t, 70)},gated={g},float=False,fp16]"
                for t in range(17, GROUPED_MIN_TOKENS) for g in (True, False)}
     rows = [r for r in compiled if r[1] == 70 and r[2].endswith("(JIT-aligned)") and (
-        (r[2].startswith("paged_attn") and "pre-sm80" in r[2]) or r[2].removesuffix(" (JIT-aligned)") in chosen)]
-    # attention: decode, prefill, each with an fp16 and an fp8_e5m2 cache; MoE: decode 1, 16; sorted
-    assert len(rows) == 2 * 2 + 4 + 2, [r[2] for r in rows]
+        (r[2].startswith("paged_attn") and "pre-sm80" in r[2]) or r[2].removesuffix(" (JIT-aligned)") in chosen
+        or r[2].startswith("segment_reduce"))]
+    # attention: decode, prefill, each with an fp16 and an fp8_e5m2 cache; MoE: decode 1, 16; sorted; the
+    # split-KV reduce at each BLOCK_S (2 .. 32 segments merged per step)
+    assert len(rows) == 2 * 2 + 4 + 2 + 5, [r[2] for r in rows]
     assert all(r[6] == 0 for r in rows), [(r[2], r[6]) for r in rows]

@@ -13,12 +13,12 @@ import torch
 
 triton = pytest.importorskip("triton")
 
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler.compiler import make_backend  # noqa: E402
-from triton.runtime.jit import serialize_specialization_data  # noqa: E402
+from triton.backends.compiler import GPUTarget
+from triton.compiler.compiler import make_backend
+from triton.runtime.jit import serialize_specialization_data
 
-from onecard.kernels import precompile as pc  # noqa: E402
-from onecard.runner.precompile import dry_shapes  # noqa: E402
+from onecard.kernels import precompile as pc
+from onecard.runner.precompile import dry_shapes
 
 TARGET = ("cuda", 90, 32)
 
@@ -193,6 +193,42 @@ def test_dry_batches_are_valid_forwards(tiny_moe_gptq_dir):
         assert md.num_decode_tokens == next((i for i, n in enumerate(q) if n != 1), len(q))
         out = runner.model(ids, pos, runner.kv_caches, md)
         assert out.shape[0] == sum(q) and torch.isfinite(out).all()
+
+
+def test_dry_run_runs_one_layer_of_each_kind_and_leaves_the_model_whole(tiny_moe_gptq_dir):
+    """The precompile's dry run (runner/precompile.dry_run) goes through the model's public forward with
+    ``layer_ids``: on the CPU its forwards really run, through the representative layers only, and the model keeps
+    every layer; a forward over all layer ids is the plain forward, bit for bit."""
+    from onecard.config import EngineArgs
+    from onecard.runner.model_runner import ModelRunner
+    from onecard.runner.precompile import batch, dry_run, representative_layers
+
+    cfg = EngineArgs(model=str(tiny_moe_gptq_dir), device="cpu", max_model_len=256, max_num_seqs=3,
+                     max_num_batched_tokens=130).create_config()
+    runner = ModelRunner(cfg)
+    runner.initialize_kv_cache(-(-130 // runner.block_size) + 3, log=False)   # the profile's forward writes KV
+    model = runner.model
+    layers = list(model.layers)
+    reps = representative_layers(model.layers)
+    assert reps == [0] and len(layers) >= 2
+    calls = [0] * len(layers)
+    hooks = [layer.register_forward_hook(lambda *_a, i=i: calls.__setitem__(i, calls[i] + 1))
+             for i, layer in enumerate(layers)]
+    try:
+        dry_run(runner)
+    finally:
+        for h in hooks:
+            h.remove()
+    forwards = 1 + len(runner.graph_batch_sizes()) + len(dry_shapes(3, 130, 256))
+    assert calls == [forwards] + [0] * (len(layers) - 1)
+    assert list(model.layers) == layers
+    _, pos, md = batch([1, 5], [3, 0], runner.block_size, runner.device)
+    ids = torch.arange(100, 106)                      # real ids: the dry batches' zeros give an all-zero output here
+    with torch.inference_mode():
+        plain = model(ids, pos, runner.kv_caches, md)
+        every = model(ids, pos, runner.kv_caches, md, list(range(len(layers))))
+        first = model(ids, pos, runner.kv_caches, md, [0])
+    assert torch.equal(plain, every) and not torch.equal(plain, first)
 
 
 def test_representative_layers(tiny_moe_gptq_dir, tiny_dense_dir):

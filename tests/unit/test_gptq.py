@@ -11,7 +11,8 @@ import torch
 
 from onecard.kernels.gptq_gemm.format import dequantize
 from onecard.quant.checkpoint import dequantize_checkpoint
-from onecard.quant.gptq import HessianAccumulator, gptq_quantize, main
+from onecard.quant.cli import main
+from onecard.quant.gptq import HessianAccumulator, gptq_quantize
 from onecard.quant.quantizer import QuantSpec, quantize_rtn
 
 transformers = pytest.importorskip("transformers")

@@ -29,12 +29,6 @@ KNOWN_UP = {
 }
 # Cycles known and tolerated (each found cycle must lie inside one of these).
 KNOWN_CYCLES = [
-    # issue 26 item 1 (one option table): config ↔ models/resolve ↔ hardware, cli ↔ plan ↔ preflight.
-    {"onecard.checkpoint_meta", "onecard.config", "onecard.gpu_query", "onecard.hardware", "onecard.kernels.paths",
-     "onecard.models.hub", "onecard.models.resolve"},
-    {"onecard.cli", "onecard.plan", "onecard.preflight"},
-    # `onecard quantize`'s entry point in gptq.py imports the calibration driver that imports gptq.
-    {"onecard.quant.calibrate", "onecard.quant.gptq"},
     # the bench client and its bundled workload call each other lazily.
     {"onecard.tools.bench_serve", "onecard.tools.bench_workload"},
 ]

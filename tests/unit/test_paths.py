@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from onecard.config import ConfigError
 from onecard.kernels import paths
 
 PRE = (70, 75)
@@ -78,13 +79,71 @@ def test_tiles_pdl_and_dtype_rules_by_capability(cc):
     assert paths.per_expert_moe(cc) is pre
 
 
-def test_split_kv_segments():
-    assert paths.split_kv_segments(1, True, 1023, 4, 132) == 1                   # short context: one segment
-    assert paths.split_kv_segments(1, False, 65536, 4, 132) == 1                 # a prefill row in the batch
-    assert paths.split_kv_segments(1, True, 32768, 4, 132) == 16                 # 2*132/4 = 66 -> 16 (cap)
-    assert paths.split_kv_segments(16, True, 8192, 4, 132) == 4                  # 264 // 64 = 4
-    assert paths.split_kv_segments(12, True, 8192, 4, 132) == 8                  # 264 // 48 = 5 -> pow2 8
-    assert paths.split_kv_segments(64, True, 8192, 4, 132) == 1                  # 264 // 256 = 1
+def test_split_kv_legacy_policy_is_the_old_formula():
+    def legacy(b, L, sms=132):
+        return paths.split_kv(b, True, L, 4, sms, 90, "legacy")
+    assert paths.split_kv(1, True, 1023, 4, 132, 90, "legacy") == (1, 1)        # short context: one segment
+    assert paths.split_kv(1, False, 65536, 4, 132, 90, "legacy") == (1, 1)      # a prefill row in the batch
+    assert legacy(1, 32768) == (16, 1)                                           # 2*132/4 = 66 -> 16 (cap)
+    assert legacy(16, 8192) == (4, 1)                                            # 264 // 64 = 4
+    assert legacy(12, 8192) == (8, 1)                                            # 264 // 48 = 5 -> pow2 8
+    assert legacy(64, 8192) == (1, 1)                                            # 264 // 256 = 1
+
+
+def _critical_path(base: int, tiles: int, wave: int, s: int) -> int:
+    """The "fill" cost model, written out: waves of resident programs x (tiles per segment + overhead)."""
+    waves = -(-base * s // wave)
+    return waves * (-(-tiles // s) + paths.SPLIT_PROGRAM_OVERHEAD_TILES)
+
+
+@pytest.mark.parametrize("sms,cc", [(132, 90), (132, 80), (80, 70)])
+@pytest.mark.parametrize("batch,bound", [(1, 32768), (1, 65536), (1, 66560), (16, 8192), (16, 66560), (4, 4096),
+                                         (12, 20000), (64, 8192), (128, 4096), (1, 1024)])
+def test_split_kv_fill_minimises_the_critical_path(sms, cc, batch, bound):
+    segs, min_tiles = paths.split_kv(batch, True, bound, 4, sms, cc, "fill")
+    tiles = -(-bound // paths.attention_tiles(cc, 16)[0])
+    wave = paths.split_kv_ctas_per_sm(cc) * sms
+    assert min_tiles == paths.SPLIT_MIN_SEGMENT_TILES
+    assert 1 <= segs <= min(paths.MAX_SEGMENTS, tiles)
+    best = min(_critical_path(batch * 4, tiles, wave, s) for s in range(1, min(paths.MAX_SEGMENTS, tiles) + 1))
+    assert _critical_path(batch * 4, tiles, wave, segs) == best
+    assert all(_critical_path(batch * 4, tiles, wave, s) > best for s in range(1, segs))   # the fewest such
+    if batch * 4 * 2 <= wave:                    # a batch that leaves half the wave idle is split to fill it
+        assert batch * 4 * segs >= 0.75 * wave or segs == tiles
+
+
+def test_split_kv_fill_numbers():
+    """The counts the issue asks about (H100/H200: 132 SMs; V100: 80), before (legacy) and after (fill)."""
+    def both(b, L, sms, cc):
+        return tuple(paths.split_kv(b, True, L, 4, sms, cc, p)[0] for p in ("legacy", "fill"))
+    assert both(1, 32768, 132, 90) == (16, 86)       # 64 -> 344 programs (86 x 6 tiles of 64 keys)
+    assert both(1, 65536, 132, 90) == (16, 94)       # 64 -> 376 programs (94 x 11 tiles)
+    assert both(16, 8192, 132, 90) == (4, 6)         # 256 -> 384 programs (6 x 22 tiles)
+    assert both(1, 32768, 80, 70) == (16, 20)        # 64 -> 80 programs: one per V100 SM (8 warps fill it)
+    assert both(16, 8192, 80, 70) == (2, 5)          # 128 -> 320 programs: 4 even waves
+    assert paths.split_kv(1, True, 1023, 4, 132, 90, "fill") == (1, 1)
+    assert paths.split_kv(1, False, 65536, 4, 132, 90, "fill") == (1, 1)
+
+
+def test_split_kv_policy_switch(monkeypatch):
+    paths._env_split_kv.cache_clear()
+    monkeypatch.setenv("ONECARD_SPLIT_KV", "legacy")
+    try:
+        assert paths.split_kv_policy() == "legacy"
+        assert paths.split_kv_segments(1, True, 32768, 4, 132) == 16
+        paths.set_split_kv_policy("fill", ctas_per_sm=5)                         # a bench's override wins
+        assert paths.split_kv_policy() == "fill" and paths.split_kv_ctas_per_sm(90) == 5
+        paths.set_split_kv_policy(None)
+        assert paths.split_kv_policy() == "legacy"
+        monkeypatch.setenv("ONECARD_SPLIT_KV", "fastest")
+        paths._env_split_kv.cache_clear()
+        with pytest.raises(ConfigError, match="ONECARD_SPLIT_KV=fastest"):
+            paths.split_kv_policy()
+        with pytest.raises(ValueError):
+            paths.set_split_kv_policy("fastest")
+    finally:
+        paths.set_split_kv_policy(None)
+        paths._env_split_kv.cache_clear()
 
 
 def test_boundaries_are_where_paths_change():

@@ -308,3 +308,46 @@ def test_policy_keeps_steps_off_the_expensive_kernel_paths(shape):
     assert 16 + sum(ks.values()) < paths.DENSE_CUBLAS_MIN_M <= 16 * 9
     ks = p.choose(_drafts(32))
     assert 32 + sum(ks.values()) < paths.GROUPED_MIN_TOKENS <= 32 * 9
+
+
+def test_projection_counts_each_step_at_its_draft_length(tmp_path):
+    proj = _load_project()
+    # bench/spec_acceptance.py's layout: 10 steps without a draft, 20 with a 2-token draft (a = 0, 1, 2: 5, 5, 10)
+    rec = {"workload": "edit", "method": "edit:ngram", "k": 2, "accepted_hist": [15, 5, 10],
+           "steps_by_draft_len": {"0": {"0": 10}, "2": {"0": 5, "1": 5, "2": 10}}}
+    path = tmp_path / "acc.json"
+    path.write_text(json.dumps({"meta": {"packages": {"attrs": ["25.2.0", "25.3.0"]}}, "results": [rec]}))
+    acc, by_len = proj.load_acceptance(path), proj.load_steps_by_draft_len(path)
+    assert acc == {"edit:ngram": {2: [15.0, 5.0, 10.0]}}
+    table = {"context": 512, "step_s": {"1": {"1": 2.0, "2": 2.5, "3": 3.0}}}
+    row = proj.project(acc, table, [1], by_len)["methods"]["edit:ngram"][2]
+    emitted = 10 * 1 + 5 * 1 + 5 * 2 + 10 * 3
+    assert row["speedup"][1] == pytest.approx(emitted * 2.0 / (10 * 2.0 + 20 * 3.0))
+    assert row["alpha"] == pytest.approx((5 + 2 * 10) / (5 + 2 * 10 + 5 + 5))
+    assert row["by_draft_len"]
+
+
+def test_table_rows_never_fall():
+    t = MeasuredTable.from_json({"step_s": {"1": {"1": 3e-3, "2": 2.5e-3, "3": 4e-3}}})
+    assert t.step_s[1] == {1: 3e-3, 2: 3e-3, 3: 4e-3}
+    assert t.interpolate(1, 5) >= t.interpolate(1, 3)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_choice_is_optimal_for_random_acceptances(shape, seed):
+    rng = random.Random(seed)
+    cost = CostModel.for_card(rng.choice(["H200", "V100"]), shape)
+    p = SpecPolicy(3, cost, min_speedup=1.0)
+    drafts = {f"s{i}": [0] * rng.randint(0, 3) for i in range(4)}
+    for rid in drafts:
+        for _ in range(rng.randint(0, 6)):
+            prop = 3
+            p.record(rid, prop, rng.randint(0, prop))
+    alphas = {r: p.acceptance(r) for r in drafts}
+    ks = p.choose(drafts)
+
+    def rate(assign):
+        return sum(expected_tokens(alphas[r], k) for r, k in assign.items()) / cost.verify_cost(4, list(assign.values()))
+
+    combos = (dict(zip(drafts, c)) for c in itertools.product(*(range(len(d) + 1) for d in drafts.values())))
+    assert rate(ks) == pytest.approx(max(rate(c) for c in combos), rel=1e-12)

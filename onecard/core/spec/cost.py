@@ -193,9 +193,9 @@ def _key(name: str) -> str:
 
 
 def card_name(name: str) -> str:
-    """The canonical card name (plan.GPUS' spelling) for a torch/nvidia-smi name; the name itself if unknown."""
-    from onecard.config import ConfigError
-    from onecard.plan import find_gpu
+    """The canonical card name (gpus.GPUS' spelling) for a torch/nvidia-smi name; the name itself if unknown."""
+    from onecard.env import ConfigError
+    from onecard.gpus import find_gpu
 
     try:
         return find_gpu(name).name
@@ -220,7 +220,15 @@ class MeasuredTable:
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> MeasuredTable:
-        rows = {int(b): {int(t): float(s) for t, s in row.items()} for b, row in d["step_s"].items()}
+        """Each row made non-decreasing in tokens (a step with more tokens is never faster: a dip is timing
+        noise, and a falling row would make the policy draft for free)."""
+        rows: dict[int, dict[int, float]] = {}
+        for b, row in d["step_s"].items():
+            mono, top = {}, 0.0
+            for t in sorted(row, key=int):
+                top = max(top, float(row[t]))
+                mono[int(t)] = top
+            rows[int(b)] = mono
         if not rows or any(len(r) < 2 for r in rows.values()):
             raise ValueError("a measured table needs, per batch, at least two tokens-per-sequence points")
         return MeasuredTable(int(d.get("context", 512)), rows, float(d.get("union_correction") or 1.0))

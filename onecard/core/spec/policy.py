@@ -28,6 +28,7 @@ to the prior so that it is probed again when the text turns repetitive.
 """
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -90,6 +91,7 @@ class SpecPolicy:
     _global: _Evidence = field(default_factory=_Evidence)
     last: StepDecision | None = None
     _times: dict[tuple[int, int, int], list[float]] = field(default_factory=dict)
+    _monotone: dict[tuple[int, int, int], bool] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.num_speculative_tokens < 0:
@@ -137,20 +139,36 @@ class SpecPolicy:
             mean = sum(context_lens.get(r, 0) for r in ids) / batch
             ctx = max(CONTEXT_ROUND, round(mean / CONTEXT_ROUND) * CONTEXT_ROUND)
         base_tokens = batch + max(0, extra_tokens)
-        times = self._step_times(batch, base_tokens, ctx, sum(caps))
+        times, monotone = self._step_times(batch, base_tokens, ctx, sum(caps))
         t_plain = times[0]
-        alphas = [self.acceptance(r) if c > 0 else 0.0 for r, c in zip(ids, caps)]
+        g = self.global_acceptance()
+        w, seqs = self.prior_weight, self._seqs
         # every gain α_i^j in falling order (ties: earlier sequence, then shorter prefix); a sequence's gains
         # fall with j, so any leading run of this list is a set of prefixes
-        gains = sorted((-(a ** j), i, j) for i, (a, c) in enumerate(zip(alphas, caps)) if a > 0.0
-                       for j in range(1, c + 1))
+        gains: list[tuple[float, int, int]] = []
+        for i, (r, c) in enumerate(zip(ids, caps)):
+            if c <= 0:
+                continue
+            ev = seqs.get(r)
+            a = g if ev is None else min(MAX_ALPHA, (ev.successes + w * g) / (ev.trials + w))
+            x = 1.0
+            for j in range(1, c + 1):
+                x *= a
+                if x <= 0.0:
+                    break
+                gains.append((-x, i, j))
+        gains.sort()
+        total = -sum(x for x, _, _ in gains)
         best_m, best_rate, gained = 0, batch / t_plain, 0.0
         best_emitted, best_t = float(batch), t_plain
         for m, (neg, _, _) in enumerate(gains, start=1):
             gained -= neg
-            rate = (batch + gained) / times[m]
+            t = times[m]
+            rate = (batch + gained) / t
             if rate > best_rate:
-                best_m, best_rate, best_emitted, best_t = m, rate, batch + gained, times[m]
+                best_m, best_rate, best_emitted, best_t = m, rate, batch + gained, t
+            elif monotone and (batch + total) / t <= best_rate:
+                break                            # no later m can win: its time is no less, its gain no more
         speedup = best_rate / (batch / t_plain)
         if best_m == 0 or speedup < self.min_speedup:
             best_m, speedup, best_emitted, best_t = 0, 1.0, float(batch), t_plain
@@ -164,15 +182,18 @@ class SpecPolicy:
         self.last = StepDecision(ks, batch, best_m, best_emitted, best_t, t_plain, speedup)
         return ks
 
-    def _step_times(self, batch: int, base_tokens: int, ctx: int, max_draft: int) -> list[float]:
-        """T(batch, base_tokens + m) for m = 0..max_draft, kept per (batch, tokens, context): a step's choice
-        is then arithmetic only (the host time of a step is on the GPU's critical path)."""
+    def _step_times(self, batch: int, base_tokens: int, ctx: int, max_draft: int) -> tuple[list[float], bool]:
+        """T(batch, base_tokens + m) for m = 0..max_draft, kept per (batch, tokens, context), and whether the row
+        never falls: a step's choice is then arithmetic only (its host time is on the GPU's critical path)."""
         key = (batch, base_tokens, ctx)
         row = self._times.get(key)
         if row is None:
             if len(self._times) > 4096:
                 self._times.clear()
+                self._monotone.clear()
             row = self._times[key] = []
-        while len(row) <= max_draft:
-            row.append(self.cost.step_time(batch, base_tokens + len(row), ctx))
-        return row
+        if len(row) <= max_draft:
+            while len(row) <= max_draft:
+                row.append(self.cost.step_time(batch, base_tokens + len(row), ctx))
+            self._monotone[key] = all(a <= b for a, b in itertools.pairwise(row))
+        return row, self._monotone[key]

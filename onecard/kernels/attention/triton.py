@@ -4,9 +4,12 @@ paged_attention: one kernel for prefill chunks over a cached prefix and for deco
 (sequence, block of BLOCK_Q query tokens, KV head); its BLOCK_M = BLOCK_Q * GROUP_PAD rows are the query
 tokens x the query heads sharing that KV head (GQA), so tl.dot gets M >= 16 even at decode. Keys are gathered
 token by token through the block table (any cache block size), causal rule key_pos <= context_len + q_idx,
-online softmax in fp32 (exp2, scale folded in). Split-KV: with NUM_SEGMENTS > 1 (decode-only batches of few
-sequences), each segment covers a slice of the key tiles and writes (acc, max, sum) partials; a reduce kernel
-merges them. The grid depends only on host-known sizes (B, max_query_len, segments): no syncs.
+online softmax in fp32 (exp2, scale folded in). Split-KV (decode-only batches, kernels/paths.split_kv):
+num_segments > 1 programs per (sequence, KV head); each sequence's own key tiles are cut into segments of
+max(ceil(tiles / num_segments), min_seg_tiles) tiles (_segment_tiles), each writes (acc, max, sum) partials,
+segments past the sequence's end exit at once, and a reduce kernel merges the filled ones (it derives their
+count from seq_lens with the same helper). The grid depends only on host-known sizes (B, max_query_len,
+segments; num_segments from an upper bound on the lengths, so one CUDA graph serves every context): no syncs.
 FP8 caches (fp8.py): the kernels take their bytes and a KV_FMT constexpr; K/V tiles are decoded to fp16 after
 the load (e5m2: a shift; e4m3: the sm89+ conversion), k_scale is folded into the softmax scale and v_scale
 into the output (or the split-KV partials), so the inner loop gains one conversion per element.
@@ -47,10 +50,17 @@ def _store_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, stride_kt, stride_v
     tl.store(vc_ptr + slot * HD + offs, kv_store_value(v, v_scale, KV_FMT, vc_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit(do_not_specialize=["stride_bt", "num_segments"])  # runtime-varying: one compile serves all
+@triton.jit
+def _segment_tiles(n_tiles, num_segments, min_seg_tiles):
+    """Key tiles per split-KV segment of a sequence with ``n_tiles`` tiles (the kernel and the reduce agree)."""
+    return tl.maximum(tl.cdiv(n_tiles, num_segments), min_seg_tiles)
+
+
+# runtime-varying ints: one compile serves all
+@triton.jit(do_not_specialize=["stride_bt", "num_segments", "min_seg_tiles"])
 def _paged_attn_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, qsl_ptr, seqlen_ptr, bt_ptr,
                        scale_log2, stride_qt, stride_qh, stride_ot, stride_oh, stride_bt, block_size,
-                       num_segments, v_scale,
+                       num_segments, min_seg_tiles, v_scale,
                        HQ: tl.constexpr, HKV: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
                        D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
                        KV_FMT: tl.constexpr):
@@ -65,6 +75,14 @@ def _paged_attn_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, qsl_ptr
         return
     seq_len = tl.load(seqlen_ptr + seq)
     ctx_len = seq_len - q_len
+    # keys this query block can see: [0, ctx_len + last q_idx + 1)
+    kv_end = tl.minimum(seq_len, ctx_len + (qblk + 1) * BLOCK_Q)
+    n_tiles = tl.cdiv(kv_end, BLOCK_N)
+    tiles_per_seg = _segment_tiles(n_tiles, num_segments, min_seg_tiles)
+    t0 = segment * tiles_per_seg
+    t1 = tl.minimum(t0 + tiles_per_seg, n_tiles)
+    if t0 >= t1:                                                          # a segment past this sequence's end
+        return                                                            # (num_segments > 1): the reduce skips it
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
     rows = tl.arange(0, BLOCK_M)
     q_idx = qblk * BLOCK_Q + rows // GROUP_PAD                            # [BM] token within the sequence
@@ -75,12 +93,6 @@ def _paged_attn_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, qsl_ptr
     q = tl.load(q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
                 mask=row_ok[:, None], other=0.0)                          # [BM, D]
     q_pos = ctx_len + q_idx                                               # [BM]
-    # keys this query block can see: [0, ctx_len + last q_idx + 1)
-    kv_end = tl.minimum(seq_len, ctx_len + (qblk + 1) * BLOCK_Q)
-    n_tiles = tl.cdiv(kv_end, BLOCK_N)
-    tiles_per_seg = tl.cdiv(n_tiles, num_segments)
-    t0 = segment * tiles_per_seg
-    t1 = tl.minimum(t0 + tiles_per_seg, n_tiles)
     m_i = tl.zeros((BLOCK_M,), dtype=tl.float32) - 1e30
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, D), dtype=tl.float32)
@@ -119,21 +131,34 @@ def _paged_attn_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, qsl_ptr
         tl.store(ml_ptr + base * 2 + 1, l_i, mask=row_ok)
 
 
-@triton.jit(do_not_specialize=["num_segments"])  # runtime-varying: one compile serves all
-def _segment_reduce_kernel(part_ptr, ml_ptr, out_ptr, stride_ot, stride_oh, num_segments,
-                           HQ: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr):
+@triton.jit(do_not_specialize=["num_segments", "block_n", "min_seg_tiles"])  # runtime-varying: one compile
+def _segment_reduce_kernel(part_ptr, ml_ptr, out_ptr, seqlen_ptr, stride_ot, stride_oh, num_segments, block_n,
+                           min_seg_tiles, HQ: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr,
+                           PDL: tl.constexpr):
+    """Merge the filled segments of decode row ``tok`` (= its sequence), BLOCK_S at a time (online rescale)."""
     pdl_enter(PDL)
     tok = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
-    offs_s = tl.arange(0, BLOCK_S)
-    s_ok = offs_s < num_segments
+    n_tiles = tl.cdiv(tl.load(seqlen_ptr + tok), block_n)
+    n_seg = tl.cdiv(n_tiles, _segment_tiles(n_tiles, num_segments, min_seg_tiles))   # filled segments
     base = (tok * HQ + h) * num_segments
-    m = tl.load(ml_ptr + (base + offs_s) * 2, mask=s_ok, other=-1e30)
-    l = tl.load(ml_ptr + (base + offs_s) * 2 + 1, mask=s_ok, other=0.0)
-    w = tl.exp2(m - tl.max(m, axis=0))                                    # [S]
     offs_d = tl.arange(0, D)
-    acc = tl.load(part_ptr + (base + offs_s)[:, None] * D + offs_d[None, :], mask=s_ok[:, None], other=0.0)
-    o = tl.sum(acc * w[:, None], axis=0) / tl.maximum(tl.sum(l * w, axis=0), 1e-30)
+    m_run = tl.full([], -1e30, tl.float32)
+    l_run = tl.full([], 0.0, tl.float32)
+    acc = tl.zeros([D], dtype=tl.float32)
+    for s0 in range(0, n_seg, BLOCK_S):
+        offs_s = s0 + tl.arange(0, BLOCK_S)
+        s_ok = offs_s < n_seg
+        m = tl.load(ml_ptr + (base + offs_s) * 2, mask=s_ok, other=-1e30)
+        l = tl.load(ml_ptr + (base + offs_s) * 2 + 1, mask=s_ok, other=0.0)
+        m_new = tl.maximum(m_run, tl.max(m, axis=0))
+        alpha = tl.exp2(m_run - m_new)
+        w = tl.exp2(m - m_new)                                            # [S]
+        part = tl.load(part_ptr + (base + offs_s)[:, None] * D + offs_d[None, :], mask=s_ok[:, None], other=0.0)
+        acc = acc * alpha + tl.sum(part * w[:, None], axis=0)
+        l_run = l_run * alpha + tl.sum(l * w, axis=0)
+        m_run = m_new
+    o = acc / tl.maximum(l_run, 1e-30)
     tl.store(out_ptr + tok * stride_ot + h * stride_oh + offs_d, o.to(out_ptr.dtype.element_ty))
 
 
@@ -141,6 +166,7 @@ BLOCK_N = paths.ATTN_BLOCK_N
 ATTN_WARPS = paths.ATTN_WARPS
 MAX_SEGMENTS = paths.MAX_SEGMENTS
 SPLIT_MIN_SEQ_LEN = paths.SPLIT_MIN_SEQ_LEN
+REDUCE_BLOCK_S = 32      # segments the reduce merges per step (one step up to 32: bs16; bs1 at 32k on sm90: 3)
 attn_tiles = paths.attention_tiles       # (BLOCK_N, num_warps) by capability: the path table owns it
 
 
@@ -150,12 +176,21 @@ def block_q(group_pad: int, max_query_len: int) -> int:
     return base if max_query_len <= base else max(base, 64 // group_pad)
 
 
-def num_segments(md: AttentionMetadata, num_tokens: int, hkv: int, device: torch.device) -> int:
-    """Split-KV segments (paths.split_kv_segments): only for decode-only batches (every row a decode) with
-    long contexts."""
+def split_plan(md: AttentionMetadata, hkv: int, device: torch.device) -> tuple[int, int]:
+    """(segments, shortest segment in tiles) of this launch (paths.split_kv): a split only for decode-only
+    batches (every row a decode); md.max_seq_len is the bound (max_model_len inside CUDA graphs)."""
     b = md.num_seqs
     decode_only = md.max_query_len == 1 and md.num_decode_tokens >= b
-    return paths.split_kv_segments(b, decode_only, md.max_seq_len, hkv, num_sms(device))
+    return paths.split_kv(b, decode_only, md.max_seq_len, hkv, num_sms(device), compute_capability(device))
+
+
+def num_segments(md: AttentionMetadata, num_tokens: int, hkv: int, device: torch.device) -> int:
+    """The segment count of ``split_plan``."""
+    return split_plan(md, hkv, device)[0]
+
+
+def reduce_block_s(segments: int) -> int:
+    return min(next_pow2(segments), REDUCE_BLOCK_S)
 
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -186,7 +221,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         return out
     gp = next_pow2(group)
     bq = block_q(gp, md.max_query_len)
-    segs = num_segments(md, t, hkv, q.device)
+    segs, min_tiles = split_plan(md, hkv, q.device)
     if segs > 1:
         part = torch.empty(t, hq, segs, d, dtype=torch.float32, device=q.device)
         ml = torch.empty(t, hq, segs, 2, dtype=torch.float32, device=q.device)
@@ -201,14 +236,14 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     _paged_attn_kernel[grid](
         q, kernel_view(k_cache), kernel_view(v_cache), out, part, ml, md.query_start_loc, md.seq_lens,
         md.block_table, scale * float(k_scale) * 1.4426950408889634, q.stride(0), q.stride(1), out.stride(0),
-        out.stride(1), md.block_table.stride(0), k_cache.shape[1], segs, float(v_scale),
+        out.stride(1), md.block_table.stride(0), k_cache.shape[1], segs, min_tiles, float(v_scale),
         HQ=hq, HKV=hkv, GROUP=group, GROUP_PAD=gp, D=d, BLOCK_Q=bq, BLOCK_N=block_n, PDL=use_pdl, KV_FMT=fmt,
         num_warps=warps, num_stages=2, launch_pdl=use_pdl)
     if segs > 1:
         # decode-only: every sequence's single query row is row i (query_start_loc = arange)
         _segment_reduce_kernel[(md.num_decode_tokens, hq)](
-            part, ml, out, out.stride(0), out.stride(1), segs, HQ=hq, D=d, BLOCK_S=segs, PDL=use_pdl,
-            launch_pdl=use_pdl)
+            part, ml, out, md.seq_lens, out.stride(0), out.stride(1), segs, block_n, min_tiles, HQ=hq, D=d,
+            BLOCK_S=reduce_block_s(segs), PDL=use_pdl, launch_pdl=use_pdl)
     return out
 
 
@@ -243,16 +278,17 @@ def aot_configs() -> list[AotConfig]:
                             "part_ptr": "*fp32", "ml_ptr": "*fp32", "qsl_ptr": "*i32", "seqlen_ptr": "*i32",
                             "bt_ptr": "*i32", "scale_log2": "fp32", "stride_qt": "i32", "stride_qh": "i32",
                             "stride_ot": "i32", "stride_oh": "i32", "stride_bt": "i32", "block_size": "i32",
-                            "num_segments": "i32", "v_scale": "fp32"}
+                            "num_segments": "i32", "min_seg_tiles": "i32", "v_scale": "fp32"}
                     out.append(AotConfig(_paged_attn_kernel, signature(args, cx), cx, warps, 2, min_cc,
                                          f"paged_attn[bq={bq}{tag},{act}{kv_tag}]"))
-        for segs in sorted({next_pow2(s) for s in range(2, MAX_SEGMENTS + 1)}):
+        for segs in sorted({reduce_block_s(s) for s in range(2, MAX_SEGMENTS + 1)}):
             cx = {"HQ": hq, "D": d, "BLOCK_S": segs, "PDL": False}
-            args = {"part_ptr": "*fp32", "ml_ptr": "*fp32", "out_ptr": f"*{act}", "stride_ot": "i32",
-                    "stride_oh": "i32", "num_segments": "i32"}
+            args = {"part_ptr": "*fp32", "ml_ptr": "*fp32", "out_ptr": f"*{act}", "seqlen_ptr": "*i32",
+                    "stride_ot": "i32", "stride_oh": "i32", "num_segments": "i32", "block_n": "i32",
+                    "min_seg_tiles": "i32"}
             out.append(AotConfig(_segment_reduce_kernel, signature(args, cx), cx, 4, 1, act_cc,
                                  f"segment_reduce[s={segs},{act}]"))
     return out
 
 
-__all__ = ["aot_configs", "attn_tiles", "block_q", "num_segments", "paged_attention", "store_kv"]
+__all__ = ["aot_configs", "attn_tiles", "block_q", "num_segments", "paged_attention", "split_plan", "store_kv"]

@@ -1,0 +1,38 @@
+"""Split-KV decode attention under TRITON_INTERPRET=1 against the float32 reference (interpret_cases.py's
+``splitkv`` cases, in their own subprocess as test_triton_interpret.py does): forced segment counts (2, 3, 7, 40,
+a shortest segment of 3 tiles), the "fill" and "legacy" policies' own choices at a CUDA-graph-like bound, fp32,
+fp16 and fp8_e5m2 caches, and sm70's tiles. The contexts (1 to 2,100 keys) leave segments past a sequence's end
+and make the reduce merge more than one BLOCK_S step."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from interpret_cases import SPLITKV_CASES
+
+pytest.importorskip("triton")
+SEED = int(time.time()) % 100_000
+
+
+@pytest.fixture(scope="module")
+def results() -> dict:
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "interpret_cases.py")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, script, str(SEED), *SPLITKV_CASES], capture_output=True, text=True,
+                          timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("case", SPLITKV_CASES)
+def test_split_kv_decode_matches_float32_reference(results, case):
+    err = results[case]
+    assert not isinstance(err, str), f"seed {SEED}: {err}"
+    bound = 1e-4 if case.endswith("fp32") else 1e-2        # fp16 q/p/output (fp8: the same bytes in both)
+    assert err < bound, f"seed {SEED}: relative error {err:.3g} >= {bound}"

@@ -94,3 +94,26 @@ def test_streaming_with_stop_strings(servers):
         assert (streamed, finish) == (ref.message.content, [ref.finish_reason]), stop
         assert usage[-1].completion_tokens == pc.chat.completions.create(**kw).usage.completion_tokens
     assert metric(spec.url, "vllm:kv_cache_usage_perc") == 0.0
+
+
+def test_streamed_tool_calls_equal_the_plain_server(servers):
+    """Several tokens per delta through the hermes parser's streaming path: the argument fragments concatenate
+    to the plain server's call."""
+    plain, spec = servers
+    named = {"type": "function", "function": {"name": "add"}}
+    kw = {"model": "coder", "messages": [{"role": "user", "content": "call"}], "tools": TOOLS, "tool_choice": named,
+          "temperature": 0, "max_tokens": 110}
+    whole = openai.OpenAI(base_url=plain.base_url, api_key="x", max_retries=0).chat.completions.create(**kw)
+    want = [(t.function.name, json.loads(t.function.arguments)) for t in whole.choices[0].message.tool_calls]
+    calls: dict[int, list[str]] = {}
+    finish = None
+    sc = openai.OpenAI(base_url=spec.base_url, api_key="x", max_retries=0)
+    for chunk in sc.chat.completions.create(stream=True, **kw):
+        for c in chunk.choices:
+            for tc in c.delta.tool_calls or []:
+                name_args = calls.setdefault(tc.index, ["", ""])
+                name_args[0] += tc.function.name or ""
+                name_args[1] += tc.function.arguments or ""
+            finish = c.finish_reason or finish
+    assert [(n, json.loads(a)) for _, (n, a) in sorted(calls.items())] == want
+    assert finish == whole.choices[0].finish_reason == "tool_calls"

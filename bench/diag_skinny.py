@@ -8,9 +8,9 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.kernels_gpu import rand_gptq  # noqa: E402
-from onecard.kernels import workspace  # noqa: E402
-from onecard.kernels.gptq_gemm import triton as g_t  # noqa: E402
+from bench.kernels_gpu import rand_gptq
+from onecard.kernels import workspace
+from onecard.kernels.gptq_gemm import triton as g_t
 
 DEV = torch.device("cuda")
 for name, k, n in (("qkv", 2048, 5120), ("o_proj", 4096, 2048)):
@@ -18,7 +18,7 @@ for name, k, n in (("qkv", 2048, 5120), ("o_proj", 4096, 2048)):
     for m in (2, 16):
         x = torch.randn(m, k, device=DEV, dtype=torch.float16) / math.sqrt(k)
         ref = torch.matmul(x.float(), g_t.dequantize(w, torch.float32))
-        err = lambda y: float((y.float() - ref).norm() / ref.norm())  # noqa: E731
+        err = lambda y, ref=ref: float((y.float() - ref).norm() / ref.norm())
         es = []
         for _ in range(4):
             y = g_t.w4a16_gemm(x, w)
@@ -51,8 +51,10 @@ for name, k, n in (("qkv", 2048, 5120), ("o_proj", 4096, 2048)):
                 num_warps=warps, num_stages=stages)
             print(f"  raw splits={k_tiles} warps={warps}: err {err(part):.1e}")
 
-from bench.kernels_gpu import E, H, I, TOPK  # noqa: E402
-from onecard.kernels.fused_moe import grouped, ref as moe_r  # noqa: E402
+from bench.kernels_gpu import TOPK, E, H, I
+from onecard.kernels.fused_moe import grouped
+from onecard.kernels.fused_moe import ref as moe_r
+
 for t in (512, 4096):
     ws = tuple(rand_gptq(k, n, E) for k, n in ((H, I), (H, I), (I, H)))
     x = torch.randn(t, H, device=DEV, dtype=torch.float16)

@@ -19,10 +19,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from onecard.config import EngineArgs  # noqa: E402
-from onecard.core.engine_core import EngineCore  # noqa: E402
-from onecard.protocol import EngineRequest  # noqa: E402
-from onecard.sampling_params import SamplingParams  # noqa: E402
+from onecard.config import EngineArgs
+from onecard.core.engine_core import EngineCore
+from onecard.protocol import EngineRequest
+from onecard.sampling_params import SamplingParams
 
 LENGTHS = (1, 3, 17, 40, 77, 120, 160, 200)
 
@@ -103,7 +103,7 @@ def main(out: str | None = None) -> dict:
                 try:
                     a, b = greedy(path, *a_args, serial=serial), greedy(path, *b_args, serial=serial)
                     res[f"{name}/{check}"] = {"identical": a == b, "prefix_agreement": agreement(a, b)}
-                except Exception as e:  # noqa: BLE001 - keep going, report
+                except Exception as e:
                     res[f"{name}/{check}"] = {"error": repr(e)[:500]}
                 print(f"{name:9s} {check:16s} {res[f'{name}/{check}']}", flush=True)
     if out:

@@ -17,8 +17,9 @@ import triton
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "kernels"))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from kernels_testlib import make_paged_batch  # noqa: E402
-from onecard.kernels.types import GPTQWeight  # noqa: E402
+from kernels_testlib import make_paged_batch
+
+from onecard.kernels.types import GPTQWeight
 
 H, HQ, HKV, D, E, TOPK, I, G = 2048, 32, 4, 128, 128, 8, 768, 128
 DEV = torch.device("cuda")
@@ -72,12 +73,18 @@ def cases(quick: bool):
     from onecard.kernels.triton_common import set_pdl
 
     set_pdl(int(os.environ.get("ONECARD_PDL_MAX_TOKENS", "1")))          # as the runner does from Env
-    from onecard.kernels.activation import ref as act_r, triton as act_t
-    from onecard.kernels.attention import ref as at_r, triton as at_t
-    from onecard.kernels.fused_moe import ref as moe_r, triton as moe_t
-    from onecard.kernels.gptq_gemm import ref as g_r, triton as g_t
-    from onecard.kernels.norm import ref as n_r, triton as n_t
-    from onecard.kernels.rope import ref as r_r, triton as r_t
+    from onecard.kernels.activation import ref as act_r
+    from onecard.kernels.activation import triton as act_t
+    from onecard.kernels.attention import ref as at_r
+    from onecard.kernels.attention import triton as at_t
+    from onecard.kernels.fused_moe import ref as moe_r
+    from onecard.kernels.fused_moe import triton as moe_t
+    from onecard.kernels.gptq_gemm import ref as g_r
+    from onecard.kernels.gptq_gemm import triton as g_t
+    from onecard.kernels.norm import ref as n_r
+    from onecard.kernels.norm import triton as n_t
+    from onecard.kernels.rope import ref as r_r
+    from onecard.kernels.rope import triton as r_t
 
     for name, k, n in (("qkv_proj", H, (HQ + 2 * HKV) * D), ("o_proj", HQ * D, H)):
         w = rand_gptq(k, n)
@@ -126,8 +133,8 @@ def cases(quick: bool):
         q = torch.randn(b, HQ, D, device=DEV, dtype=torch.float16)
         s = 1 / math.sqrt(D)
         yield (f"paged_attn decode B={b} ctx={ctx}",
-               lambda q=q, kc=kc, vc=vc, md=md: at_t.paged_attention(q, kc, vc, md, s),
-               lambda q=q, kc=kc, vc=vc, md=md: at_r.paged_attention(q, kc, vc, md, s), b * ctx * HKV * D * 2 * 2)
+               lambda q=q, kc=kc, vc=vc, md=md, s=s: at_t.paged_attention(q, kc, vc, md, s),
+               lambda q=q, kc=kc, vc=vc, md=md, s=s: at_r.paged_attention(q, kc, vc, md, s), b * ctx * HKV * D * 2 * 2)
     from onecard.kernels.attention import fp8
     fp8_formats = [("e5m2", fp8.E5M2, 1.0, 1.0)]
     if torch.cuda.get_device_capability() >= (8, 9):
@@ -194,7 +201,7 @@ def main() -> None:
         err = rel(tri(), rf())
         t_ms, r_ms = bench(tri), bench(rf)
         g_us = bench_graph(tri)
-        best_us = g_us if g_us == g_us else t_ms * 1e3                    # graph time unless capture failed
+        best_us = g_us if not math.isnan(g_us) else t_ms * 1e3                    # graph time unless capture failed
         gbs = nbytes / (best_us * 1e-6) / 1e9
         rows.append(dict(op=name, rel_err=err, triton_us=t_ms * 1e3, graph_us=g_us, ref_us=r_ms * 1e3,
                          gb_per_s=gbs, bytes=nbytes, ok=err < 1e-2))

@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Self
 
 _ROOT = Path(__file__).resolve().parent.parent
 if str(_ROOT) not in sys.path:
@@ -151,7 +152,7 @@ class _Sampler:
             self.peak_file = max(self.peak_file, _status("RssFile"))
             self._stop.wait(0.002)
 
-    def __enter__(self) -> "_Sampler":
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 

@@ -20,7 +20,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.full_size import V, _engine, _run  # noqa: E402
+from bench.full_size import V, _engine, _run
 
 PHASE = {"name": "startup"}
 MISSES: list[dict] = []
@@ -34,7 +34,7 @@ def listener(*, src, metadata, metadata_group, times, cache_hit) -> None:
 def count_launcher_builds() -> None:
     """Triton gcc-builds a C launcher per kernel signature at its first launch (cached on disk): count the
     builds the engine process does itself."""
-    import triton.runtime.build as build
+    from triton.runtime import build
 
     real = build._build
 

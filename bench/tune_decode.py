@@ -17,12 +17,11 @@ from pathlib import Path
 
 import torch
 import triton
-import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.kernels_gpu import rand_gptq  # noqa: E402
-from onecard.kernels.gptq_gemm import triton as g_t  # noqa: E402
+from bench.kernels_gpu import rand_gptq
+from onecard.kernels.gptq_gemm import triton as g_t
 
 DEV = torch.device("cuda")
 COPIES = 24                                   # 24 x 5 MB > 50 MB L2
@@ -78,7 +77,7 @@ def sweep_gemm(res: dict, rows: list, parts: list[str]) -> None:
         for m, grid in grids:
             x = torch.randn(m, k, device=DEV, dtype=torch.float16) / math.sqrt(k)
             ref = torch.matmul(x.float(), g_t.dequantize(ws[0], torch.float32))
-            prod = graph_us([lambda w=w: g_t.w4a16_gemm(x, w) for w in ws])
+            prod = graph_us([lambda w=w, x=x: g_t.w4a16_gemm(x, w) for w in ws])
             print(f"{name} M={m}: production {prod:.2f} us ({nbytes / prod / 1e3:.0f} GB/s)")
             rows.append(dict(op=name, m=m, cfg="production", us=prod))
             for cfg in grid:
@@ -87,8 +86,8 @@ def sweep_gemm(res: dict, rows: list, parts: list[str]) -> None:
                 try:
                     y = g_t.small_m_gemm(x, ws[0], tuning=cfg)
                     err = float((y.float() - ref).norm() / ref.norm())
-                    us = graph_us([lambda w=w: g_t.small_m_gemm(x, w, tuning=cfg) for w in ws])
-                except Exception as e:  # noqa: BLE001 - e.g. out of shared memory: skip the config
+                    us = graph_us([lambda w=w, x=x, cfg=cfg: g_t.small_m_gemm(x, w, tuning=cfg) for w in ws])
+                except Exception as e:
                     print(f"  {cfg}: {type(e).__name__}")
                     continue
                 rows.append(dict(op=name, m=m, cfg=list(cfg), us=us, rel_err=err))
@@ -98,8 +97,9 @@ def sweep_gemm(res: dict, rows: list, parts: list[str]) -> None:
 
 def sweep_moe(rows: list, parts: list[str]) -> None:
     """Decode MoE (route + gate/up + down + finish) at T = 1 and 16, 4 weight copies x 2 routings each."""
-    from bench.kernels_gpu import E, H, I, TOPK
-    from onecard.kernels.fused_moe import decode as md, ref as moe_r
+    from bench.kernels_gpu import TOPK, E, H, I
+    from onecard.kernels.fused_moe import decode as md
+    from onecard.kernels.fused_moe import ref as moe_r
     layers = [tuple(rand_gptq(k, n, E) for k, n in ((H, I), (H, I), (I, H))) for _ in range(4)]
     grids = []
     if "moe1" in parts:
@@ -112,16 +112,16 @@ def sweep_moe(rows: list, parts: list[str]) -> None:
         calls = [(lw, lg) for lw, lg in zip(layers * 2, logits)]
         wg, wu, wd = layers[0]
         ref = moe_r.fused_moe(x, logits[0], wg, wu, wd, TOPK, True).float()
-        prod = graph_us([lambda c=c: md.fused_moe_decode(x, c[1], *c[0], TOPK, True) for c in calls])
+        prod = graph_us([lambda c=c, x=x: md.fused_moe_decode(x, c[1], *c[0], TOPK, True) for c in calls])
         print(f"moe T={t}: production {prod:.2f} us")
         rows.append(dict(op="moe", m=t, cfg="production", us=prod))
         for cfg in grid:
             try:
                 y = md.fused_moe_decode(x, logits[0], wg, wu, wd, TOPK, True, tuning=cfg)
                 err = float((y.float() - ref).norm() / ref.norm())
-                us = graph_us([lambda c=c: md.fused_moe_decode(x, c[1], *c[0], TOPK, True, tuning=cfg)
+                us = graph_us([lambda c=c, x=x, cfg=cfg: md.fused_moe_decode(x, c[1], *c[0], TOPK, True, tuning=cfg)
                                for c in calls])
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 print(f"  {cfg}: {type(e).__name__}")
                 continue
             rows.append(dict(op="moe", m=t, cfg=list(cfg), us=us, rel_err=err))

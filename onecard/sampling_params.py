@@ -153,7 +153,7 @@ class SamplingParams:
         if any(type(t) is not int or not 0 <= t <= INT64_MAX for t in self.stop_token_ids or ()):
             raise bad("stop_token_ids", "must be non-negative integers")
 
-    def clone(self, **changes) -> "SamplingParams":
+    def clone(self, **changes) -> SamplingParams:
         values = {f: getattr(self, f) for f in self.__dataclass_fields__ if not f.startswith("_")}
         values.update(changes)
         out = SamplingParams(**values)

@@ -19,9 +19,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from onecard.quant.calibrate import quantize_model  # noqa: E402
-from onecard.quant.ppl import perplexity  # noqa: E402
-from onecard.quant.quantizer import QuantSpec  # noqa: E402
+from onecard.quant.calibrate import quantize_model
+from onecard.quant.ppl import perplexity
+from onecard.quant.quantizer import QuantSpec
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,7 +15,7 @@ _ROOT = Path(__file__).resolve().parent.parent
 if str(_ROOT) not in sys.path:       # `tests.fixtures` importable however pytest was started
     sys.path.insert(0, str(_ROOT))
 
-from tests.fixtures import checkpoints  # noqa: E402
+from tests.fixtures import checkpoints
 
 
 @pytest.fixture(scope="session")

@@ -19,6 +19,7 @@ import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Self
 from urllib.parse import unquote, urlsplit
 
 CHUNK = 1 << 16
@@ -80,7 +81,7 @@ class LocalHub:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
-    def __enter__(self) -> LocalHub:
+    def __enter__(self) -> Self:
         self.thread.start()
         return self
 

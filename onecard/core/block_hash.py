@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from onecard.core.request import Request
 

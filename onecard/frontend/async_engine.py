@@ -29,8 +29,13 @@ from typing import Protocol
 
 from onecard.config import ModelConfig
 from onecard.frontend.core_client import CoreClient, EngineDiedError
-from onecard.frontend.output_processor import (EngineRequestError, GenerationDelta, RequestOutputState, fan_out,
-                                               merge_streams)
+from onecard.frontend.output_processor import (
+    EngineRequestError,
+    GenerationDelta,
+    RequestOutputState,
+    fan_out,
+    merge_streams,
+)
 from onecard.protocol import EngineInfo, EngineOutput, EngineRequest, EngineStats
 from onecard.sampling_params import SamplingParams
 
@@ -49,7 +54,7 @@ class MetricsSink(Protocol):
     def on_first_token(self, seconds: float, prompt_tokens: int) -> None: ...
     def on_tokens(self, count: int, gap_seconds: float) -> None: ...
     def on_finish(self, *, prompt_tokens: int, output_tokens: int, finish_reason: str, e2e_seconds: float,
-                  timing: "RequestTiming") -> None: ...
+                  timing: RequestTiming) -> None: ...
 
 
 @dataclass(slots=True)
@@ -119,7 +124,7 @@ class AsyncEngine:
                         tracked.queue.put_nowait(out)
         except asyncio.CancelledError:
             raise
-        except Exception as e:  # noqa: BLE001 - the core died (EngineDiedError) or this loop broke
+        except Exception as e:
             if isinstance(e, EngineDiedError):
                 why = str(e)
             else:
@@ -140,16 +145,14 @@ class AsyncEngine:
         for callback in list(self.on_dead):
             try:
                 callback(why)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 logger.exception("an on_dead callback failed")
 
     async def shutdown(self) -> None:
         if self._loop_task is not None:
             self._loop_task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError, Exception):   # its errors were reported already
                 await self._loop_task
-            except (asyncio.CancelledError, Exception):  # noqa: BLE001
-                pass
         await asyncio.to_thread(self.core.shutdown)
 
     # ------------------------------------------------------------------ requests

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 
@@ -110,12 +110,12 @@ def init_paths(device: torch.device) -> dict[str, object]:
 # (cuBLAS / grouped GEMM), which beat an int4 Triton GEMM there; small M stays in Triton (memory-bound).
 # The thresholds and the capability branches are kernels/paths.py's.
 def w4a16_gemm(x, w, bias=None):
-    if x.is_cuda and backend_for(x.device) == "triton":
-        if paths.choose_dense_gemm(x.shape[0], paths.capability(x.device)) == "cublas":
-            from onecard.kernels.gptq_gemm.triton import dequantize
+    if (x.is_cuda and backend_for(x.device) == "triton"
+            and paths.choose_dense_gemm(x.shape[0], paths.capability(x.device)) == "cublas"):
+        from onecard.kernels.gptq_gemm.triton import dequantize
 
-            y = torch.matmul(x, dequantize(w, x.dtype))
-            return y if bias is None else y + bias
+        y = torch.matmul(x, dequantize(w, x.dtype))
+        return y if bias is None else y + bias
     return _impl("w4a16_gemm", x.device)(x, w, bias)
 
 

@@ -36,8 +36,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Self
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ class Recording:
     specs: dict[str, KernelSpec] = field(default_factory=dict)
     launches: int = 0                 # skipped launches (a kernel seen twice is recorded once)
 
-    def hook(self, *, key, repr, fn, compile, is_manual_warmup, already_compiled):  # noqa: A002 - Triton's names
+    def hook(self, *, key, repr, fn, compile, is_manual_warmup, already_compiled):
         self.launches += 1
         data = compile["specialization_data"]
         self.specs.setdefault(data, KernelSpec(fn.module, fn.name, data))
@@ -131,12 +132,10 @@ def compile_spec(spec: KernelSpec, target: tuple) -> tuple[str, float, str | Non
     if target[0] == "cuda":
         # The JIT also builds a C launcher per kernel signature (gcc, cached on disk by its source) at the
         # first launch; building it here takes that off the engine's start-up too. Needs libcuda: best effort.
-        try:
+        with contextlib.suppress(Exception):   # e.g. no libcuda on a build machine: the JIT builds it later
             from triton.backends.nvidia.driver import CudaLauncher
 
             CudaLauncher(src, kernel.metadata)
-        except Exception:  # noqa: BLE001 - e.g. no libcuda on a build machine: the JIT builds it later
-            pass
     return spec.name, time.perf_counter() - t0, None
 
 
@@ -152,10 +151,10 @@ def is_cached(spec: KernelSpec, target: tuple) -> bool:
     """Is this specialisation in Triton's on-disk cache already? (The key triton.compile computes.)"""
     import hashlib
 
+    from triton._C.libtriton import get_cache_invalidating_env_vars
     from triton.backends.compiler import GPUTarget
     from triton.compiler.compiler import make_backend
     from triton.runtime.cache import get_cache_key, get_cache_manager
-    from triton._C.libtriton import get_cache_invalidating_env_vars
 
     try:
         src, options = _source(spec)
@@ -204,7 +203,7 @@ class WorkerPool:
     def __len__(self) -> int:
         return len(self.procs)
 
-    def __enter__(self) -> WorkerPool:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -291,10 +290,8 @@ def _preimport() -> None:
     """What compile_spec and _source import, so the first job does not pay for it (a WorkerPool worker does
     this while the engine loads weights). Best effort: a failure shows up in that job's reply."""
     for name in ("triton", "triton.compiler", "triton.backends.nvidia.driver", *KERNEL_MODULES):
-        try:
+        with contextlib.suppress(Exception):   # e.g. no NVIDIA backend here
             importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - e.g. no NVIDIA backend here
-            pass
 
 
 def worker_main() -> None:
@@ -315,5 +312,17 @@ def current_target() -> tuple:
     return (t.backend, t.arch, t.warp_size)
 
 
-__all__ = ["KernelSpec", "Recording", "record", "WorkerPool", "compile_all", "compile_spec", "parse_spec",
-           "current_target", "any_compiled", "is_cached", "available_cpus", "worker_main"]
+__all__ = [
+    "KernelSpec",
+    "Recording",
+    "WorkerPool",
+    "any_compiled",
+    "available_cpus",
+    "compile_all",
+    "compile_spec",
+    "current_target",
+    "is_cached",
+    "parse_spec",
+    "record",
+    "worker_main",
+]

@@ -27,7 +27,7 @@ class GPTQWeight:
     def num_groups(self) -> int:
         return int(self.scales.shape[-2])
 
-    def to(self, device: torch.device | str) -> "GPTQWeight":
+    def to(self, device: torch.device | str) -> GPTQWeight:
         return GPTQWeight(self.qweight.to(device), self.qzeros.to(device), self.scales.to(device),
                           None if self.g_idx is None else self.g_idx.to(device), self.group_size,
                           self.in_features, self.out_features)

@@ -45,4 +45,4 @@ def counters(device: torch.device, region: str, n: int) -> torch.Tensor:
     return _get(_COUNTERS, device, len(REGIONS) * REGION_SIZE, torch.int32)[base:base + n]
 
 
-__all__ = ["counters", "REGIONS"]
+__all__ = ["REGIONS", "counters"]

@@ -9,11 +9,19 @@ from __future__ import annotations
 
 from onecard.parsers.reasoning import Qwen3ReasoningParser, ReasoningStream, prompt_opens_think
 from onecard.parsers.tool_parsers import (
-    HermesToolParser, Qwen3CoderToolParser, prefill_for_tool_choice,
+    HermesToolParser,
+    Qwen3CoderToolParser,
+    prefill_for_tool_choice,
 )
 from onecard.parsers.tool_stream import ToolCallStream
 from onecard.parsers.tool_types import (
-    DeltaItem, ToolCall, ToolCallDelta, ToolParseResult, counter_ids, merge_deltas, random_call_id,
+    DeltaItem,
+    ToolCall,
+    ToolCallDelta,
+    ToolParseResult,
+    counter_ids,
+    merge_deltas,
+    random_call_id,
 )
 
 REASONING_PARSERS = {"qwen3": Qwen3ReasoningParser, "deepseek_r1": Qwen3ReasoningParser}
@@ -36,8 +44,22 @@ def get_tool_parser(name: str) -> HermesToolParser | Qwen3CoderToolParser:
 
 
 __all__ = [
-    "DeltaItem", "HermesToolParser", "Qwen3CoderToolParser", "Qwen3ReasoningParser", "REASONING_PARSERS",
-    "ReasoningStream", "TOOL_PARSERS", "ToolCall", "ToolCallDelta", "ToolCallStream", "ToolParseResult",
-    "counter_ids", "get_reasoning_parser", "get_tool_parser", "merge_deltas", "prefill_for_tool_choice",
-    "prompt_opens_think", "random_call_id",
+    "REASONING_PARSERS",
+    "TOOL_PARSERS",
+    "DeltaItem",
+    "HermesToolParser",
+    "Qwen3CoderToolParser",
+    "Qwen3ReasoningParser",
+    "ReasoningStream",
+    "ToolCall",
+    "ToolCallDelta",
+    "ToolCallStream",
+    "ToolParseResult",
+    "counter_ids",
+    "get_reasoning_parser",
+    "get_tool_parser",
+    "merge_deltas",
+    "prefill_for_tool_choice",
+    "prompt_opens_think",
+    "random_call_id",
 ]

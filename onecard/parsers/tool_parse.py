@@ -21,9 +21,24 @@ from typing import Any
 
 from onecard.parsers.tool_types import IdFactory, ToolCall, ToolParseResult, random_call_id
 from onecard.parsers.tool_values import (
-    BLOCK_END, FUNC_CLOSE, FUNC_OPEN, PARAM_CLOSE, PARAM_OPEN, TOOL_CLOSE, TOOL_OPEN, VALUE_END,
-    arg_fragment, close_args, convert_value, dumps, find_first, normalize_tools, param_type,
-    parse_json_body, partial_suffix_len, strip_value_newlines,
+    BLOCK_END,
+    FUNC_CLOSE,
+    FUNC_OPEN,
+    PARAM_CLOSE,
+    PARAM_OPEN,
+    TOOL_CLOSE,
+    TOOL_OPEN,
+    VALUE_END,
+    arg_fragment,
+    close_args,
+    convert_value,
+    dumps,
+    find_first,
+    normalize_tools,
+    param_type,
+    parse_json_body,
+    partial_suffix_len,
+    strip_value_newlines,
 )
 
 

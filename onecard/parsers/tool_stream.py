@@ -19,9 +19,25 @@ from typing import Any
 from onecard.parsers.tool_parse import parse_body
 from onecard.parsers.tool_types import DeltaItem, IdFactory, ToolCall, ToolCallDelta, random_call_id
 from onecard.parsers.tool_values import (
-    BLOCK_END, FUNC_CLOSE, FUNC_OPEN, PARAM_CLOSE, PARAM_OPEN, TOOL_CLOSE, TOOL_OPEN, VALUE_END,
-    arg_fragment, close_args, convert_value, dumps, escape_json_chars, find_first, is_string_type,
-    normalize_tools, param_type, partial_suffix_len, strip_value_newlines,
+    BLOCK_END,
+    FUNC_CLOSE,
+    FUNC_OPEN,
+    PARAM_CLOSE,
+    PARAM_OPEN,
+    TOOL_CLOSE,
+    TOOL_OPEN,
+    VALUE_END,
+    arg_fragment,
+    close_args,
+    convert_value,
+    dumps,
+    escape_json_chars,
+    find_first,
+    is_string_type,
+    normalize_tools,
+    param_type,
+    partial_suffix_len,
+    strip_value_newlines,
 )
 
 _BETWEEN_TAGS = (PARAM_OPEN, FUNC_CLOSE) + BLOCK_END

@@ -156,10 +156,8 @@ def _to_number(text: str) -> tuple[bool, Any]:
 
 def strip_value_newlines(raw: str) -> str:
     """The template writes a newline after <parameter=P> and before </parameter>: drop one of each."""
-    if raw.startswith("\n"):
-        raw = raw[1:]
-    if raw.endswith("\n"):
-        raw = raw[:-1]
+    raw = raw.removeprefix("\n")
+    raw = raw.removesuffix("\n")
     return raw
 
 

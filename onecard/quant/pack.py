@@ -36,7 +36,7 @@ def dynamic_override(dynamic: dict[str, dict[str, Any]] | None, module: str) -> 
         if pattern.startswith("-:"):
             if re.match(pattern[2:], module):
                 return None
-        elif re.match(pattern[2:] if pattern.startswith("+:") else pattern, module):
+        elif re.match(pattern.removeprefix("+:"), module):
             return dict(overrides or {})
     return {}
 
@@ -133,7 +133,7 @@ def gptq_copy(src_dir: str | Path, dst_dir: str | Path, group_size: int = 32, sy
     out: dict[str, torch.Tensor] = {}
     for raw_name, raw in _iter_float_tensors(src):
         for name, t in _split_one(raw_name, raw):
-            module = name[: -len(".weight")] if name.endswith(".weight") else name
+            module = name.removesuffix(".weight")
             over = dynamic_override(dynamic, module) if is_quantizable(module) and name.endswith(".weight") \
                 else None
             if over is None:

@@ -92,7 +92,7 @@ def metric(url: str, name: str) -> float:
     text = httpx.get(url + "/metrics", timeout=5).text
     total, seen = 0.0, False
     for line in text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
+        if line.startswith((name + "{", name + " ")):
             total += float(line.rsplit(" ", 1)[1])
             seen = True
     if not seen:

@@ -11,8 +11,16 @@ import anthropic
 import openai
 import pytest
 
-from tests.e2e.agent_server import (ANTHROPIC_TOOLS, API_KEY, CHAT_TOOLS, FINAL, RESPONSES_TOOLS, TEMPLATE,
-                                    last_prompt, start_agent_server)
+from tests.e2e.agent_server import (
+    ANTHROPIC_TOOLS,
+    API_KEY,
+    CHAT_TOOLS,
+    FINAL,
+    RESPONSES_TOOLS,
+    TEMPLATE,
+    last_prompt,
+    start_agent_server,
+)
 
 SYSTEM = "You are a coding agent."
 QUESTION = "What is the weather in Paris and Berlin?"

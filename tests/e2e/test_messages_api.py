@@ -10,8 +10,21 @@ import httpx
 import pytest
 
 from onecard import parsers
-from tests.e2e.agent_server import (ANTHROPIC_TOOLS, API_KEY, FINAL, HERMES_CALLS, LONG, PLAIN, THINK,
-                                    XML_CALLS, kv_idle, last_prompt, reply_len, start_agent_server, wait_for)
+from tests.e2e.agent_server import (
+    ANTHROPIC_TOOLS,
+    API_KEY,
+    FINAL,
+    HERMES_CALLS,
+    LONG,
+    PLAIN,
+    THINK,
+    XML_CALLS,
+    kv_idle,
+    last_prompt,
+    reply_len,
+    start_agent_server,
+    wait_for,
+)
 from tests.e2e.harness import metric
 
 

@@ -11,8 +11,21 @@ import openai
 import pytest
 
 from onecard import parsers
-from tests.e2e.agent_server import (API_KEY, FINAL, HERMES_CALLS, LONG, PLAIN, RESPONSES_TOOLS, THINK,
-                                    XML_CALLS, kv_idle, last_prompt, reply_len, start_agent_server, wait_for)
+from tests.e2e.agent_server import (
+    API_KEY,
+    FINAL,
+    HERMES_CALLS,
+    LONG,
+    PLAIN,
+    RESPONSES_TOOLS,
+    THINK,
+    XML_CALLS,
+    kv_idle,
+    last_prompt,
+    reply_len,
+    start_agent_server,
+    wait_for,
+)
 from tests.e2e.harness import metric
 
 

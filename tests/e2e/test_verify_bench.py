@@ -142,7 +142,7 @@ def _check_results(res: dict, n: int) -> None:
         assert r["tpot_s"] == pytest.approx((r["e2el_s"] - r["ttft_s"]) / (r["output_tokens"] - 1))
         assert r["start_s"] + r["e2el_s"] <= res["duration"] + 1e-6
     # The aggregate figures are the per-request records', recomputed independently.
-    ms = lambda xs: [1000 * x for x in xs]  # noqa: E731
+    ms = lambda xs: [1000 * x for x in xs]
     assert res["mean_ttft_ms"] == pytest.approx(statistics.fmean(ms(r["ttft_s"] for r in reqs)))
     assert res["median_e2el_ms"] == pytest.approx(statistics.median(ms(r["e2el_s"] for r in reqs)))
     assert res["mean_tpot_ms"] == pytest.approx(statistics.fmean(ms(r["tpot_s"] for r in reqs)))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import triton  # noqa: E402
+import triton
 
 MISSES: list[str] = []
 

@@ -24,7 +24,7 @@ def check_results(res: dict) -> None:
         assert "error" not in r, (name, r)
         if "gptq" not in name:
             assert r["identical"], (name, r)     # fp32 models: token-for-token (exact fp32 dots)
-        elif name.endswith("graphs_vs_eager") or name.endswith("async_vs_sync"):
+        elif name.endswith(("graphs_vs_eager", "async_vs_sync")):
             assert r["identical"], (name, r)     # same kernels and batches: must not change a token
         else:
             # fp16 GPTQ, Triton vs reference: different fp16 rounding points flip near-ties in this tiny random

@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from kernels_testlib import make_paged_batch, random_gptq
 
 from onecard.kernels.activation.ref import silu_and_mul
 from onecard.kernels.attention.ref import paged_attention, store_kv
@@ -13,7 +14,6 @@ from onecard.kernels.fused_moe.ref import fused_moe
 from onecard.kernels.gptq_gemm.ref import dequantize_gptq, w4a16_gemm
 from onecard.kernels.norm.ref import rms_norm
 from onecard.kernels.rope.ref import qk_norm_rope
-from kernels_testlib import make_paged_batch, random_gptq
 
 
 @pytest.mark.parametrize("k,n,gs,desc", [(64, 16, 16, False), (40, 24, 40, False), (64, 32, 32, True),

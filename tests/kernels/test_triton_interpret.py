@@ -15,7 +15,7 @@ import time
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from interpret_cases import CASES, FP8_CASES, FP8_EXACT  # noqa: E402  (no triton import there at module level)
+from interpret_cases import CASES, FP8_CASES, FP8_EXACT
 
 pytest.importorskip("triton")
 SEED = int(time.time()) % 100_000

@@ -49,7 +49,7 @@ def test_prefill_and_decode_match_dequantized_float(gptq_pair):
 
 def test_really_quantized(gptq_pair):
     """The comparison is not vacuous: the model holds packed weights, and they differ from the float source."""
-    ours, _, qdir = gptq_pair
+    ours, _, _qdir = gptq_pair
     a = ours.layers[0].self_attn
     lin = a.qkv_proj if a.fuse_qkv else a.q_proj
     assert lin.gptq is not None and lin.weight is None

@@ -6,6 +6,8 @@ through the paged cache, and chunked prefill over a cached prefix mixed with dec
 """
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -60,7 +62,7 @@ def test_chunked_prefill_over_cached_prefix(pair):
     got = [ours.compute_logits(first[1])]
     decoded = list(other)
     bounds = [6, 13, 14, 25, 29]                                           # odd chunks, one of length 1
-    for lo, hi in zip(bounds, bounds[1:]):
+    for lo, hi in itertools.pairwise(bounds):
         nxt = int(torch.randint(3, v, (1,), generator=torch.Generator().manual_seed(hi)))
         outs = cache.step(ours, [(b, [nxt]), (a, long[lo:hi])])           # decode first, then the chunk
         decoded.append(nxt)

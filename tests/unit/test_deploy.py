@@ -22,9 +22,9 @@ import yaml
 
 kubernetes = pytest.importorskip("kubernetes")
 kserve_models = pytest.importorskip("kserve.models")
-from kserve.api_client import ApiClient as KServeApiClient  # noqa: E402
-from kubernetes.client import ApiClient  # noqa: E402
-from kubernetes.utils import parse_quantity  # noqa: E402
+from kserve.api_client import ApiClient as KServeApiClient
+from kubernetes.client import ApiClient
+from kubernetes.utils import parse_quantity
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"

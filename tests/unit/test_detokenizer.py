@@ -12,7 +12,7 @@ import pytest
 tokenizers = pytest.importorskip("tokenizers")
 transformers = pytest.importorskip("transformers")
 
-from onecard.frontend.detokenizer import DetokUpdate, IncrementalDetokenizer  # noqa: E402
+from onecard.frontend.detokenizer import DetokUpdate, IncrementalDetokenizer
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 TEXTS = [

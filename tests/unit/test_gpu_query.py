@@ -30,7 +30,7 @@ def _has_gpu() -> bool:
         pynvml.nvmlInit()
         pynvml.nvmlShutdown()
         return True
-    except Exception:  # noqa: BLE001
+    except Exception:
         return False
 
 

@@ -103,7 +103,7 @@ def test_freed_block_is_revived_by_a_hit() -> None:
 
 def test_lru_evicts_least_recently_freed_and_tail_first() -> None:
     kv = KVCacheManager(1 + 6, BS, enable_prefix_caching=True)
-    a = _req("a", list(range(0, 9)))                                 # 2 full blocks + 1 partial
+    a = _req("a", list(range(9)))                                 # 2 full blocks + 1 partial
     b = _req("b", list(range(100, 109)))
     _admit(kv, a)
     _admit(kv, b)
@@ -116,11 +116,11 @@ def test_lru_evicts_least_recently_freed_and_tail_first() -> None:
     x = _req("x", list(range(200, 209)))                             # takes 3 fresh blocks
     _admit(kv, x)
     # the 2 uncached partial blocks went first, then a's TAIL full block; a's head and all of b survive
-    assert hits(list(range(0, 9))) == 4
+    assert hits(list(range(9))) == 4
     assert hits(list(range(100, 109))) == 8
     y = _req("y", list(range(300, 305)))                             # 2 more blocks: a's head, b's tail
     _admit(kv, y)
-    assert hits(list(range(0, 9))) == 0
+    assert hits(list(range(9))) == 0
     assert hits(list(range(100, 109))) == 4
     _check_invariants(kv, [x, y])
 

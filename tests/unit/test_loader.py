@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from onecard.config import ConfigError, Env, EngineArgs
+from onecard.config import ConfigError, EngineArgs, Env
 from onecard.quant.pack import read_safetensors_dir, save_safetensors
 from tests.model.common import load_ours, prompts
 from tests.model.paged import PagedCache

@@ -142,7 +142,7 @@ def test_disk_tensors_every_variant(fmt, sym, group_size, act_order):
         assert torch.equal(disk["g_idx"], trivial_g_idx(k, group_size))
         assert torch.equal(dequantize(disk["qweight"], disk["qzeros"], disk["scales"], None, fmt, gs), ql.dequant)
     # The tuple form is the true-zero packed tensors.
-    qweight, qzeros, scales, g_idx = ql
+    _qweight, qzeros, _scales, _g_idx = ql
     assert torch.equal(qzeros, ql.qzeros) and torch.equal(from_v1(to_v1(qzeros)), qzeros)
 
 

@@ -11,7 +11,10 @@ import random
 import pytest
 
 from onecard.parsers import (
-    counter_ids, get_tool_parser, merge_deltas, prefill_for_tool_choice,
+    counter_ids,
+    get_tool_parser,
+    merge_deltas,
+    prefill_for_tool_choice,
 )
 
 TOOLS = [

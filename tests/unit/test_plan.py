@@ -15,7 +15,13 @@ from safetensors import safe_open
 from onecard.checkpoint_meta import read_checkpoint_meta, read_safetensors_header
 from onecard.config import ConfigError, EngineArgs
 from onecard.plan import GPUS, PlanSettings, find_gpu, main_plan, plan, plan_from_meta, weight_bytes
-from tests.unit._sparse_ckpt import QWEN3_CODER_30B, bytes_read, qwen3_coder_30b, qwen3_coder_tensors, write_checkpoint
+from tests.unit._sparse_ckpt import (
+    QWEN3_CODER_30B,
+    bytes_read,
+    qwen3_coder_30b,
+    qwen3_coder_tensors,
+    write_checkpoint,
+)
 
 V100 = ["--gpu", "V100-32GB", "--gpu-memory-utilization", "0.90"]
 

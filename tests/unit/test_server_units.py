@@ -5,7 +5,11 @@ import pytest
 
 from onecard.config import ConfigError
 from onecard.frontend.tokenizer import (
-    ChatTemplateError, load_tokenizer, prepare_messages, render_chat, resolve_chat_template,
+    ChatTemplateError,
+    load_tokenizer,
+    prepare_messages,
+    render_chat,
+    resolve_chat_template,
 )
 from onecard.server.errors import error_body, to_api_error
 from onecard.server.openai_types import ChatCompletionRequest, CompletionRequest

@@ -127,4 +127,4 @@ def aot_configs(act: str, min_cc: int) -> list[AotConfig]:
     return out
 
 
-__all__ = ["norm_moe", "supported", "aot_configs"]
+__all__ = ["aot_configs", "norm_moe", "supported"]

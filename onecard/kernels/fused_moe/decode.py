@@ -23,9 +23,16 @@ import triton
 import triton.language as tl
 
 from onecard.kernels import paths, workspace
+
 # DECODE_CONFIGS, choose_decode_config, weight_args: re-exported (public names here before stages.py)
-from onecard.kernels.fused_moe.stages import (DECODE_CONFIGS, choose_decode_config,  # noqa: F401
-                                              moe_inter_size, moe_stages, stages_aot_configs, weight_args)
+from onecard.kernels.fused_moe.stages import (
+    DECODE_CONFIGS,
+    choose_decode_config,
+    moe_inter_size,
+    moe_stages,
+    stages_aot_configs,
+    weight_args,
+)
 from onecard.kernels.triton_common import AotConfig, next_pow2, pdl, pdl_enter, signature
 from onecard.kernels.types import MoEWeight
 
@@ -218,5 +225,16 @@ def decode_aot_configs(act: str, min_cc: int) -> list[AotConfig]:
     return out
 
 
-__all__ = ["fused_moe_decode", "moe_stages", "moe_inter_size", "router_logits", "decode_aot_configs",
-           "choose_decode_config", "weight_args", "softmax_topk", "topk_of", "DECODE_MAX_TOKENS", "DECODE_CONFIGS"]
+__all__ = [
+    "DECODE_CONFIGS",
+    "DECODE_MAX_TOKENS",
+    "choose_decode_config",
+    "decode_aot_configs",
+    "fused_moe_decode",
+    "moe_inter_size",
+    "moe_stages",
+    "router_logits",
+    "softmax_topk",
+    "topk_of",
+    "weight_args",
+]

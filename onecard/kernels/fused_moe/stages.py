@@ -22,10 +22,23 @@ import triton
 import triton.language as tl
 
 from onecard.kernels import paths
-from onecard.kernels.gptq_gemm.int4 import (_dequant_tile_j, _group_sz, gemv_tile_mac, magic_zero_scale,
-                                            nibbles, row_input)
+from onecard.kernels.gptq_gemm.int4 import (
+    _dequant_tile_j,
+    _group_sz,
+    gemv_tile_mac,
+    magic_zero_scale,
+    nibbles,
+    row_input,
+)
 from onecard.kernels.gptq_gemm.triton import row_groups
-from onecard.kernels.triton_common import AotConfig, compute_capability, next_pow2, num_sms, pdl_enter, signature
+from onecard.kernels.triton_common import (
+    AotConfig,
+    compute_capability,
+    next_pow2,
+    num_sms,
+    pdl_enter,
+    signature,
+)
 from onecard.kernels.triton_dot import dot
 from onecard.kernels.types import GPTQWeight, MoEWeight
 
@@ -312,5 +325,11 @@ def stages_aot_configs(act: str, min_cc: int) -> list[AotConfig]:
     return out
 
 
-__all__ = ["moe_stages", "moe_inter_size", "weight_args", "stages_aot_configs", "choose_decode_config",
-           "DECODE_CONFIGS"]
+__all__ = [
+    "DECODE_CONFIGS",
+    "choose_decode_config",
+    "moe_inter_size",
+    "moe_stages",
+    "stages_aot_configs",
+    "weight_args",
+]

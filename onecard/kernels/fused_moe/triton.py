@@ -21,14 +21,18 @@ import triton.language as tl
 
 from onecard.kernels import paths
 from onecard.kernels.fused_moe import batch1
-from onecard.kernels.fused_moe.decode import (DECODE_MAX_TOKENS, decode_aot_configs, fused_moe_decode,
-                                              router_logits, softmax_topk)
-from onecard.kernels.fused_moe.stages import DECODE_CONFIGS, choose_decode_config, weight_args
+from onecard.kernels.fused_moe.decode import (
+    DECODE_MAX_TOKENS,
+    decode_aot_configs,
+    fused_moe_decode,
+    router_logits,
+    softmax_topk,
+)
+from onecard.kernels.fused_moe.stages import DECODE_CONFIGS, weight_args
 from onecard.kernels.gptq_gemm.int4 import _dequant_tile_j, _group_sz
-from onecard.kernels.triton_dot import dot
 from onecard.kernels.triton_common import AotConfig, compute_capability, next_pow2, signature
+from onecard.kernels.triton_dot import dot
 from onecard.kernels.types import MoEWeight
-
 
 
 @triton.jit
@@ -68,7 +72,7 @@ def _moe_gemm_kernel(a_ptr, out_ptr, w1_ptr, z1_ptr, s1_ptr, g1_ptr, w2_ptr, z2_
     """
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
-    if SORTED:
+    if SORTED:  # noqa: SIM102 - a constexpr branch: the load below must not exist in the unsorted kernel
         if pid_m * BLOCK_M >= tl.load(ntpp_ptr):
             return
     e = tl.load(experts_ptr + pid_m).to(tl.int64)
@@ -102,7 +106,7 @@ def _moe_gemm_kernel(a_ptr, out_ptr, w1_ptr, z1_ptr, s1_ptr, g1_ptr, w2_ptr, z2_
         a_row = (pair // a_div).to(tl.int64)
         acc1 = tl.zeros((BLOCK_N,), dtype=tl.float32)
         acc2 = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for t in range(0, tl.cdiv(k8, BLOCK_K8)):
+    for t in range(tl.cdiv(k8, BLOCK_K8)):
         r = t * BLOCK_K8 + offs_r
         r_mask = r < k8
         q1 = tl.zeros((BLOCK_K8, BLOCK_N), dtype=tl.int32)
@@ -209,7 +213,7 @@ def moe_align_block_size(topk_ids: torch.Tensor, num_experts: int,
 
 def fused_moe(x: torch.Tensor, router_logits: torch.Tensor, w_gate: MoEWeight, w_up: MoEWeight,
               w_down: MoEWeight, top_k: int, renormalize: bool) -> torch.Tensor:
-    t, h = x.shape
+    t, _h = x.shape
     if x.stride(-1) != 1:
         x = x.contiguous()
     if 1 <= t <= DECODE_MAX_TOKENS:
@@ -285,5 +289,13 @@ def aot_configs() -> list[AotConfig]:
     return out
 
 
-__all__ = ["fused_moe", "norm_moe", "moe_router", "route", "moe_align_block_size", "aot_configs", "choose_config",
-           "DECODE_CONFIGS"]
+__all__ = [
+    "DECODE_CONFIGS",
+    "aot_configs",
+    "choose_config",
+    "fused_moe",
+    "moe_align_block_size",
+    "moe_router",
+    "norm_moe",
+    "route",
+]

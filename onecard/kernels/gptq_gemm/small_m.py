@@ -11,8 +11,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from onecard.kernels.gptq_gemm.int4 import (_dequant_tile_j, _group_sz, gemv_tile_mac, magic_zero_scale,
-                                            nibbles, row_input)
+from onecard.kernels.gptq_gemm.int4 import (
+    _dequant_tile_j,
+    _group_sz,
+    gemv_tile_mac,
+    magic_zero_scale,
+    nibbles,
+    row_input,
+)
 from onecard.kernels.triton_common import last_arrival, pdl_enter
 from onecard.kernels.triton_dot import dot
 

@@ -29,11 +29,19 @@ import triton
 import triton.language as tl
 
 from onecard.kernels import paths, workspace
+
 # magic_zero_scale, nibbles: re-exported (importable from here since before int4.py)
 from onecard.kernels.gptq_gemm.int4 import _dequant_tile_j, _group_sz, magic_zero_scale, nibbles  # noqa: F401
 from onecard.kernels.gptq_gemm.small_m import _w4a16_small_kernel
-from onecard.kernels.triton_common import (AotConfig, compute_capability, next_pow2, num_sms, pdl, pdl_enter,
-                                           signature)
+from onecard.kernels.triton_common import (
+    AotConfig,
+    compute_capability,
+    next_pow2,
+    num_sms,
+    pdl,
+    pdl_enter,
+    signature,
+)
 from onecard.kernels.triton_dot import dot
 from onecard.kernels.types import GPTQWeight
 
@@ -94,7 +102,7 @@ def _splitk_reduce_kernel(part_ptr, bias_ptr, out_ptr, MN, N, num_splits,
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < MN
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
-    for s in range(0, num_splits):
+    for s in range(num_splits):
         acc += tl.load(part_ptr + s * MN + offs, mask=mask, other=0.0)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs % N, mask=mask, other=0.0).to(tl.float32)
@@ -301,4 +309,4 @@ def aot_configs() -> list[AotConfig]:
     return out
 
 
-__all__ = ["w4a16_gemm", "small_m_gemm", "dequantize", "aot_configs", "choose_config", "row_groups"]
+__all__ = ["aot_configs", "choose_config", "dequantize", "row_groups", "small_m_gemm", "w4a16_gemm"]

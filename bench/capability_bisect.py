@@ -297,6 +297,10 @@ def main(argv: list[str]) -> dict:
     bad = [c for c in configs if c not in CONFIGS]
     if bad:
         raise SystemExit(f"unknown configs {bad}; one of {CONFIGS}")
+    try:                                    # torch < 2.13 (the device's 2.11) has no torch._native overrides
+        import torch._native
+    except ImportError:
+        configs = [c for c in configs if c != "torch_native_off"]
     model_dir, out = [a for i, a in enumerate(argv) if not a.startswith("--")
                       and (i == 0 or argv[i - 1] not in ("--rounds", "--configs"))][:2]
     from bench.full_size import _engine, _run, capability_record

@@ -295,9 +295,10 @@ class EngineArgs:
         None, "--max-num-queued-reqs", group=_S,
         help=f"waiting requests beyond which new ones get 503 + Retry-After at once (default: "
              f"{DEFAULT_QUEUED_REQS_PER_SEQ} x --max-num-seqs, at least {MIN_DEFAULT_QUEUED_REQS})")
-    async_scheduling: bool = option(
-        False, "--async-scheduling", group=_S, negatable=True,
-        help="schedule the next step while the GPU runs this one (hides host time; default off)")
+    async_scheduling: bool | None = option(
+        None, "--async-scheduling", group=_S, negatable=True,
+        help="schedule the next step while the GPU runs this one (hides host time; default: on with a GPU, "
+             "off on the CPU path and with --speculative-config; see default_async_scheduling)")
     speculative_config: str | dict | None = option(  # noqa: RUF009 - None default; option() is a field()
         None, "--speculative-config", group=_S, metavar="JSON",
         help='speculative decoding (default off): {"method": "ngram"|"suffix", "num_speculative_tokens": K, '
@@ -337,7 +338,7 @@ class EngineArgs:
                               f"{', '.join(KV_CACHE_DTYPES)}.")
         self._check_offloading()
         spec = SpeculativeConfig.parse(self.speculative_config)
-        if spec is not None and self.async_scheduling:
+        if spec is not None and self.async_scheduling:                  # asked for both explicitly
             raise ConfigError("--speculative-config cannot be combined with --async-scheduling: a verify step's "
                               "accepted length must be known before the next step is scheduled. Drop one of them.")
         if self.quantization not in (None, "gptq", "gptq_marlin", "auto"):
@@ -414,6 +415,17 @@ def card_capability(dtype: str, hf_config: dict[str, Any], quantized: bool, devi
     return query_gpu(env).cc
 
 
+def default_async_scheduling(asked: bool | None, device_kind: str, speculative: bool) -> bool:
+    """``--async-scheduling`` / ``--no-async-scheduling`` as given; unset: on with a GPU (as in vLLM >= 0.14),
+    except with speculative decoding (whose verify step must finish before the next is scheduled) and on the CPU
+    path (its forward runs on the host thread, so there is no device time to hide host work behind).
+    Measured (BENCHMARKS.md, H100 80GB HBM3, 2026-12-06, bench/async_ab.py): the same greedy tokens, decode
+    +5.8% at batch 1 and +4.4% at batch 16."""
+    if asked is not None:
+        return asked
+    return device_kind == "cuda" and not speculative
+
+
 def create_config(args: EngineArgs, meta: CheckpointMeta, device: DeviceSpec, env: Env) -> EngineConfig:
     """The configuration ``args`` give for this checkpoint on this device: a pure function (no I/O), shared by
     serve, ``LLM`` and ``plan``. Raises ``ConfigError`` naming the option."""
@@ -462,7 +474,8 @@ def create_config(args: EngineArgs, meta: CheckpointMeta, device: DeviceSpec, en
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=batched, max_model_len=max_model_len,
         long_prefill_token_threshold=args.long_prefill_token_threshold,
         enable_chunked_prefill=args.enable_chunked_prefill, max_num_queued_reqs=queued,
-        async_scheduling=args.async_scheduling)
+        async_scheduling=default_async_scheduling(args.async_scheduling, device.kind,
+                                                  args.speculative_config is not None))
     return EngineConfig(model=model, cache=cache, scheduler=sched, device=device.kind,
                         enforce_eager=args.enforce_eager, env=env, engine_threads=threads,
                         speculative=SpeculativeConfig.parse(args.speculative_config))

@@ -171,3 +171,22 @@ def test_generated_arguments_follow_the_annotations():
     with pytest.raises(ValueError, match="group"):
         option(1, "--x", group="nope")
     assert add_serve_arguments(argparse.ArgumentParser()).parse_args(["--port=1"]).port == 1
+
+
+def test_async_scheduling_default_follows_device_and_speculation():
+    """--async-scheduling unset: on for a GPU, off on the CPU path and with --speculative-config; an explicit
+    --no-async-scheduling / --async-scheduling wins (the pure create_config, no GPU needed)."""
+    coder = str(Path(cli.__file__).parent / "data" / "onecard-tiny-coder")
+    meta = read_checkpoint_meta(coder, with_tensors=False)
+    spec = {"method": "ngram", "num_speculative_tokens": 3}
+
+    def cfg(device: str, **kw):
+        return create_config(EngineArgs(model=coder, **kw), meta, DeviceSpec(device, (9, 0)), Env.read())
+
+    assert cfg("cuda").scheduler.async_scheduling is True
+    assert cfg("cpu").scheduler.async_scheduling is False
+    assert cfg("cuda", speculative_config=spec).scheduler.async_scheduling is False
+    assert cfg("cuda", async_scheduling=False).scheduler.async_scheduling is False
+    assert cfg("cpu", async_scheduling=True).scheduler.async_scheduling is True
+    ns = cli.build_serve_parser().parse_args([coder, "--no-async-scheduling"])
+    assert ns.async_scheduling is False and cli.build_serve_parser().parse_args([coder]).async_scheduling is None

@@ -18,10 +18,13 @@ import pytest
 from onecard.checkpoint_meta import read_checkpoint_meta
 from onecard.core.spec.cost import (
     H200_T4,
+    SHIPPED_TABLES,
     CostModel,
     MeasuredTable,
     ModelShape,
     card_spec,
+    eager_mode,
+    eager_overhead_s,
     expected_distinct_experts,
     gptq_weight_bytes,
 )
@@ -351,3 +354,64 @@ def test_choice_is_optimal_for_random_acceptances(shape, seed):
 
     combos = (dict(zip(drafts, c)) for c in itertools.product(*(range(len(d) + 1) for d in drafts.values())))
     assert rate(ks) == pytest.approx(max(rate(c) for c in combos), rel=1e-12)
+
+
+# ------------------------------------------------------------------ eager verify steps (no CUDA graph for them yet)
+_H100 = "NVIDIA H100 80GB HBM3"
+
+
+def test_for_engine_prices_verify_steps_eager_on_cuda(tiny_moe_gptq_dir):
+    import dataclasses
+
+    from onecard.config import EngineArgs
+
+    cpu = EngineArgs(model=str(tiny_moe_gptq_dir), device="cpu").create_config()
+    cuda = dataclasses.replace(cpu, device="cuda")           # a CUDA engine's config (no GPU needed to price it)
+    assert eager_mode(cuda) == "verify" and eager_mode(cpu) == "all"
+    assert eager_mode(dataclasses.replace(cuda, enforce_eager=True)) == "all"
+    m = CostModel.for_engine(cuda, _H100)
+    assert m.eager == "verify" and m.table is not None and m.table.eager_s is not None
+    graphed = CostModel.for_engine(cuda, _H100, eager="none")
+    assert m.step_time(1, 1) == graphed.step_time(1, 1)      # 1-token decode steps replay a graph
+    assert m.step_time(1, 5) > 3 * graphed.step_time(1, 5)   # a verify step runs eagerly: launch-bound
+    other = CostModel.for_engine(cuda, "NVIDIA H200")        # no table for the card: analytic + the eager constant
+    assert other.table is None
+    assert other.step_time(1, 3) == pytest.approx(other.analytic(1, 3) + eager_overhead_s())
+    assert other.step_time(4, 4) == pytest.approx(other.analytic(4, 4))
+
+
+def test_shipped_table_loads_and_matches_its_raw_timings(shape):
+    raw = json.loads(SHIPPED_TABLES.read_text())["cards"][_H100]
+    m = CostModel.for_card("H100", shape, SHIPPED_TABLES, eager="verify")
+    tb = m.table
+    assert tb is not None and sorted(tb.step_s) == sorted(tb.eager_s) == [1, 16]
+    for b in ("1", "16"):
+        for t in ("1", "2", "9"):             # a row's running max: never below the raw timing of that point
+            assert tb.step_s[int(b)][int(t)] >= raw["step_s"][b][t]
+            assert tb.eager_s[int(b)][int(t)] >= raw["eager_step_s"][b][t]
+    assert m.step_time(1, 1) == pytest.approx(raw["step_s"]["1"]["1"])
+    assert m.step_time(16, 16 * 2) == pytest.approx(raw["eager_step_s"]["16"]["2"])
+    diffs = sorted(raw["eager_step_s"][b][t] - raw["step_s"][b][t] for b in ("1", "16") for t in map(str, range(2, 10)))
+    assert eager_overhead_s() == pytest.approx(statistics.median(diffs))
+    assert 5e-3 < eager_overhead_s() < 0.1    # eager launches cost ms per step, not µs and not a second
+    # a batch between the measured ones: the graphed estimate plus the nearest batch's eager excess
+    near = tb.eager_s[16][2] - tb.step_s[16][2]
+    assert m.step_time(8, 16) == pytest.approx(CostModel.for_card("H100", shape, SHIPPED_TABLES).step_time(8, 16) + near)
+
+
+@pytest.mark.parametrize("batch", [1, 16])
+@pytest.mark.parametrize("alpha", [0.5, 0.8, 0.9, 0.95])
+def test_policy_off_on_the_h100_while_verify_runs_eager(shape, batch, alpha):
+    cost = CostModel.for_card(_H100, shape, SHIPPED_TABLES, eager="verify")
+    p = SpecPolicy(8, cost, prior_acceptance=alpha, prior_weight=1e9)   # the acceptance pinned at alpha
+    assert p.acceptance("r0") == pytest.approx(alpha)
+    assert set(p.choose(_drafts(batch)).values()) == {0} and p.last.speedup == 1.0
+    # the reason: even k = 8 at this acceptance emits fewer tokens per second than the graphed plain step
+    gain = batch * expected_tokens(alpha, 8) / cost.step_time(batch, batch * 9)
+    assert gain / (batch / cost.step_time(batch, batch)) < 1.0
+
+
+def test_graphed_h100_table_still_drafts_at_high_acceptance(shape):
+    cost = CostModel.for_card(_H100, shape, SHIPPED_TABLES)             # verify steps from CUDA graphs
+    p = SpecPolicy(8, cost, prior_acceptance=0.95, prior_weight=1e9)
+    assert p.choose(_drafts(1)) == {"r0": 8} and p.last.speedup > 2.0

@@ -10,7 +10,9 @@ Contract:
   ``CARDS`` / ``card_spec(name)``: per-card constants of the analytic model (documented below, assumptions
   marked). ``CostModel(shape, card, table=None)``; ``CostModel.for_card(name, shape, table_path=None)`` takes
   the measured table of that card from a ``bench/spec_verify.py`` JSON when there is one;
-  ``CostModel.for_engine(engine_config, card, table_path=None)`` builds the shape from an ``EngineConfig``.
+  ``CostModel.for_engine(engine_config, card, table_path=SHIPPED_TABLES, eager=None)`` builds the shape from an
+  ``EngineConfig``, reads the card's table from the shipped measurements and prices steps as the engine runs them
+  (``eager_mode(engine_config)``, below).
   ``step_time(batch, tokens, context=512) -> s``: one step of ``batch`` decode sequences and ``tokens`` query
   tokens in all (tokens >= batch; non-integer tokens per sequence interpolate). ``verify_cost(batch,
   k_per_seq, context=512) -> s`` = step_time(len(k_per_seq), Σ(1 + k_i)); ``relative_cost`` = that over the
@@ -43,22 +45,37 @@ Analytic model (no table for the card):
   excess of that estimate (3.46 − 2.83 ms) + the H200's measured host time per step (0.13 ms). flop_rate for
   sm80+ is an assumption (400 TFLOP/s: ~40% of the dense fp16 tensor-core peak at these skinny shapes).
 Measured table (preferred): ``{"cards": {CARD: {"context": 512, "step_s": {BATCH: {TOKENS_PER_SEQ: s}},
-  "union_correction": c}}}`` (bench/spec_verify.py writes it). For a batch in the table, T(tokens per seq)
+  "eager_step_s": {...} (optional), "union_correction": c}}}`` (bench/spec_verify.py writes it; step_s are CUDA-graph
+  replays, eager_step_s the same steps run eagerly). ``onecard/data/spec_verify_tables.json`` ships one (H100). For a batch in the table, T(tokens per seq)
   interpolates the row linearly (extrapolating its last two points); for another batch, the analytic
   relative cost is scaled by the table's / the model's relative cost at the nearest measured batch (log scale).
   A context other than the table's adds the analytic KV-read difference.
+Eager steps (``CostModel.eager``): "none" = every step replayed from a CUDA graph (what the table's step_s and the
+  analytic model describe); "verify" = 1-token decode steps graphed, steps with more query tokens than sequences
+  (verify steps, mixed prefill) eager: the engine today (runner/cuda_graphs.py captures 1-token decode steps only);
+  "all" = no graphs (--enforce-eager, the CPU). An eager step costs the card's measured eager row when the table has
+  one (other batches: the graphed time + the eager excess at the nearest measured batch); otherwise the graphed
+  time + ``eager_overhead_s()``: the median eager − graph excess over the shipped H100 measurement's verify shapes
+  (H100 80GB HBM3, 2026-12-06: ~27 ms per step, launch/host-bound). For other cards that constant is an
+  ASSUMPTION (the excess is host time and kernel launches, so it carries over roughly; a slower host makes it more).
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
+import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from onecard.kernels import paths
 from onecard.kv_dtype import bytes_per_token_hf
+
+SHIPPED_TABLES = Path(__file__).resolve().parents[2] / "data" / "spec_verify_tables.json"
+VERIFY_STEPS_GRAPHED = False      # runner/cuda_graphs.py captures 1-token decode steps only
+EAGER_MODES = ("none", "verify", "all")
 
 
 def expected_distinct_experts(n: float, num_experts: int, top_k: int) -> float:
@@ -217,13 +234,14 @@ class MeasuredTable:
     context: int
     step_s: dict[int, dict[int, float]]
     union_correction: float = 1.0
+    eager_s: dict[int, dict[int, float]] | None = None   # the same steps run eagerly (no CUDA graph), if measured
 
     @staticmethod
-    def from_json(d: dict[str, Any]) -> MeasuredTable:
+    def _rows(d: dict[str, Any]) -> dict[int, dict[int, float]]:
         """Each row made non-decreasing in tokens (a step with more tokens is never faster: a dip is timing
         noise, and a falling row would make the policy draft for free)."""
         rows: dict[int, dict[int, float]] = {}
-        for b, row in d["step_s"].items():
+        for b, row in d.items():
             mono, top = {}, 0.0
             for t in sorted(row, key=int):
                 top = max(top, float(row[t]))
@@ -231,10 +249,16 @@ class MeasuredTable:
             rows[int(b)] = mono
         if not rows or any(len(r) < 2 for r in rows.values()):
             raise ValueError("a measured table needs, per batch, at least two tokens-per-sequence points")
-        return MeasuredTable(int(d.get("context", 512)), rows, float(d.get("union_correction") or 1.0))
+        return rows
 
-    def interpolate(self, batch: int, tokens_per_seq: float) -> float:
-        row = self.step_s[batch]
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> MeasuredTable:
+        eager = MeasuredTable._rows(d["eager_step_s"]) if d.get("eager_step_s") else None
+        return MeasuredTable(int(d.get("context", 512)), MeasuredTable._rows(d["step_s"]),
+                             float(d.get("union_correction") or 1.0), eager)
+
+    def interpolate(self, batch: int, tokens_per_seq: float, eager: bool = False) -> float:
+        row = (self.eager_s if eager and self.eager_s is not None else self.step_s)[batch]
         xs = sorted(row)
         lo = max([x for x in xs if x <= tokens_per_seq], default=xs[0])
         hi = min([x for x in xs if x > lo], default=None)
@@ -253,17 +277,44 @@ def load_table(path: str | Path, card: str) -> MeasuredTable | None:
     return None
 
 
+@functools.cache
+def eager_overhead_s(path: Path = SHIPPED_TABLES) -> float:
+    """Seconds an eager step costs over the same step replayed from a CUDA graph: the median (eager − graph)
+    over the measured verify shapes (t >= 2 tokens per sequence, every batch) of every card in ``path`` (raw
+    timings, not the monotone rows). Shipped: H100 80GB HBM3, 2026-12-06; an assumption for other cards."""
+    data = json.loads(Path(path).read_text())
+    diffs = [float(e[t]) - float(d["step_s"][b][t])
+             for d in data["cards"].values() if d.get("eager_step_s")
+             for b, e in d["eager_step_s"].items() for t in e if int(t) >= 2 and t in d["step_s"].get(b, {})]
+    if not diffs:
+        raise ValueError(f"{path}: no eager and graphed timings of the same verify shapes")
+    return max(0.0, statistics.median(diffs))
+
+
+def eager_mode(config: Any) -> str:
+    """Which steps of an engine with ``EngineConfig`` ``config`` run without a CUDA graph (see EAGER_MODES)."""
+    if config.device != "cuda" or config.enforce_eager:
+        return "all"
+    return "none" if VERIFY_STEPS_GRAPHED else "verify"
+
+
 @dataclass(slots=True)
 class CostModel:
     shape: ModelShape
     card: CardSpec
     table: MeasuredTable | None = None
+    eager: str = "none"           # EAGER_MODES: which steps run eagerly (the module doc)
     _cache: dict = field(default_factory=dict, repr=False)
 
+    def __post_init__(self) -> None:
+        if self.eager not in EAGER_MODES:
+            raise ValueError(f"eager must be one of {EAGER_MODES}, not {self.eager!r}")
+
     @staticmethod
-    def for_engine(config: Any, card: str, table_path: str | Path | None = None) -> CostModel:
+    def for_engine(config: Any, card: str, table_path: str | Path | None = SHIPPED_TABLES,
+                   eager: str | None = None) -> CostModel:
         """From an ``EngineConfig`` (the model's config.json, its GPTQ bits and group, the KV format) on ``card``
-        (the device name torch reports, e.g. "NVIDIA H200")."""
+        (the device name torch reports, e.g. "NVIDIA H200"); ``eager`` None = ``eager_mode(config)``."""
         from onecard.kv_dtype import resolve
 
         m = config.model
@@ -271,16 +322,17 @@ class CostModel:
         shape = ModelShape.from_hf_config(m.hf_config, bits=None if q is None else q.bits,
                                           group_size=128 if q is None else q.group_size,
                                           kv_format=resolve(config.cache.kv_cache_dtype, m.dtype))
-        return CostModel.for_card(card, shape, table_path)
+        return CostModel.for_card(card, shape, table_path, eager_mode(config) if eager is None else eager)
 
     @staticmethod
-    def for_card(name: str, shape: ModelShape, table_path: str | Path | None = None) -> CostModel:
+    def for_card(name: str, shape: ModelShape, table_path: str | Path | None = None, eager: str = "none") -> CostModel:
         table = load_table(table_path, name) if table_path is not None and Path(table_path).exists() else None
-        return CostModel(shape, card_spec(name), table)
+        return CostModel(shape, card_spec(name), table, eager)
 
     @property
     def source(self) -> str:
-        return "measured table" if self.table is not None else f"analytic ({self.card.source})"
+        s = "measured table" if self.table is not None else f"analytic ({self.card.source})"
+        return s if self.eager == "none" else f"{s}, eager {self.eager} steps"
 
     def analytic(self, batch: int, tokens: float, context: int = 512) -> float:
         s, c = self.shape, self.card
@@ -310,6 +362,8 @@ class CostModel:
         if hit is not None:
             return hit
         t = self.analytic(batch, tokens, context) if self.table is None else self._from_table(batch, tokens, context)
+        if self.eager == "all" or (self.eager == "verify" and tokens > batch):
+            t = self._eager_time(batch, tokens, context, t)
         if len(self._cache) < 65536:
             self._cache[key] = t
         return t
@@ -327,6 +381,20 @@ class CostModel:
         base = tb.interpolate(near, 1) * self.analytic(batch, batch, tb.context) / self.analytic(near, near, tb.context)
         rel = self.analytic(batch, tokens, tb.context) / self.analytic(batch, batch, tb.context)
         return base * rel * (measured_rel / model_rel) + kv_delta
+
+    def _eager_time(self, batch: int, tokens: float, context: int, graphed: float) -> float:
+        """The step run eagerly, given its graphed time (never less than that)."""
+        tb = self.table
+        if tb is None or tb.eager_s is None:
+            return graphed + eager_overhead_s()
+        per_seq = tokens / batch
+        if batch in tb.eager_s:
+            kv_delta = batch * (context - tb.context) * self.shape.kv_bytes_per_token / self.card.bandwidth
+            return max(graphed, tb.interpolate(batch, per_seq, eager=True) + kv_delta)
+        near = min(tb.eager_s, key=lambda b: abs(math.log(b) - math.log(batch)))
+        at_near = (tb.interpolate(near, per_seq) if near in tb.step_s
+                   else self.analytic(near, near * per_seq, tb.context))
+        return graphed + max(0.0, tb.interpolate(near, per_seq, eager=True) - at_near)
 
     def verify_cost(self, batch: int, k_per_seq: list[int], context: int = 512) -> float:
         """Seconds of a step verifying k_i draft tokens for each of len(k_per_seq) sequences (batch = that)."""

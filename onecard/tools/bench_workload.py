@@ -9,7 +9,7 @@ turn — history with every earlier reply at its full ``max_tokens`` — fits ``
 counted by the server's ``/tokenize`` (chat ``messages``, template included). ``run_conversations`` sends the
 turns in order within a conversation (the next turn carries the reply the server actually streamed) and runs
 up to ``concurrency`` conversations at once; each turn is one streaming chat request measured by
-``bench_serve.send_request``.
+``bench_request.send_request``.
 """
 from __future__ import annotations
 
@@ -103,7 +103,7 @@ async def fit_conversations(client: httpx.AsyncClient, workload: dict[str, Any],
 async def run_conversations(client: httpx.AsyncClient, convs: list[Conversation], a: Any, model: str,
                             num_prompts: int) -> tuple[list[Any], float]:
     """Up to ``num_prompts`` turns, conversation-major; ``a.concurrency`` conversations in flight."""
-    from onecard.tools.bench_serve import RequestSpec, send_request
+    from onecard.tools.bench_request import RequestSpec, send_request
 
     # Turn budget per conversation: the first `num_prompts` turns in round-robin order.
     budget = [0] * len(convs)

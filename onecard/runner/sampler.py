@@ -47,7 +47,9 @@ class Sampler:
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
 
-    def sample(self, logits: torch.Tensor, b: SamplingBatch) -> SamplerResult:
+    @staticmethod
+    def _processed(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
+        """fp32 logits [R, V] with the batch's banned ids at -inf and its penalties applied (both paths)."""
         logits = logits.float()
         if b.banned is not None:
             logits = logits.clone()
@@ -56,7 +58,10 @@ class Sampler:
                     logits[row, ids] = float("-inf")
         if b.seen_mask is not None:
             logits = apply_penalties(logits, b)
+        return logits
 
+    def sample(self, logits: torch.Tensor, b: SamplingBatch) -> SamplerResult:
+        logits = self._processed(logits, b)
         if b.all_greedy:
             tokens = logits.argmax(dim=-1)
         else:
@@ -84,14 +89,7 @@ class Sampler:
         max(p - q, 0)) on a draft row, from p on a row without one. p is what ``sample`` would draw from at that
         position (bans, penalties, temperature, top-k/top-p/min-p applied by the caller's batch). Seeded rows
         draw from their own generator: the exponentials first, then the uniform of a draft row."""
-        logits = logits.float()
-        if b.banned is not None:
-            logits = logits.clone()
-            for row, ids in enumerate(b.banned):
-                if ids:
-                    logits[row, ids] = float("-inf")
-        if b.seen_mask is not None:
-            logits = apply_penalties(logits, b)
+        logits = self._processed(logits, b)
         greedy = logits.argmax(dim=-1)                                   # [R]
         has_draft = drafts >= 0
         if b.all_greedy:

@@ -156,6 +156,14 @@ class GrammarMasker:
                 return f"the structured-output grammar rejected token {t} (output {st.accepted})"
         return None
 
+    def _start(self, r) -> _State | None:
+        """The request's matcher state, or None (its error recorded) when it cannot be constrained: it fails alone."""
+        try:
+            return self._state(r)
+        except Exception as e:  # noqa: BLE001 - any failure to build the matcher is this request's error
+            self.errors[r.request_id] = f"structured outputs could not start: {e}"
+            return None
+
     def masks(self, reqs, pending_token: Callable[[str], int | None]) -> tuple[torch.Tensor, torch.Tensor] | None:
         t0 = time.perf_counter()
         todo: list[tuple[int, _State, object]] = []          # (row in reqs, state, compiled constraint)
@@ -164,12 +172,8 @@ class GrammarMasker:
             if so is None or so._compiled is None:
                 continue
             rid = r.request_id
-            try:
-                st = self._state(r)
-            except Exception as e:  # noqa: BLE001 - this request cannot be constrained: it fails alone
-                self.errors[rid] = f"structured outputs could not start: {e}"
-                continue
-            if st.failed:
+            st = self._start(r)
+            if st is None or st.failed:
                 continue
             cc = so._compiled
             out = r.output_token_ids
@@ -243,10 +247,8 @@ class GrammarMasker:
                 base += 1 + len(d)
                 continue
             rid = r.request_id
-            try:
-                st = self._state(r)
-            except Exception as e:  # noqa: BLE001 - this request cannot be constrained: it fails alone
-                self.errors[rid] = f"structured outputs could not start: {e}"
+            st = self._start(r)
+            if st is None:
                 base += 1 + len(d)
                 continue
             cc = so._compiled

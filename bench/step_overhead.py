@@ -35,7 +35,7 @@ class _InputsOnlyRunner:
         self.states: dict = {}
         self.sampler = Sampler(0, self.device)
         self.logits = torch.randn(256, vocab, device=self.device)
-        self._sampling_batch = ModelRunner._sampling_batch.__get__(self)
+        self.sampling_batch = ModelRunner.sampling_batch.__get__(self)
 
     def execute(self, so) -> RunnerOutput:
         inputs = build_inputs(so, self.block_size, self.block_tables)
@@ -44,7 +44,7 @@ class _InputsOnlyRunner:
                   inputs.seq_lens, inputs.block_table):
             torch.from_numpy(a).to(dev, non_blocking=True)
         reqs = [so.scheduled[i].request for i in inputs.sample_rows]
-        batch = self._sampling_batch(reqs, self.logits.shape[-1])
+        batch = self.sampling_batch(reqs, self.logits.shape[-1])
         tokens = self.sampler.sample(self.logits[:len(reqs)], batch).token_ids.tolist()
         return RunnerOutput({r.request_id: t for r, t in zip(reqs, tokens)})
 

@@ -289,7 +289,7 @@ class ModelRunner:
                     logits = logits.clone()                  # logprobs stay the model's raw ones (vLLM)
                 apply_token_bitmask(logits, *masked)
             errors = self.grammar.take_errors() or None
-        batch = self._sampling_batch(reqs, logits.shape[-1])
+        batch = self.sampling_batch(reqs, logits.shape[-1])
         result = self.sampler.sample(logits, batch)
         lp = compute_logprobs(raw_logits, result.token_ids, max_n) if max_n is not None else None
         ids = [r.request_id for r in reqs]
@@ -336,7 +336,7 @@ class ModelRunner:
             fill(input_ids, inputs)
         return self.model(input_ids, t(inputs.positions), self.kv_caches, md)
 
-    def _sampling_batch(self, reqs, vocab: int, extra: list[list[int]] | None = None) -> SamplingBatch:
+    def sampling_batch(self, reqs, vocab: int, extra: list[list[int]] | None = None) -> SamplingBatch:
         """One row per entry of ``reqs``; ``extra[i]``: output tokens row i sees beyond the request's own (the
         drafts before a verified position: penalties and min_tokens count them)."""
         dev = self.device

@@ -44,7 +44,7 @@ def verify(runner, scheduled: list[ScheduledRequest], logits_per_sample: list[in
                 logits = logits.clone()                  # logprobs stay the model's raw ones (vLLM)
             apply_token_bitmask(logits, *masked)
         errors = runner.grammar.take_errors()
-    batch = runner._sampling_batch(row_reqs, logits.shape[-1], extra)
+    batch = runner.sampling_batch(row_reqs, logits.shape[-1], extra)
     draft_t = torch.tensor(row_drafts, dtype=torch.int64).to(runner.device)   # [R]
     sample, accept = runner.sampler.verify(logits, batch, draft_t)
     sample_l, accept_l = sample.tolist(), accept.tolist()

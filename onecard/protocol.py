@@ -1,8 +1,10 @@
 """The only types that cross the boundary between process A (server/frontend) and B (engine core).
 
-Contract: plain picklable dataclasses, no torch. A sends ``EngineRequest`` and ``Abort``; B sends lists of
-``EngineOutput`` (one per request that made progress in a step). Stop *strings* are process A's business:
-on a match A sends ``Abort`` and finishes the request itself with ``FinishReason.STOP``.
+Contract: plain picklable dataclasses, no torch. A sends ``EngineRequest``, ``Abort`` and ``MessageKind.STOP``;
+B sends tuples tagged by ``MessageKind`` (the tags' one home, imported by both ends): ``(READY, EngineInfo)`` once
+loaded, ``(ERROR, text, is_config_error)`` if it could not start, ``(OUT, [EngineOutput], EngineStats)`` once per
+loop turn (one ``EngineOutput`` per request that made progress). Stop *strings* are process A's business: on a
+match A sends ``Abort`` and finishes the request itself with ``FinishReason.STOP``.
 """
 from __future__ import annotations
 
@@ -10,6 +12,15 @@ import enum
 from dataclasses import dataclass, field
 
 from onecard.sampling_params import SamplingParams
+
+
+class MessageKind(str, enum.Enum):
+    """The tag of a message on the A <-> B channel (a pipe, or a queue in --single-process mode)."""
+
+    READY = "ready"      # B -> A: (READY, EngineInfo), the model is loaded and the KV cache allocated
+    ERROR = "error"      # B -> A: (ERROR, text, is_config_error), start-up failed; B's loop has returned
+    OUT = "out"          # B -> A: (OUT, [EngineOutput], EngineStats), once per loop turn
+    STOP = "stop"        # A -> B: the message itself; B's loop returns
 
 
 class FinishReason(str, enum.Enum):

@@ -1,10 +1,11 @@
 """Process B's busy loop over an ``EngineCore``, and the entry point of the engine core process.
 
 Contract: ``run_engine_loop(config, recv, send, core_factory=None)`` builds the core (``EngineCore`` unless a
-factory is given: tests run the same loop over a scripted runner), reports ``("ready", EngineInfo)`` or
-``("error", text, is_config_error)``, then loops until it receives "stop": it takes every message waiting
-(``EngineRequest``: admitted, or answered at once with an error output; ``Abort``), runs one ``step()`` while
-requests are unfinished, and sends ``("out", [EngineOutput], EngineStats)`` once per turn. ``recv(timeout)``
+factory is given: tests run the same loop over a scripted runner), reports ``(READY, EngineInfo)`` or
+``(ERROR, text, is_config_error)``, then loops until it receives ``STOP`` (the tags: ``protocol.MessageKind``):
+it takes every message waiting (``EngineRequest``: admitted, or answered at once with an error output;
+``Abort``), runs one ``step()`` while requests are unfinished, and sends ``(OUT, [EngineOutput], EngineStats)``
+once per turn. ``recv(timeout)``
 returns a message or None (it blocks only while the core is idle); ``send(msg)`` must not block for long. A fault
 while admitting one request fails that request only. ``process_main`` runs the loop in a spawned process over
 two pipes (frontend/core_client.py is the other end); ``set_engine_threads`` sets torch's thread count there.
@@ -16,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from onecard.config import ConfigError, EngineConfig
-from onecard.protocol import Abort, EngineOutput, EngineRequest, FinishReason
+from onecard.protocol import Abort, EngineOutput, EngineRequest, FinishReason, MessageKind
 
 logger = logging.getLogger(__name__)
 
@@ -29,18 +30,18 @@ def run_engine_loop(config: EngineConfig, recv: Callable[[float | None], Any], s
     try:
         core = core_factory(config)
     except ConfigError as e:
-        send(("error", str(e), True))
+        send((MessageKind.ERROR, str(e), True))
         return
     except Exception as e:
         logger.exception("engine start-up failed")
-        send(("error", f"{type(e).__name__}: {e}", False))
+        send((MessageKind.ERROR, f"{type(e).__name__}: {e}", False))
         return
-    send(("ready", core.info))
+    send((MessageKind.READY, core.info))
     while True:
         msg = recv(None if not core.has_unfinished() else 0.0)
         outs: list = []
         while msg is not None:
-            if isinstance(msg, str) and msg == "stop":
+            if msg is MessageKind.STOP:
                 return
             if isinstance(msg, Abort):
                 outs.extend(core.abort(msg.request_ids))
@@ -51,7 +52,7 @@ def run_engine_loop(config: EngineConfig, recv: Callable[[float | None], Any], s
             msg = recv(0.0)
         if core.has_unfinished():
             outs.extend(core.step())
-        send(("out", outs, core.stats()))
+        send((MessageKind.OUT, outs, core.stats()))
 
 
 def _admit(core: Any, request: EngineRequest) -> EngineOutput | None:
@@ -82,7 +83,7 @@ def process_main(config: EngineConfig, conn_in, conn_out, core_factory=None) -> 
             try:
                 return conn_in.recv()
             except EOFError:
-                return "stop"
+                return MessageKind.STOP      # A is gone: nobody to serve
         return None
 
     run_engine_loop(config, recv, conn_out.send, core_factory)

@@ -27,7 +27,7 @@ from typing import Any
 
 from onecard.config import ConfigError, EngineConfig
 from onecard.core.engine_loop import process_main, run_engine_loop
-from onecard.protocol import Abort, EngineInfo, EngineOutput, EngineRequest, EngineStats
+from onecard.protocol import Abort, EngineInfo, EngineOutput, EngineRequest, EngineStats, MessageKind
 
 logger = logging.getLogger(__name__)
 
@@ -104,13 +104,13 @@ class _ClientBase(CoreClient):
     # called from B's side (a thread) for every message
     def _on_message(self, msg: tuple) -> None:
         kind = msg[0]
-        if kind == "ready":
+        if kind is MessageKind.READY:
             self.info = msg[1]
             self._ready.set()
-        elif kind == "error":
+        elif kind is MessageKind.ERROR:
             self._error = (msg[1], msg[2])
             self._ready.set()
-        elif kind == "out":
+        elif kind is MessageKind.OUT:
             self._stats = msg[2]
             for listener in self.stats_listeners:
                 listener(msg[2])
@@ -221,7 +221,7 @@ class ThreadCoreClient(_ClientBase):
 
     def shutdown(self) -> None:
         self._stopping = True
-        self._in.put("stop")
+        self._in.put(MessageKind.STOP)
         if self._thread is not None:
             self._thread.join(timeout=10)
 
@@ -325,7 +325,7 @@ class ProcessCoreClient(_ClientBase):
         self._stopping = True
         if not self._started:
             return
-        self._send("stop")
+        self._send(MessageKind.STOP)
         self._send(_STOP_WRITER)
         if self._writer is not None:
             self._writer.join(timeout=5)

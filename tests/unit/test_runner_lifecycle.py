@@ -141,10 +141,11 @@ def test_steps_go_through_execute_or_submit(async_scheduling):
 
 def test_engine_loop_admits_steps_aborts_and_stops():
     """Process B's loop (core/engine_loop.py) over the real core: every waiting message is taken before a step,
-    a request that cannot be admitted gets its own error output, an abort answers at once, "stop" ends it."""
+    a request that cannot be admitted gets its own error output, an abort answers at once, STOP ends it; every
+    message B sends is tagged by the protocol's own ``MessageKind`` members (the tags' one home)."""
     from onecard.config import ConfigError
     from onecard.core.engine_loop import run_engine_loop
-    from onecard.protocol import Abort
+    from onecard.protocol import Abort, MessageKind
 
     def request(rid: str, max_tokens: int) -> EngineRequest:
         return EngineRequest(request_id=rid, prompt_token_ids=[1, 2, 3], arrival_time=0.0,
@@ -152,7 +153,7 @@ def test_engine_loop_admits_steps_aborts_and_stops():
 
     config = EngineArgs(model=MODEL, device="cpu", max_model_len=128).create_config()
     # turn 1 takes a and b, then steps; turn 2 takes the abort, steps (a ends); turn 3 waits idle for "stop"
-    inbox = [request("a", 2), request("b", 50), None, Abort(["b"]), None, "stop"]
+    inbox = [request("a", 2), request("b", 50), None, Abort(["b"]), None, MessageKind.STOP]
     waits: list[float | None] = []
 
     def recv(timeout):
@@ -161,13 +162,14 @@ def test_engine_loop_admits_steps_aborts_and_stops():
 
     sent: list[tuple] = []
     run_engine_loop(config, recv, sent.append, recording_core)
-    assert sent[0][0] == "ready" and sent[0][1].num_gpu_blocks == 40
+    assert sent[0][0] is MessageKind.READY and sent[0][1].num_gpu_blocks == 40
     outs = [o for m in sent[1:] for o in m[1]]
     a = [t for o in outs if o.request_id == "a" for t in o.new_token_ids]
     assert a == [5, 5]
     b_end = [o for o in outs if o.request_id == "b" and o.finish_reason is not None]
     assert len(b_end) == 1 and b_end[0].finish_reason.name == "ABORT"
-    assert [m[0] for m in sent] == ["ready", "out", "out"]                 # one "out" per turn
+    assert [m[0] for m in sent] == [MessageKind.READY, MessageKind.OUT, MessageKind.OUT]   # one OUT per turn
+    assert all(type(m[0]) is MessageKind for m in sent)
     assert waits == [None, 0.0, 0.0, 0.0, 0.0, None]                       # blocks only while idle
 
     def bad_config(_config):
@@ -175,7 +177,53 @@ def test_engine_loop_admits_steps_aborts_and_stops():
 
     sent.clear()
     run_engine_loop(config, recv, sent.append, bad_config)
-    assert sent == [("error", "--max-model-len=9 does not fit", True)]
+    assert sent == [(MessageKind.ERROR, "--max-model-len=9 does not fit", True)]
+    assert sent[0][0] is MessageKind.ERROR
+
+
+def test_process_a_and_b_speak_the_same_tags():
+    """Both ends of the channel, as they run: A's thread client starts B's loop over the real core, is told
+    READY (wait_ready returns the core's info), gets its OUT messages as outputs, and its STOP ends B's loop
+    (the thread exits); a start-up failure reaches A as ERROR (a ConfigError from wait_ready)."""
+    import asyncio
+
+    from onecard.config import ConfigError
+    from onecard.frontend.core_client import ThreadCoreClient
+
+    class Client(ThreadCoreClient):
+        _core_factory = staticmethod(recording_core)
+
+    config = EngineArgs(model=MODEL, device="cpu", max_model_len=128).create_config()
+    client = Client(config)
+    client.start()
+    assert client.wait_ready(timeout=60).num_gpu_blocks == 40
+    client.add_request(EngineRequest(request_id="a", prompt_token_ids=[1, 2, 3], arrival_time=0.0,
+                                     sampling_params=SamplingParams(max_tokens=2, ignore_eos=True)))
+
+    async def tokens() -> list[int]:
+        got: list[int] = []
+        while True:
+            for out in await asyncio.wait_for(client.get_outputs(), 60):
+                got += out.new_token_ids
+                if out.finished:
+                    return got
+
+    assert asyncio.run(tokens()) == [5, 5]
+    client.shutdown()
+    assert client._thread is not None and not client._thread.is_alive()     # STOP was understood
+    assert client.dead is None
+
+    def bad_config(_config):
+        raise ConfigError("--max-model-len=9 does not fit")
+
+    class Failing(ThreadCoreClient):
+        _core_factory = staticmethod(bad_config)
+
+    failing = Failing(config)
+    failing.start()
+    with pytest.raises(ConfigError, match="--max-model-len=9"):
+        failing.wait_ready(timeout=60)
+
 
 
 def recording_core(config) -> EngineCore:

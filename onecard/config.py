@@ -63,6 +63,8 @@ def default_api_threads(cpu_count: int) -> int:
 # README): beyond it new requests get 503 + Retry-After at once instead of minutes of queueing.
 DEFAULT_QUEUED_REQS_PER_SEQ = 4
 MIN_DEFAULT_QUEUED_REQS = 64
+# --max-request-body-bytes when not given (README): bodies beyond it get 413 before they are read.
+DEFAULT_MAX_REQUEST_BODY_BYTES = 8 << 20
 # --max-num-batched-tokens when not given: vLLM's 8192 with chunked prefill; without it a whole prompt of
 # --max-model-len must fit one step (and at least 2048).
 DEFAULT_BATCHED_TOKENS_CHUNKED = 8192
@@ -515,8 +517,8 @@ class ServerConfig:
                                         help="no access-log line per request")
     disable_log_stats: bool = option(False, "--disable-log-stats", group=_O,
                                      help="no periodic throughput line (every 10 s while busy)")
-    max_request_body_bytes: int | None = option(
-        None, "--max-request-body-bytes", group=_O, type=human_int,
+    max_request_body_bytes: int = option(
+        DEFAULT_MAX_REQUEST_BODY_BYTES, "--max-request-body-bytes", group=_O, type=human_int,
         help="larger request bodies get 413 before they are read (default 8Mi; e.g. 16M)")
     api_threads: int | None = option(
         None, "--api-threads", group=_O,

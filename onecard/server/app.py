@@ -29,12 +29,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 import onecard
+from onecard.config import ServerConfig
 from onecard.frontend.async_engine import AsyncEngine, EngineRequestError
 from onecard.frontend.grammar import GrammarService, StructuredOutputsConfig
 from onecard.frontend.tokenizer import encode_prompt, render_chat
 from onecard.server import serving_chat, serving_completion, serving_messages, serving_responses
 from onecard.server.errors import error_response, install_error_handlers, model_not_found
-from onecard.server.guard import GuardSettings, RequestGuard
+from onecard.server.guard import RequestGuard
 from onecard.server.metrics import ServerMetrics
 from onecard.server.openai_types import DetokenizeRequest, TokenizeRequest
 from onecard.server.openapi import install_openapi
@@ -47,20 +48,18 @@ logger = logging.getLogger(__name__)
 
 @dataclass(slots=True)
 class ServerSettings:
+    """What the routes read: the server's options as the one option table declares them (``options``:
+    ``config.ServerConfig``, with ``api_threads`` resolved) and what start-up derives from the engine config
+    (launch.settings_from). No server option is declared again here."""
+
+    options: ServerConfig
     served_model_names: list[str]
     model_root: str                       # --model as given (the `root` of model cards)
     max_model_len: int
-    api_key: str | None = None
-    reasoning_parser: str | None = None
-    tool_call_parser: str | None = None
-    enable_auto_tool_choice: bool = False
     chat_template: str | None = None      # resolved template text (--chat-template), None = tokenizer's
     default_sampling: dict[str, Any] = field(default_factory=dict)   # from generation_config.json
+    # parsed from options.structured_outputs_config / guided_decoding_backend
     structured_outputs: StructuredOutputsConfig = field(default_factory=StructuredOutputsConfig)
-    max_body_bytes: int = 8 << 20         # --max-request-body-bytes (413 beyond it)
-    log_requests: bool = True             # access log line per request (--disable-log-requests turns it off)
-    log_stats: bool = True                # periodic throughput line (--disable-log-stats turns it off)
-    api_threads: int = 2                  # templating/tokenizing threads (--api-threads / ONECARD_API_THREADS)
 
 
 @dataclass(slots=True)
@@ -79,7 +78,7 @@ class ServerState:
     async def run_blocking(self, fn: Callable, *args: Any, **kwargs: Any) -> Any:
         """Run CPU work (templating, tokenizing) on the text threads, keeping the event loop free."""
         if self.executor is None:
-            self.executor = ThreadPoolExecutor(max_workers=self.settings.api_threads,
+            self.executor = ThreadPoolExecutor(max_workers=self.settings.options.api_threads,
                                                thread_name_prefix="onecard-text")
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.executor, functools.partial(fn, *args, **kwargs))
@@ -173,7 +172,7 @@ def build_app(state: ServerState) -> FastAPI:
         state._start_task = asyncio.create_task(_start_engine(state), name="onecard-engine-start")
         if state.grammar is not None:
             state.grammar.warm()
-        stats_task = asyncio.create_task(_log_stats(state)) if state.settings.log_stats else None
+        stats_task = asyncio.create_task(_log_stats(state)) if not state.settings.options.disable_log_stats else None
         try:
             yield
         finally:
@@ -188,9 +187,7 @@ def build_app(state: ServerState) -> FastAPI:
                   redoc_url=None)
     app.state.onecard = state
     install_error_handlers(app)
-    s = state.settings
-    app.add_middleware(RequestGuard, settings=GuardSettings(api_key=s.api_key, max_body_bytes=s.max_body_bytes,
-                                                            log_requests=s.log_requests))
+    app.add_middleware(RequestGuard, options=state.settings.options)
     app.add_middleware(_HTTPMetricsMiddleware, metrics=state.metrics)   # outermost: 401s are counted too
 
     @app.get("/health")

@@ -49,11 +49,11 @@ def tool_mode(state, tools: list[dict] | None, tool_choice: Any, param: str = "t
     if not tools or tool_choice == "none":
         return False, None
     if tool_choice == "auto":
-        if not (s.enable_auto_tool_choice and s.tool_call_parser):
+        if not (s.options.enable_auto_tool_choice and s.options.tool_call_parser):
             raise BadRequest(AUTO_TOOL_ERROR, param=param)
-        return True, s.tool_call_parser
+        return True, s.options.tool_call_parser
     # required / named: enforced by the prefill; parse with the configured format (hermes by default)
-    return True, s.tool_call_parser or "hermes"
+    return True, s.options.tool_call_parser or "hermes"
 
 
 async def prepare_chat(state, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None,
@@ -78,7 +78,7 @@ async def prepare_chat(state, messages: list[dict[str, Any]], *, tools: list[dic
     if params is not None:
         constraint = constraint_for_request(
             **(constraint_fields or {}), tools=tools if tool_choice != "none" else None, tool_choice=tool_choice,
-            tool_format=(s.tool_call_parser or "hermes") if tools else None,
+            tool_format=(s.options.tool_call_parser or "hermes") if tools else None,
             parallel_tool_calls=parallel_tool_calls, response_format_param=response_format_param)
     prefill = ""
 
@@ -98,12 +98,12 @@ async def prepare_chat(state, messages: list[dict[str, Any]], *, tools: list[dic
         return text, encode_prompt(state.tokenizer, text, add_special_tokens)
 
     prompt_text, prompt_ids = await state.run_blocking(prompt)
-    thinking = s.reasoning_parser is not None and kwargs.get("enable_thinking", True) is not False
+    thinking = s.options.reasoning_parser is not None and kwargs.get("enable_thinking", True) is not False
     if params is not None:
         await state.grammar.attach(params, constraint, thinking=thinking,
                                    prompt_opened_think=thinking and prompt_opens_think(prompt_text))
     return PreparedChat(
         prompt_text=prompt_text, prompt_ids=prompt_ids, tools=list(tools or []), parse_tools=parse_tools,
-        tool_parser=tool_parser, reasoning_parser=s.reasoning_parser if thinking else None,
+        tool_parser=tool_parser, reasoning_parser=s.options.reasoning_parser if thinking else None,
         opened_think=thinking and prompt_opens_think(prompt_text), prefill=prefill,
         parallel_tool_calls=parallel_tool_calls)

@@ -1,13 +1,14 @@
 """The request guard: one plain-ASGI middleware in front of every route (present and future).
 
-Contract: ``RequestGuard(app, settings=GuardSettings(...))`` for each HTTP request, in order:
+Contract: ``RequestGuard(app, options=ServerConfig)`` (the server's options: ``--api-key``,
+``--max-request-body-bytes``, ``--disable-log-requests``) for each HTTP request, in order:
 - API key (when set): paths under ``/v1`` need ``Authorization: Bearer <key>`` or ``x-api-key: <key>``
   (Anthropic's clients; errors under /v1/messages come in Anthropic's shape) (vLLM's current rule, its
   ``AuthenticationMiddleware``: ``/tokenize``, ``/detokenize``, ``/health``, ``/metrics`` stay open; the body
   limit and the off-loop tokenizer keep ``/tokenize`` from hurting other traffic). The *first* Authorization header counts (as Starlette's ``Headers.get``,
   which vLLM reads); the key is compared in constant time (SHA-256 digests, ``hmac.compare_digest``). 401
   otherwise.
-- Body size: a body over ``max_body_bytes`` is answered 413 without reading past the limit (a declared
+- Body size: a body over ``max_request_body_bytes`` is answered 413 without reading past the limit (a declared
   ``Content-Length`` is refused before any byte is read). The body is read here, once, and replayed to the
   app, so JSON parsing never waits on a slow client inside a route.
 - Disconnect: after the body, this middleware owns ``receive``; when the client goes away before the response
@@ -15,7 +16,7 @@ Contract: ``RequestGuard(app, settings=GuardSettings(...))`` for each HTTP reque
   requests and frees their KV blocks. A started (streaming) response sees the disconnect through ``receive``
   as Starlette expects.
 - Access log: one line per request on the ``onecard.access`` logger (client, method, path, status, bytes,
-  seconds; 499 when the client left first), unless ``log_requests`` is False (``--disable-log-requests``).
+  seconds; 499 when the client left first), unless ``--disable-log-requests``.
 Plain ASGI (not BaseHTTPMiddleware) so streaming and cancellation pass through untouched.
 """
 from __future__ import annotations
@@ -26,20 +27,13 @@ import hashlib
 import hmac
 import logging
 import time
-from dataclasses import dataclass
 
+from onecard.config import ServerConfig
 from onecard.server.errors import error_response_for
 
 access_logger = logging.getLogger("onecard.access")
 
 CLIENT_CLOSED_REQUEST = 499      # nginx's status for "the client left before the response": access log only
-
-
-@dataclass(slots=True)
-class GuardSettings:
-    api_key: str | None = None
-    max_body_bytes: int = 8 << 20
-    log_requests: bool = True
 
 
 def _first_header(scope, name: bytes) -> bytes | None:
@@ -50,10 +44,10 @@ def _first_header(scope, name: bytes) -> bytes | None:
 
 
 class RequestGuard:
-    def __init__(self, app, settings: GuardSettings):
+    def __init__(self, app, options: ServerConfig):
         self.app = app
-        self.settings = settings
-        key = settings.api_key
+        self.options = options
+        key = options.api_key
         self._key_digest = hashlib.sha256(key.encode()).digest() if key else None
 
     # ------------------------------------------------------------------ checks
@@ -71,7 +65,7 @@ class RequestGuard:
         return x_key is not None and hmac.compare_digest(hashlib.sha256(x_key).digest(), self._key_digest)
 
     def _too_large(self, path: str, size: int | str) -> object:
-        limit = self.settings.max_body_bytes
+        limit = self.options.max_request_body_bytes
         return error_response_for(path, f"The request body ({size} bytes) is larger than this server accepts "
                                   f"({limit} bytes, --max-request-body-bytes).", 413)
 
@@ -93,7 +87,7 @@ class RequestGuard:
         try:
             await self._handle(scope, receive, send_counted)
         finally:
-            if self.settings.log_requests:
+            if not self.options.disable_log_requests:
                 client = scope.get("client") or ("-", 0)
                 status = sent["status"] if sent["status"] is not None else CLIENT_CLOSED_REQUEST
                 access_logger.info('%s:%s - "%s %s HTTP/%s" %d %dB %.3fs', client[0], client[1], scope["method"],
@@ -105,7 +99,7 @@ class RequestGuard:
             await error_response_for(scope["path"], "Unauthorized: a valid API key is required.", 401)(
                 scope, receive, send)
             return
-        limit = self.settings.max_body_bytes
+        limit = self.options.max_request_body_bytes
         declared = _first_header(scope, b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             await self._too_large(scope["path"], int(declared))(scope, receive, send)

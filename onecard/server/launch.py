@@ -1,15 +1,17 @@
 """Wiring: engine config + flags → tokenizer, core client, AsyncEngine, app, uvicorn server.
 
 Contract: ``make_state(engine_config, core, settings=None, tokenizer=None)`` builds a ``ServerState`` around any
-``CoreClient`` (the real one, or a scripted one in tests); ``settings_from(engine_config, **flags)`` fills
-``ServerSettings`` from the engine config. ``prepare_server(engine_config, server_config)`` does the same from the
-server's options (``config.ServerConfig``) and returns a ``Server`` whose ``run()`` blocks until SIGTERM/SIGINT (then: stop accepting, let
+``CoreClient`` (the real one, or a scripted one in tests); ``settings_from(engine_config, options=None, **overrides)``
+builds ``ServerSettings`` from the server's options (``config.ServerConfig``, the one option table; ``overrides``
+are its field names, e.g. ``api_key="k"``) and the engine config. ``prepare_server(engine_config, server_config)``
+does the same and returns a ``Server`` whose ``run()`` blocks until SIGTERM/SIGINT (then: stop accepting, let
 in-flight requests finish within ``--shutdown-timeout``; at the deadline the ones still running end with an
 error (streams: an error event and [DONE]) and the server stops the engine) and returns the exit status: 0
 after a signal, 1 when the engine failed to start or died while serving (the watchdog).
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 import time
@@ -33,26 +35,23 @@ _SAMPLING_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_
 SHUTDOWN_FLUSH_S = 5.0
 
 
-def settings_from(engine_config: EngineConfig, *, api_key: str | None = None, reasoning_parser: str | None = None,
-                  tool_call_parser: str | None = None, enable_auto_tool_choice: bool = False,
-                  max_body_bytes: int | None = None, log_requests: bool = True, log_stats: bool = True,
-                  api_threads: int | None = None,
-                  structured_outputs: StructuredOutputsConfig | None = None) -> ServerSettings:
+def settings_from(engine_config: EngineConfig, options: ServerConfig | None = None,
+                  **overrides: Any) -> ServerSettings:
+    """``options`` (default: every server option at its default) with ``overrides`` (``ServerConfig`` field
+    names; an unknown one is a TypeError), ``api_threads`` resolved (the flag, else ONECARD_API_THREADS, else
+    ``default_api_threads``), plus what the engine config settles: served names, context length, chat
+    template, the checkpoint's sampling defaults."""
     m = engine_config.model
     gen = m.generation_config or {}
     env = engine_config.env
-    settings = ServerSettings(
-        served_model_names=list(m.served_model_names) or [m.model], model_root=m.model,
-        max_model_len=m.max_model_len, api_key=api_key, reasoning_parser=reasoning_parser,
-        tool_call_parser=tool_call_parser, enable_auto_tool_choice=enable_auto_tool_choice,
-        chat_template=resolve_chat_template(m.chat_template),
+    options = dataclasses.replace(options or ServerConfig(), **overrides)
+    options.api_threads = options.api_threads or env.api_threads or default_api_threads(env.cpu_count)
+    return ServerSettings(
+        options=options, served_model_names=list(m.served_model_names) or [m.model], model_root=m.model,
+        max_model_len=m.max_model_len, chat_template=resolve_chat_template(m.chat_template),
         default_sampling={k: gen[k] for k in _SAMPLING_DEFAULT_KEYS if gen.get(k) is not None},
-        log_requests=log_requests, log_stats=log_stats,
-        api_threads=api_threads or env.api_threads or default_api_threads(env.cpu_count),
-        structured_outputs=structured_outputs or StructuredOutputsConfig())
-    if max_body_bytes is not None:
-        settings.max_body_bytes = max_body_bytes
-    return settings
+        structured_outputs=StructuredOutputsConfig.parse(options.structured_outputs_config,
+                                                         options.guided_decoding_backend))
 
 
 def make_state(engine_config: EngineConfig, core: CoreClient, settings: ServerSettings | None = None,
@@ -137,14 +136,7 @@ class Server:
 def prepare_server(engine_config: EngineConfig, server: ServerConfig) -> Server:
     from onecard.frontend.core_client import make_core_client
 
-    settings = settings_from(engine_config, api_key=server.api_key, reasoning_parser=server.reasoning_parser,
-                             tool_call_parser=server.tool_call_parser,
-                             enable_auto_tool_choice=server.enable_auto_tool_choice,
-                             max_body_bytes=server.max_request_body_bytes,
-                             log_requests=not server.disable_log_requests, log_stats=not server.disable_log_stats,
-                             api_threads=server.api_threads,
-                             structured_outputs=StructuredOutputsConfig.parse(server.structured_outputs_config,
-                                                                              server.guided_decoding_backend))
+    settings = settings_from(engine_config, server)
     # Start B first: its imports and weight loading overlap A's tokenizer and app set-up (time to ready).
     started_at = time.perf_counter()
     core = make_core_client(engine_config, single_process=server.single_process)

@@ -71,7 +71,7 @@ async def create_chat_completion(state, body: ChatCompletionRequest, request: Re
         parser = new_parser()
         reasoning, content, calls = parser.whole("".join(texts[i]))
         message: dict[str, Any] = {"role": "assistant", "content": content}
-        if s.reasoning_parser is not None:
+        if s.options.reasoning_parser is not None:
             message["reasoning_content"] = reasoning
             message["reasoning"] = reasoning
         message["tool_calls"] = calls

@@ -12,7 +12,6 @@ import pytest
 
 from onecard.config import EngineArgs
 from onecard.frontend.core_client import make_core_client
-from onecard.frontend.grammar import StructuredOutputsConfig
 from onecard.server.launch import make_state, settings_from
 from tests.e2e.harness import metric, start_server
 from tests.e2e.test_structured_outputs import ARGS, M9, M14, M16, MSGS, TOOLS
@@ -23,7 +22,7 @@ _SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1,
 def _server(model_dir, spec):
     config = EngineArgs(model=str(model_dir), speculative_config=spec, **ARGS).create_config()
     settings = settings_from(config, tool_call_parser="hermes", enable_auto_tool_choice=True,
-                             structured_outputs=StructuredOutputsConfig(disable_any_whitespace=True))
+                             structured_outputs_config='{"disable_any_whitespace": true}')
     return start_server(make_state(config, make_core_client(config, single_process=True), settings))
 
 

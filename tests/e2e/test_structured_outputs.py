@@ -18,7 +18,6 @@ from pydantic import BaseModel, Field
 
 from onecard.config import EngineArgs
 from onecard.frontend.core_client import make_core_client
-from onecard.frontend.grammar import StructuredOutputsConfig
 from onecard.server.launch import make_state, settings_from
 from tests.e2e.harness import metric, start_server
 
@@ -164,7 +163,7 @@ ARG_MODELS = {"get_weather": Weather, "add": Add}
 def _server(model_dir, async_scheduling: bool):
     config = EngineArgs(model=str(model_dir), async_scheduling=async_scheduling, **ARGS).create_config()
     settings = settings_from(config, tool_call_parser="hermes", enable_auto_tool_choice=True,
-                             structured_outputs=StructuredOutputsConfig(disable_any_whitespace=True))
+                             structured_outputs_config='{"disable_any_whitespace": true}')
     return start_server(make_state(config, make_core_client(config, single_process=True), settings))
 
 
@@ -246,7 +245,7 @@ def test_json_object_choice_regex_grammar(server):
 
 @pytest.mark.parametrize("fmt", ["hermes", "qwen3_coder"])
 def test_tool_choice_required_and_named(server, client, fmt):
-    server.state.settings.tool_call_parser = fmt          # the --tool-call-parser flag, switched in place
+    server.state.settings.options.tool_call_parser = fmt    # the --tool-call-parser flag, switched in place
     try:
         named = {"type": "function", "function": {"name": "add"}}
         results = []
@@ -283,7 +282,7 @@ def test_tool_choice_required_and_named(server, client, fmt):
             assert [(n, json.loads(a)) for _, (n, a) in sorted(calls.items())] == [
                 (t.function.name, json.loads(t.function.arguments)) for t in whole.message.tool_calls]
     finally:
-        server.state.settings.tool_call_parser = "hermes"
+        server.state.settings.options.tool_call_parser = "hermes"
 
 
 def test_streaming_equals_whole_and_mixed_batch_leaves_free_text_alone(server, client):

@@ -1,9 +1,14 @@
-"""Server pieces without a server: --chat-template resolution, chat rendering, error shapes, request models."""
+"""Server pieces without a server: --chat-template resolution, chat rendering, error shapes, request models, the
+server options (one table) as the settings and the request guard read them."""
 from __future__ import annotations
+
+from dataclasses import fields
+from pathlib import Path
 
 import pytest
 
-from onecard.config import ConfigError
+from onecard import cli
+from onecard.config import ConfigError, EngineArgs, ServerConfig
 from onecard.frontend.tokenizer import (
     ChatTemplateError,
     load_tokenizer,
@@ -13,6 +18,8 @@ from onecard.frontend.tokenizer import (
 )
 from onecard.server.errors import error_body, to_api_error
 from onecard.server.openai_types import ChatCompletionRequest, CompletionRequest
+
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 @pytest.fixture(scope="module")
@@ -80,3 +87,55 @@ def test_sampling_params_from_requests():
     with pytest.raises(ValueError, match="guided_decoding_backend"):     # (response_format: test_structured)
         ChatCompletionRequest(messages=[{"role": "user", "content": "x"}],
                               guided_decoding_backend="outlines").to_sampling_params({})
+
+
+def test_server_settings_take_the_server_options_from_the_table():
+    """The server reads its options from ``ServerConfig`` as ``serve`` parsed them, not from a second
+    declaration: ``ServerSettings`` declares none of them again, and what the flags say is what the request
+    guard does (the key on /v1, the body limit as ``human_int`` reads it) and what the settings hold."""
+    import asyncio
+
+    import httpx
+
+    from onecard.config import DEFAULT_MAX_REQUEST_BODY_BYTES
+    from onecard.options import human_int, option_flags
+    from onecard.server.app import ServerSettings
+    from onecard.server.guard import RequestGuard
+    from onecard.server.launch import settings_from
+
+    assert not {f.name for f in fields(ServerSettings)} & set(option_flags(ServerConfig))
+    config = EngineArgs(model="onecard/data/onecard-tiny-coder", device="cpu", max_model_len=128).create_config()
+    ns = cli.build_serve_parser().parse_args(
+        ["--api-key", "k", "--reasoning-parser", "qwen3", "--tool-call-parser", "hermes", "--enable-auto-tool-choice",
+         "--max-request-body-bytes", "1k", "--disable-log-requests", "--disable-log-stats", "--api-threads", "3",
+         "--structured-outputs-config", '{"disable_any_whitespace": true}'])
+    given = ServerConfig.from_namespace(ns)
+    settings = settings_from(config, given)
+    o = settings.options
+    assert (o.api_key, o.reasoning_parser, o.tool_call_parser, o.enable_auto_tool_choice) == \
+        ("k", "qwen3", "hermes", True)
+    assert (o.max_request_body_bytes, o.disable_log_requests, o.disable_log_stats, o.api_threads) == \
+        (1000, True, True, 3)
+    assert settings.structured_outputs.disable_any_whitespace is True
+    assert settings.served_model_names == ["onecard/data/onecard-tiny-coder"] and settings.max_model_len == 128
+
+    async def echo(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    async def statuses(options: ServerConfig) -> list[int]:
+        transport = httpx.ASGITransport(app=RequestGuard(echo, options=options))
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+            key = {"Authorization": "Bearer k"}
+            return [(await c.post("/v1/x", content=b"a")).status_code,
+                    (await c.post("/v1/x", content=b"a" * 1000, headers=key)).status_code,
+                    (await c.post("/v1/x", content=b"a" * 1001, headers=key)).status_code]
+
+    assert asyncio.run(statuses(o)) == [401, 200, 413]
+    # the defaults: no key, README's 8Mi body limit, overrides by field name, the caller's options untouched
+    default = settings_from(config, api_key=None).options
+    assert default.api_key is None and default.max_request_body_bytes == DEFAULT_MAX_REQUEST_BODY_BYTES
+    assert DEFAULT_MAX_REQUEST_BODY_BYTES == human_int("8Mi") and "(default 8Mi)" in README.read_text()
+    assert settings_from(config, given, api_key="other").options.api_key == "other" and given.api_key == "k"
+    with pytest.raises(TypeError):
+        settings_from(config, max_body_bytes=5)                # not an option's name

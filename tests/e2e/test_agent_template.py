@@ -9,7 +9,6 @@ import json
 
 import anthropic
 import openai
-import pytest
 
 from tests.e2e.agent_server import (
     ANTHROPIC_TOOLS,
@@ -19,7 +18,6 @@ from tests.e2e.agent_server import (
     RESPONSES_TOOLS,
     TEMPLATE,
     last_prompt,
-    start_agent_server,
 )
 
 SYSTEM = "You are a coding agent."
@@ -27,20 +25,6 @@ QUESTION = "What is the weather in Paris and Berlin?"
 CALLS = [("call_a", {"city": "Paris", "days": 3}), ("call_b", {"city": "Berlin"})]
 RESULTS = ["sunny", "rainy"]
 FOLLOW_UP = "And tomorrow?"
-
-
-@pytest.fixture(scope="module")
-def tokenizer(e2e_tokenizer_dir):
-    from onecard.frontend.tokenizer import load_tokenizer
-
-    return load_tokenizer(e2e_tokenizer_dir)
-
-
-@pytest.fixture(scope="module")
-def server(e2e_tokenizer_dir, tokenizer):
-    srv = start_agent_server(e2e_tokenizer_dir, tokenizer, max_model_len=2048)
-    yield srv
-    srv.stop()
 
 
 def _direct(tokenizer) -> str:
@@ -91,20 +75,20 @@ def _via_messages(server):
                                         tools=ANTHROPIC_TOOLS).input_tokens
 
 
-def test_three_apis_render_the_same_prompt(server, tokenizer):
-    text = _direct(tokenizer)
+def test_three_apis_render_the_same_prompt(agent_server, e2e_tokenizer):
+    text = _direct(e2e_tokenizer)
     # what the template must have made of it: arguments iterated as a mapping, both results in one user turn
     assert ("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n"
             "</parameter>\n</function>\n</tool_call>") in text
     assert ("<|im_start|>user\n<tool_response>\nsunny\n</tool_response>\n<tool_response>\nrainy\n"
             "</tool_response>\n<|im_end|>\n<|im_start|>assistant\n" + FINAL) in text
     assert text.startswith("<|im_start|>system\n" + SYSTEM + "\n\n# Tools")
-    expected = tokenizer.encode(text, add_special_tokens=False)
+    expected = e2e_tokenizer.encode(text, add_special_tokens=False)
 
-    _via_chat(server)
-    assert last_prompt(server) == expected
-    _via_responses(server)
-    assert last_prompt(server) == expected
-    counted = _via_messages(server)
-    assert last_prompt(server) == expected
+    _via_chat(agent_server)
+    assert last_prompt(agent_server) == expected
+    _via_responses(agent_server)
+    assert last_prompt(agent_server) == expected
+    counted = _via_messages(agent_server)
+    assert last_prompt(agent_server) == expected
     assert counted == len(expected)

@@ -21,20 +21,13 @@ MSG = [{"role": "user", "content": "x"}]
 
 
 @pytest.fixture(scope="module")
-def tokenizer(e2e_tokenizer_dir):
-    from onecard.frontend.tokenizer import load_tokenizer
-
-    return load_tokenizer(e2e_tokenizer_dir)
-
-
-@pytest.fixture(scope="module")
-def server(e2e_tokenizer_dir, tokenizer):
+def server(e2e_tokenizer_dir, e2e_tokenizer):
     # --max-num-seqs 4 + --max-num-queued-reqs 4: the in-flight cap is 8
-    config = scripted_engine_config(e2e_tokenizer_dir, tokenizer, max_model_len=256, max_num_seqs=4,
+    config = scripted_engine_config(e2e_tokenizer_dir, e2e_tokenizer, max_model_len=256, max_num_seqs=4,
                                     max_num_queued_reqs=4)
-    core = ScriptedCoreClient(config, Script(tokenizer, default=REPLY))
+    core = ScriptedCoreClient(config, Script(e2e_tokenizer, default=REPLY))
     settings = settings_from(config, api_key="sekret")
-    srv = start_server(make_state(config, core, settings, tokenizer))
+    srv = start_server(make_state(config, core, settings, e2e_tokenizer))
     yield srv
     srv.stop()
 

@@ -22,30 +22,15 @@ from tests.e2e.agent_server import (
     kv_idle,
     last_prompt,
     reply_len,
-    start_agent_server,
     wait_for,
 )
 from tests.e2e.harness import metric
 
 
 @pytest.fixture(scope="module")
-def tokenizer(e2e_tokenizer_dir):
-    from onecard.frontend.tokenizer import load_tokenizer
-
-    return load_tokenizer(e2e_tokenizer_dir)
-
-
-@pytest.fixture(scope="module")
-def server(e2e_tokenizer_dir, tokenizer):
-    srv = start_agent_server(e2e_tokenizer_dir, tokenizer, max_model_len=2048)
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="module")
-def client(server):
+def client(agent_server):
     # the anthropic client sends the key as x-api-key
-    return anthropic.Anthropic(base_url=server.url, api_key=API_KEY, max_retries=0)
+    return anthropic.Anthropic(base_url=agent_server.url, api_key=API_KEY, max_retries=0)
 
 
 def _user(text):
@@ -56,18 +41,19 @@ def _full_usage(u) -> int:
     return u.input_tokens + (u.cache_read_input_tokens or 0)
 
 
-def test_text_create_and_stream_with_usage(client, server, tokenizer):
+def test_text_create_and_stream_with_usage(client, agent_server, e2e_tokenizer):
     msgs = _user("hello")
     m = client.messages.create(model="coder", max_tokens=100, system="Be brief.", messages=msgs)
     assert m.type == "message" and m.role == "assistant" and m.model == "coder"
     assert [b.type for b in m.content] == ["text"] and m.content[0].text == PLAIN
     assert m.stop_reason == "end_turn" and m.stop_sequence is None
-    prompt = last_prompt(server)
-    expected = tokenizer.encode(tokenizer.apply_chat_template(
+    prompt = last_prompt(agent_server)
+    expected = e2e_tokenizer.encode(e2e_tokenizer.apply_chat_template(
         [{"role": "system", "content": "Be brief."}, *msgs], tokenize=False, add_generation_prompt=True,
-        chat_template=server.state.settings.chat_template), add_special_tokens=False)
+        chat_template=agent_server.state.settings.chat_template),
+        add_special_tokens=False)
     assert prompt == expected
-    assert _full_usage(m.usage) == len(prompt) and m.usage.output_tokens == reply_len(tokenizer, PLAIN)
+    assert _full_usage(m.usage) == len(prompt) and m.usage.output_tokens == reply_len(e2e_tokenizer, PLAIN)
     counted = client.messages.count_tokens(model="coder", system="Be brief.", messages=msgs)
     assert counted.input_tokens == len(prompt)
 
@@ -110,7 +96,7 @@ def test_tool_use_create_and_stream(client, trigger, calls, text):
     assert any(e.type == "content_block_delta" and e.delta.type == "input_json_delta" for e in events)
 
 
-def test_tool_result_round_trip(client, server, tokenizer):
+def test_tool_result_round_trip(client, agent_server, e2e_tokenizer):
     first = client.messages.create(model="coder", max_tokens=200, tools=ANTHROPIC_TOOLS,
                                    messages=_user("XMLCALL weather in Paris and Berlin?"))
     uses = [b for b in first.content if b.type == "tool_use"]
@@ -120,13 +106,13 @@ def test_tool_result_round_trip(client, server, tokenizer):
                                      for b, out in zip(uses, ["sunny", "rainy"])]}]
     m = client.messages.create(model="coder", max_tokens=200, tools=ANTHROPIC_TOOLS, messages=history)
     assert m.stop_reason == "end_turn" and m.content[0].text == FINAL
-    text = tokenizer.decode(last_prompt(server))
+    text = e2e_tokenizer.decode(last_prompt(agent_server))
     assert "<tool_response>\nsunny\n</tool_response>\n<tool_response>\nrainy\n</tool_response>\n<|im_end|>" in text
     with client.messages.stream(model="coder", max_tokens=200, tools=ANTHROPIC_TOOLS, messages=history) as s:
         assert s.get_final_text() == FINAL
 
 
-def test_stop_reasons(client, tokenizer):
+def test_stop_reasons(client, e2e_tokenizer):
     m = client.messages.create(model="coder", max_tokens=200, messages=_user("STOPPY"), stop_sequences=["STOP"])
     assert (m.stop_reason, m.stop_sequence, m.content[0].text) == ("stop_sequence", "STOP", "alpha beta ")
     with client.messages.stream(model="coder", max_tokens=200, messages=_user("STOPPY"),
@@ -135,15 +121,15 @@ def test_stop_reasons(client, tokenizer):
     assert (final.stop_reason, final.stop_sequence, final.content[0].text) == ("stop_sequence", "STOP", "alpha beta ")
     m = client.messages.create(model="coder", max_tokens=4, messages=_user("LONG"))
     assert m.stop_reason == "max_tokens" and m.usage.output_tokens == 4
-    assert m.content[0].text == tokenizer.decode(tokenizer.encode(LONG, add_special_tokens=False)[:4])
+    assert m.content[0].text == e2e_tokenizer.decode(e2e_tokenizer.encode(LONG, add_special_tokens=False)[:4])
 
 
-def test_api_key_and_errors(client, server):
+def test_api_key_and_errors(client, agent_server):
     # x-api-key (the anthropic client's header) and Bearer both pass; a wrong key is a 401 in Anthropic's shape
-    r = httpx.post(server.url + "/v1/messages/count_tokens", headers={"Authorization": f"Bearer {API_KEY}"},
-                   json={"model": "coder", "messages": _user("hi")})
+    r = httpx.post(agent_server.url + "/v1/messages/count_tokens",
+                   headers={"Authorization": f"Bearer {API_KEY}"}, json={"model": "coder", "messages": _user("hi")})
     assert r.status_code == 200 and r.json()["input_tokens"] > 0
-    bad = anthropic.Anthropic(base_url=server.url, api_key="wrong", max_retries=0)
+    bad = anthropic.Anthropic(base_url=agent_server.url, api_key="wrong", max_retries=0)
     with pytest.raises(anthropic.AuthenticationError) as e:
         bad.messages.create(model="coder", max_tokens=10, messages=_user("hi"))
     assert e.value.status_code == 401 and e.value.body["error"]["type"] == "authentication_error"
@@ -154,21 +140,21 @@ def test_api_key_and_errors(client, server):
     with pytest.raises(anthropic.BadRequestError) as e:
         client.messages.create(model="coder", max_tokens=10, messages=_user("word " * 3000))
     assert e.value.body["error"]["type"] == "invalid_request_error" and "2048" in e.value.body["error"]["message"]
-    r = httpx.post(server.url + "/v1/messages", headers={"x-api-key": API_KEY},
+    r = httpx.post(agent_server.url + "/v1/messages", headers={"x-api-key": API_KEY},
                    json={"model": "coder", "messages": _user("hi")})          # max_tokens is required
     assert r.status_code == 400 and r.json()["type"] == "error" and "max_tokens" in r.json()["error"]["message"]
     with pytest.raises(anthropic.BadRequestError) as e:
         client.messages.create(model="coder", max_tokens=10, messages=[{"role": "user", "content": [
             {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}]}])
     assert "image" in e.value.body["error"]["message"]
-    assert httpx.get(server.url + "/health").status_code == 200
+    assert httpx.get(agent_server.url + "/health").status_code == 200
 
 
-def test_disconnect_mid_stream_aborts(server):
-    runner = server.state.engine.core.runner
+def test_disconnect_mid_stream_aborts(agent_server):
+    runner = agent_server.state.engine.core.runner
     runner.hold_after, _ = 5, runner.release.clear()
     try:
-        with httpx.stream("POST", server.url + "/v1/messages", headers={"x-api-key": API_KEY},
+        with httpx.stream("POST", agent_server.url + "/v1/messages", headers={"x-api-key": API_KEY},
                           json={"model": "coder", "max_tokens": 500, "stream": True, "messages": _user("LONG")}) as r:
             assert r.status_code == 200
             deltas = 0
@@ -177,32 +163,32 @@ def test_disconnect_mid_stream_aborts(server):
                 deltas += line.startswith("event: content_block_delta")
                 if deltas >= 3:
                     break
-            assert metric(server.url, "vllm:kv_cache_usage_perc") > 0       # still running while connected
-            assert server.state.engine.num_in_flight == 1
-        assert wait_for(lambda: server.state.engine.num_in_flight == 0)
+            assert metric(agent_server.url, "vllm:kv_cache_usage_perc") > 0       # still running while connected
+            assert agent_server.state.engine.num_in_flight == 1
+        assert wait_for(lambda: agent_server.state.engine.num_in_flight == 0)
     finally:
         runner.hold_after = None
         runner.release.set()
-    assert wait_for(lambda: kv_idle(server))
+    assert wait_for(lambda: kv_idle(agent_server))
 
 
-def test_queue_full_is_529_overloaded_and_metrics_move(client, server):
-    sched = server.state.engine.core.engine_core.scheduler
+def test_queue_full_is_529_overloaded_and_metrics_move(client, agent_server):
+    sched = agent_server.state.engine.core.engine_core.scheduler
     old = sched.config.max_num_queued_reqs, sched.config.max_num_seqs
     # no free running slot and no queue: every new request finds the queue full (--max-num-queued-reqs)
     sched.config.max_num_queued_reqs, sched.config.max_num_seqs = 0, 0
     try:
         for stream in (False, True):
-            r = httpx.post(server.url + "/v1/messages", headers={"x-api-key": API_KEY},
+            r = httpx.post(agent_server.url + "/v1/messages", headers={"x-api-key": API_KEY},
                            json={"model": "coder", "max_tokens": 10, "stream": stream, "messages": _user("x")})
             assert r.status_code == 529
             assert r.json()["error"]["type"] == "overloaded_error"
             assert "--max-num-queued-reqs=0" in r.json()["error"]["message"]
     finally:
         sched.config.max_num_queued_reqs, sched.config.max_num_seqs = old
-    gen0 = metric(server.url, "vllm:generation_tokens_total")
+    gen0 = metric(agent_server.url, "vllm:generation_tokens_total")
     m = client.messages.create(model="reasoning", max_tokens=100, messages=_user("hi"))
-    assert metric(server.url, "vllm:generation_tokens_total") == gen0 + m.usage.output_tokens
+    assert metric(agent_server.url, "vllm:generation_tokens_total") == gen0 + m.usage.output_tokens
 
 
 @pytest.mark.parametrize("choice,trigger,calls", [

@@ -23,29 +23,14 @@ from tests.e2e.agent_server import (
     kv_idle,
     last_prompt,
     reply_len,
-    start_agent_server,
     wait_for,
 )
 from tests.e2e.harness import metric
 
 
 @pytest.fixture(scope="module")
-def tokenizer(e2e_tokenizer_dir):
-    from onecard.frontend.tokenizer import load_tokenizer
-
-    return load_tokenizer(e2e_tokenizer_dir)
-
-
-@pytest.fixture(scope="module")
-def server(e2e_tokenizer_dir, tokenizer):
-    srv = start_agent_server(e2e_tokenizer_dir, tokenizer, max_model_len=2048)
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0)
+def client(agent_server):
+    return openai.OpenAI(base_url=agent_server.base_url, api_key=API_KEY, max_retries=0)
 
 
 def _stream(client, **kw):
@@ -61,18 +46,19 @@ def _stream(client, **kw):
     return events, events[-1].response
 
 
-def test_text_whole_and_streamed_with_usage(client, server, tokenizer):
+def test_text_whole_and_streamed_with_usage(client, agent_server, e2e_tokenizer):
     r = client.responses.create(model="coder", input="hello", instructions="Be brief.")
     assert r.status == "completed" and r.model == "coder" and r.object == "response"
     assert r.output_text == PLAIN
     assert [i.type for i in r.output] == ["message"] and r.output[0].content[0].type == "output_text"
-    prompt = last_prompt(server)
-    expected = tokenizer.encode(tokenizer.apply_chat_template(
+    prompt = last_prompt(agent_server)
+    expected = e2e_tokenizer.encode(e2e_tokenizer.apply_chat_template(
         [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello"}], tokenize=False,
-        add_generation_prompt=True, chat_template=server.state.settings.chat_template), add_special_tokens=False)
+        add_generation_prompt=True, chat_template=agent_server.state.settings.chat_template),
+        add_special_tokens=False)
     assert prompt == expected
     assert r.usage.input_tokens == len(prompt)
-    assert r.usage.output_tokens == reply_len(tokenizer, PLAIN)
+    assert r.usage.output_tokens == reply_len(e2e_tokenizer, PLAIN)
     assert r.usage.total_tokens == r.usage.input_tokens + r.usage.output_tokens
 
     events, final = _stream(client, model="reasoning", input="hello", instructions="Be brief.")
@@ -117,7 +103,7 @@ def test_tool_calls_whole_and_streamed(client, trigger, calls, text):
     assert (final.output_text or None) == text
 
 
-def test_function_call_output_round_trip(client, server, tokenizer):
+def test_function_call_output_round_trip(client, agent_server, e2e_tokenizer):
     first = client.responses.create(model="coder", input="XMLCALL weather in Paris and Berlin?",
                                     tools=RESPONSES_TOOLS)
     calls = [i for i in first.output if i.type == "function_call"]
@@ -133,23 +119,23 @@ def test_function_call_output_round_trip(client, server, tokenizer):
         else:
             final = client.responses.create(model="coder", input=history, tools=RESPONSES_TOOLS)
         assert final.output_text == FINAL and not _calls(final.output)
-        text = tokenizer.decode(last_prompt(server))
+        text = e2e_tokenizer.decode(last_prompt(agent_server))
         # both results in one user turn, after the assistant turn that made both calls
         assert ("<tool_response>\nsunny\n</tool_response>\n<tool_response>\nrainy\n</tool_response>\n<|im_end|>"
                 in text)
         assert "<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n</parameter>" in text
 
 
-def test_max_output_tokens_is_incomplete(client, tokenizer):
+def test_max_output_tokens_is_incomplete(client, e2e_tokenizer):
     r = client.responses.create(model="coder", input="LONG", max_output_tokens=5)
     assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
     assert r.usage.output_tokens == 5
-    assert r.output_text == tokenizer.decode(tokenizer.encode(LONG, add_special_tokens=False)[:5])
+    assert r.output_text == e2e_tokenizer.decode(e2e_tokenizer.encode(LONG, add_special_tokens=False)[:5])
     _, final = _stream(client, model="coder", input="LONG", max_output_tokens=5)
     assert final.status == "incomplete" and final.output_text == r.output_text
 
 
-def test_errors(client, server):
+def test_errors(client, agent_server):
     with pytest.raises(openai.NotFoundError) as e:
         client.responses.create(model="nope", input="hi")
     assert e.value.status_code == 404 and "nope" in e.value.message
@@ -167,16 +153,17 @@ def test_errors(client, server):
     with pytest.raises(openai.BadRequestError) as e:
         client.responses.create(model="coder", input="hi", tools=[{"type": "web_search"}])
     assert "web_search" in e.value.message
-    r = httpx.post(server.base_url + "/responses", json={"model": "coder", "input": "hi"})
+    r = httpx.post(agent_server.base_url + "/responses", json={"model": "coder", "input": "hi"})
     assert r.status_code == 401 and r.json()["error"]["type"] == "AuthenticationError"
-    assert httpx.get(server.url + "/health").status_code == 200
+    assert httpx.get(agent_server.url + "/health").status_code == 200
 
 
-def test_disconnect_mid_stream_aborts(server):
-    runner = server.state.engine.core.runner
+def test_disconnect_mid_stream_aborts(agent_server):
+    runner = agent_server.state.engine.core.runner
     runner.hold_after, _ = 5, runner.release.clear()
     try:
-        with httpx.stream("POST", server.base_url + "/responses", headers={"Authorization": f"Bearer {API_KEY}"},
+        with httpx.stream("POST", agent_server.base_url + "/responses",
+                          headers={"Authorization": f"Bearer {API_KEY}"},
                           json={"model": "coder", "input": "LONG", "stream": True}) as r:
             assert r.status_code == 200
             deltas = 0
@@ -185,18 +172,18 @@ def test_disconnect_mid_stream_aborts(server):
                 deltas += line.startswith("event: response.output_text.delta")
                 if deltas >= 3:
                     break
-            assert metric(server.url, "vllm:kv_cache_usage_perc") > 0       # still running while connected
-            assert server.state.engine.num_in_flight == 1
-        assert wait_for(lambda: server.state.engine.num_in_flight == 0)
+            assert metric(agent_server.url, "vllm:kv_cache_usage_perc") > 0       # still running while connected
+            assert agent_server.state.engine.num_in_flight == 1
+        assert wait_for(lambda: agent_server.state.engine.num_in_flight == 0)
     finally:
         runner.hold_after = None
         runner.release.set()
-    assert wait_for(lambda: kv_idle(server))
+    assert wait_for(lambda: kv_idle(agent_server))
     assert len(LONG.split()) > 100           # the reply was far from done
 
 
-def test_queue_full_is_503_and_metrics_move(client, server):
-    sched = server.state.engine.core.engine_core.scheduler
+def test_queue_full_is_503_and_metrics_move(client, agent_server):
+    sched = agent_server.state.engine.core.engine_core.scheduler
     old = sched.config.max_num_queued_reqs, sched.config.max_num_seqs
     # no free running slot and no queue: every new request finds the queue full (--max-num-queued-reqs)
     sched.config.max_num_queued_reqs, sched.config.max_num_seqs = 0, 0
@@ -207,9 +194,9 @@ def test_queue_full_is_503_and_metrics_move(client, server):
             assert e.value.status_code == 503 and "--max-num-queued-reqs=0" in e.value.message
     finally:
         sched.config.max_num_queued_reqs, sched.config.max_num_seqs = old
-    gen0 = metric(server.url, "vllm:generation_tokens_total")
+    gen0 = metric(agent_server.url, "vllm:generation_tokens_total")
     r = client.responses.create(model="reasoning", input="hi")
-    assert metric(server.url, "vllm:generation_tokens_total") == gen0 + r.usage.output_tokens
+    assert metric(agent_server.url, "vllm:generation_tokens_total") == gen0 + r.usage.output_tokens
 
 
 @pytest.mark.parametrize("choice,trigger,calls", [
@@ -223,7 +210,7 @@ def test_tool_choice_named_and_required(client, choice, trigger, calls):
     assert _calls(final.output) == calls
 
 
-def test_text_format_json_schema_goes_through_structured_outputs(client, server):
+def test_text_format_json_schema_goes_through_structured_outputs(client, agent_server):
     """text.format json_schema is compiled by the structured-outputs machinery (chat's response_format path):
     accepted, attached to the request; a schema that is not a schema is a 400 naming text.format."""
     fmt = {"type": "json_schema", "name": "answer", "strict": True,

@@ -16,22 +16,15 @@ REPLY = "Hello there, friend. The quick brown fox jumps over the lazy dog."
 
 
 @pytest.fixture(scope="module")
-def tokenizer(e2e_tokenizer_dir):
-    from onecard.frontend.tokenizer import load_tokenizer
-
-    return load_tokenizer(e2e_tokenizer_dir)
+def script(e2e_tokenizer):
+    return Script(e2e_tokenizer, default=REPLY)
 
 
 @pytest.fixture(scope="module")
-def script(tokenizer):
-    return Script(tokenizer, default=REPLY)
-
-
-@pytest.fixture(scope="module")
-def server(e2e_tokenizer_dir, tokenizer, script):
-    config = scripted_engine_config(e2e_tokenizer_dir, tokenizer, max_model_len=256)
+def server(e2e_tokenizer_dir, e2e_tokenizer, script):
+    config = scripted_engine_config(e2e_tokenizer_dir, e2e_tokenizer, max_model_len=256)
     core = ScriptedCoreClient(config, script)
-    state = make_state(config, core, settings_from(config), tokenizer)
+    state = make_state(config, core, settings_from(config), e2e_tokenizer)
     srv = start_server(state)
     yield srv
     srv.stop()
@@ -58,16 +51,16 @@ def test_models_list_shows_every_served_name(client, server):
 
 
 @pytest.mark.parametrize("name", ["coder", "reasoning"])
-def test_chat_plain_and_streamed_give_the_scripted_text(client, tokenizer, name):
+def test_chat_plain_and_streamed_give_the_scripted_text(client, e2e_tokenizer, name):
     msgs = [{"role": "user", "content": "Say hello"}]
     r = client.chat.completions.create(model=name, messages=msgs, temperature=0, max_tokens=64)
     assert r.model == name
     assert r.choices[0].message.content == REPLY
     assert r.choices[0].finish_reason == "stop"
-    n_reply = len(_ids(tokenizer, REPLY))
+    n_reply = len(_ids(e2e_tokenizer, REPLY))
     assert r.usage.completion_tokens == n_reply + 1  # + EOS
-    prompt = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-    assert r.usage.prompt_tokens == len(_ids(tokenizer, prompt))
+    prompt = e2e_tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    assert r.usage.prompt_tokens == len(_ids(e2e_tokenizer, prompt))
 
     stream = client.chat.completions.create(model=name, messages=msgs, temperature=0, max_tokens=64,
                                             stream=True, stream_options={"include_usage": True})
@@ -81,12 +74,12 @@ def test_chat_plain_and_streamed_give_the_scripted_text(client, tokenizer, name)
     assert all(c.model == name for c in chunks)
 
 
-def test_max_tokens_gives_length(client, tokenizer):
+def test_max_tokens_gives_length(client, e2e_tokenizer):
     r = client.chat.completions.create(model="coder", messages=[{"role": "user", "content": "x"}],
                                        max_completion_tokens=3)
     assert r.choices[0].finish_reason == "length"
     assert r.usage.completion_tokens == 3
-    assert r.choices[0].message.content == tokenizer.decode(_ids(tokenizer, REPLY)[:3])
+    assert r.choices[0].message.content == e2e_tokenizer.decode(_ids(e2e_tokenizer, REPLY)[:3])
 
 
 def test_n2_gives_two_choices(client):
@@ -119,23 +112,23 @@ def test_stop_string_ends_with_stop(client):
         assert text == REPLY[:REPLY.index("brown")]
 
 
-def test_logprobs(client, tokenizer):
+def test_logprobs(client, e2e_tokenizer):
     r = client.chat.completions.create(model="coder", messages=[{"role": "user", "content": "x"}], max_tokens=4,
                                        logprobs=True, top_logprobs=2)
     content = r.choices[0].logprobs.content
-    ids = _ids(tokenizer, REPLY)[:4]
-    assert [c.token for c in content] == [tokenizer.decode([i]) for i in ids]
+    ids = _ids(e2e_tokenizer, REPLY)[:4]
+    assert [c.token for c in content] == [e2e_tokenizer.decode([i]) for i in ids]
     assert all(c.logprob == -0.25 and len(c.top_logprobs) == 2 for c in content)
     assert content[0].bytes == list(content[0].token.encode())
 
 
-def test_completions(client, tokenizer):
+def test_completions(client, e2e_tokenizer):
     r = client.completions.create(model="reasoning", prompt="Once upon", max_tokens=5, logprobs=1)
     assert r.model == "reasoning"
-    assert r.choices[0].text == tokenizer.decode(_ids(tokenizer, REPLY)[:5])
+    assert r.choices[0].text == e2e_tokenizer.decode(_ids(e2e_tokenizer, REPLY)[:5])
     assert r.choices[0].finish_reason == "length"
     assert len(r.choices[0].logprobs.tokens) == 5
-    assert r.usage.prompt_tokens == len(tokenizer.encode("Once upon"))
+    assert r.usage.prompt_tokens == len(e2e_tokenizer.encode("Once upon"))
     # several prompts, streamed, n=2 → 4 choices
     stream = client.completions.create(model="coder", prompt=["a", "b"], n=2, max_tokens=3, stream=True)
     texts: dict[int, str] = {}
@@ -143,7 +136,7 @@ def test_completions(client, tokenizer):
         for ch in c.choices:
             texts[ch.index] = texts.get(ch.index, "") + ch.text
     assert sorted(texts) == [0, 1, 2, 3]
-    assert set(texts.values()) == {tokenizer.decode(_ids(tokenizer, REPLY)[:3])}
+    assert set(texts.values()) == {e2e_tokenizer.decode(_ids(e2e_tokenizer, REPLY)[:3])}
 
 
 def test_async_client(server):
@@ -163,17 +156,17 @@ def test_async_client(server):
     assert text == REPLY
 
 
-def test_tokenize_detokenize(server, tokenizer):
+def test_tokenize_detokenize(server, e2e_tokenizer):
     r = httpx.post(server.url + "/tokenize", json={"model": "coder", "prompt": "Hello there"})
     assert r.status_code == 200
     ids = r.json()["tokens"]
-    assert ids == tokenizer.encode("Hello there") and r.json()["count"] == len(ids)
+    assert ids == e2e_tokenizer.encode("Hello there") and r.json()["count"] == len(ids)
     r = httpx.post(server.url + "/detokenize", json={"model": "coder", "tokens": ids})
-    assert r.json() == {"prompt": tokenizer.decode(ids)}
+    assert r.json() == {"prompt": e2e_tokenizer.decode(ids)}
     r = httpx.post(server.url + "/tokenize", json={"messages": [{"role": "user", "content": "hi"}]})
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
+    prompt = e2e_tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
                                            add_generation_prompt=True)
-    assert r.json()["tokens"] == _ids(tokenizer, prompt)
+    assert r.json()["tokens"] == _ids(e2e_tokenizer, prompt)
     assert httpx.get(server.url + "/version").json()["version"]
 
 
@@ -207,11 +200,12 @@ def test_invalid_body_is_400_not_422(server):
     assert r.status_code == 400 and "temperature" in _error(r)["message"]
 
 
-def test_prompt_too_long_is_400_with_vllm_text(server, tokenizer):
+def test_prompt_too_long_is_400_with_vllm_text(server, e2e_tokenizer):
     msgs = [{"role": "user", "content": "word " * 300}]
-    n = len(_ids(tokenizer, tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)))
-    hi = len(_ids(tokenizer, tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
-                                                           add_generation_prompt=True)))
+    template = e2e_tokenizer.apply_chat_template
+    n = len(_ids(e2e_tokenizer, template(msgs, tokenize=False, add_generation_prompt=True)))
+    hi = len(_ids(e2e_tokenizer, template([{"role": "user", "content": "hi"}], tokenize=False,
+                                          add_generation_prompt=True)))
     for stream in (False, True):
         r = httpx.post(server.base_url + "/chat/completions",
                        json={"model": "coder", "messages": [{"role": "user", "content": "hi"}],

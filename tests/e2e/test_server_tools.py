@@ -32,27 +32,21 @@ NAMED_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}
 
 
 @pytest.fixture(scope="module")
-def tokenizer(e2e_tokenizer_dir):
-    from onecard.frontend.tokenizer import load_tokenizer
-
-    return load_tokenizer(e2e_tokenizer_dir)
-
-
-@pytest.fixture(scope="module")
 def gate():
     return threading.Event()
 
 
 @pytest.fixture(scope="module")
-def server(e2e_tokenizer_dir, tokenizer, gate):
-    script = Script(tokenizer, default="plain answer", replies=[
+def server(e2e_tokenizer_dir, e2e_tokenizer, gate):
+    script = Script(e2e_tokenizer, default="plain answer", replies=[
         ("HERMES", HERMES), ("XMLTWO", XML_TWO), ("THINK", THINK), ("MALFORMED", MALFORMED),
         ("NAMED", NAMED_CALL)])
-    config = scripted_engine_config(e2e_tokenizer_dir, tokenizer, names=("coder", "reasoning"), max_model_len=1024)
+    config = scripted_engine_config(e2e_tokenizer_dir, e2e_tokenizer, names=("coder", "reasoning"),
+                                    max_model_len=1024)
     core = ScriptedCoreClient(config, script, gate=gate, num_blocks=128)
     settings = settings_from(config, api_key="sekret", reasoning_parser="qwen3", tool_call_parser="hermes",
                              enable_auto_tool_choice=True)
-    srv = start_server(make_state(config, core, settings, tokenizer), wait_ready=False)
+    srv = start_server(make_state(config, core, settings, e2e_tokenizer), wait_ready=False)
     yield srv
     gate.set()
     srv.stop()

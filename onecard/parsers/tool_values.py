@@ -124,22 +124,9 @@ def _serialisable(value: Any) -> bool:
         return False
 
 
-def _to_int(text: str) -> tuple[bool, Any]:
-    t = text.strip().strip("\"'").strip()
-    try:
-        return True, int(t)
-    except ValueError:
-        pass
-    try:
-        f = float(t)
-    except ValueError:
-        return False, None
-    if math.isfinite(f) and f.is_integer():
-        return True, int(f)                          # models print 140 as "140.0"
-    return (True, f) if math.isfinite(f) else (False, None)
-
-
 def _to_number(text: str) -> tuple[bool, Any]:
+    """An integer- or number-typed value: quotes tolerated, whole floats become ints (vLLM's rule; models print
+    140 as "140.0"), a fraction stays a float even for an integer type, non-finite values do not convert."""
     t = text.strip().strip("\"'").strip()
     try:
         return True, int(t)
@@ -168,11 +155,7 @@ def convert_value(value: str, kind: str | None) -> Any:
     if kind in _STRING_TYPES:
         return value
     t = value.strip()
-    if kind in _INT_TYPES:
-        ok, out = _to_int(t)
-        if ok:
-            return out
-    elif kind in _NUMBER_TYPES:
+    if kind in _INT_TYPES or kind in _NUMBER_TYPES:
         ok, out = _to_number(t)
         if ok:
             return out

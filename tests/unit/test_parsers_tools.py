@@ -252,3 +252,16 @@ def test_fuzz_stream_matches_whole_text():
             json.loads(args)                                   # arguments are always valid JSON
         chunks = list(text) if n % 2 else [text[i:i + 3] for i in range(0, len(text), 3)]
         assert _streamed("qwen3_coder", chunks) == expected, text
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("140", 140), ("140.0", 140), ('"7"', 7), ("'7'", 7), (" 12 ", 12), ("1_000", 1000), ("1e3", 1000),
+    ("-0.0", 0), ("2.5", 2.5), ("-3.25", -3.25), ("inf", "inf"), ("nan", "nan"), ("abc", "abc"), ("", "")])
+def test_integer_and_number_parameters_convert_alike(text, expected):
+    """Every spelling of an integer or number schema type follows one rule (whole floats become ints, as vLLM;
+    a fraction stays a float; text that is no finite number is kept as written)."""
+    from onecard.parsers.tool_values import convert_value
+
+    for kind in ("integer", "int", "number", "float", "double"):
+        out = convert_value(text, kind)
+        assert out == expected and type(out) is type(expected), (kind, text, out)

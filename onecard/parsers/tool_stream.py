@@ -247,6 +247,13 @@ class ToolCallStream:
             return True
         return self._end_xml_block(pos, tag)
 
+    def _function_closed(self, pos: int) -> bool:
+        """</function> at ``pos``: the call is complete; another <function=...> may follow in this block."""
+        self._buf = self._buf[pos + len(FUNC_CLOSE):]
+        self._close_call()
+        self._state = "x_after"
+        return True
+
     def _hold_partial(self, tags: tuple[str, ...]) -> bool:
         self._buf = self._buf[len(self._buf) - partial_suffix_len(self._buf, tags):]
         return False
@@ -258,10 +265,7 @@ class ToolCallStream:
             self._state = "x_pname"
             return True
         if tag == FUNC_CLOSE:
-            self._buf = self._buf[pos + len(FUNC_CLOSE):]
-            self._close_call()
-            self._state = "x_after"
-            return True
+            return self._function_closed(pos)
         if tag is not None or eof:
             return self._end_xml_block(pos, tag)
         return self._hold_partial(_BETWEEN_TAGS)
@@ -277,10 +281,7 @@ class ToolCallStream:
             self._state = "x_value"
             return True
         if tag == FUNC_CLOSE:                          # a parameter name cut off by </function>: ignored
-            self._buf = self._buf[pos + len(FUNC_CLOSE):]
-            self._close_call()
-            self._state = "x_after"
-            return True
+            return self._function_closed(pos)
         if tag is not None or eof:
             return self._end_xml_block(pos, tag)
         return False
@@ -304,10 +305,7 @@ class ToolCallStream:
             self._state = "x_between" if tag == PARAM_CLOSE else "x_pname"
             return True
         if tag == FUNC_CLOSE:
-            self._buf = self._buf[pos + len(FUNC_CLOSE):]
-            self._close_call()
-            self._state = "x_after"
-            return True
+            return self._function_closed(pos)
         return self._end_xml_block(pos, tag)
 
     def _st_x_after(self, eof: bool) -> bool:

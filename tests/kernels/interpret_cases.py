@@ -1,14 +1,20 @@
-"""Worker for test_triton_interpret.py: runs every Triton op under TRITON_INTERPRET=1 (set before triton is
-imported, in this separate process) against its ref at tiny and odd shapes, fresh random data each run.
+"""Worker for test_triton_interpret.py and test_split_kv.py: runs every Triton op under TRITON_INTERPRET=1 (set
+before triton is imported, in this separate process) against its ref at tiny and odd shapes, fresh random data
+each run; and ``InterpretedRun``, the tests' side of it.
 
-Usage: python interpret_cases.py SEED [CASE ...]  -> one JSON object {case: relative error | "error: ..."}.
+Usage: python interpret_cases.py SEED [CASE ...]  -> one line per case, as it finishes: a JSON object
+{case: relative error | "error: ..."}.
 """
 from __future__ import annotations
 
 import json
 import math
 import os
+import queue
+import subprocess
 import sys
+import tempfile
+import threading
 import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -331,13 +337,82 @@ def run_case(name: str, seed: int) -> float:
 
 def main() -> None:
     seed = int(sys.argv[1])
-    results = {}
     for name in sys.argv[2:] or CASES:
         try:
-            results[name] = run_case(name, seed)
+            result: float | str = run_case(name, seed)
         except Exception:                                                  # reported per case by the test
-            results[name] = "error: " + traceback.format_exc(limit=6)
-    print(json.dumps(results))
+            result = "error: " + traceback.format_exc(limit=6)
+        print(json.dumps({name: result}), flush=True)
+
+
+# The longest the worker may go without finishing a case (its start, imports included, counts as the first
+# case's). The slowest case takes under 5 s on a quiet 2-core machine: the bound catches a hang, not load. It is
+# per case, not per run, so a loaded machine (CI runs these twice, beside other work) slows the run but cannot
+# time it out.
+CASE_TIMEOUT_S = 300.0
+
+
+class InterpretedRun:
+    """``cases`` run in one worker process (the interpreter must be on before triton is imported, so not in the
+    pytest process); ``result(case)`` waits until the worker has reported that case, at most ``case_timeout``
+    seconds per case, and fails with the worker's stderr if it died or stalled. ``close()`` ends the worker."""
+
+    def __init__(self, seed: int, cases: list[str], case_timeout: float = CASE_TIMEOUT_S,
+                 argv: list[str] | None = None):
+        self.cases = list(cases)
+        self.case_timeout = case_timeout
+        self.results: dict[str, float | str] = {}
+        # a file, not a pipe: it cannot fill and block the worker; close() closes it
+        self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        argv = argv or [sys.executable, os.path.abspath(__file__), str(seed), *self.cases]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=self._stderr, text=True,
+                                     env=dict(os.environ, TRITON_INTERPRET="1"))
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._lines.put(line)
+        self._lines.put(None)                                 # the worker closed its output (it exited)
+
+    def _stderr_tail(self) -> str:
+        self._stderr.seek(0)
+        return self._stderr.read()[-4000:]
+
+    def result(self, case: str) -> float | str:
+        while case not in self.results:
+            pending = [c for c in self.cases if c not in self.results]
+            try:
+                line = self._lines.get(timeout=self.case_timeout)
+            except queue.Empty:
+                self._stop()
+                raise AssertionError(f"the interpreter worker finished no case in {self.case_timeout:g} s "
+                                     f"(stalled at {pending[:1]}): {self._stderr_tail()}") from None
+            if line is None:
+                code = self.proc.wait()
+                raise AssertionError(f"the interpreter worker exited ({code}) before reporting {case} "
+                                     f"(waiting for {len(pending)} cases): {self._stderr_tail()}")
+            if line.startswith("{"):
+                self.results.update(json.loads(line))
+        return self.results[case]
+
+    def _stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+    def close(self) -> None:
+        self._stop()
+        self._stderr.close()
+
+
+def selected_cases(request, cases: list[str]) -> list[str]:
+    """Of ``cases``, those of the requesting module's tests (parametrized by ``case``) that this pytest session
+    runs, in ``cases`` order: a ``-k`` run starts only the cases it checks."""
+    chosen = {item.callspec.params["case"] for item in request.session.items
+              if item.module is request.module and "case" in getattr(getattr(item, "callspec", None), "params", ())}
+    return [c for c in cases if c in chosen]
 
 
 if __name__ == "__main__":

@@ -5,34 +5,29 @@ fp16 and fp8_e5m2 caches, and sm70's tiles. The contexts (1 to 2,100 keys) leave
 and make the reduce merge more than one BLOCK_S step."""
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 import time
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from interpret_cases import SPLITKV_CASES
+from interpret_cases import SPLITKV_CASES, InterpretedRun, selected_cases
 
 pytest.importorskip("triton")
 SEED = int(time.time()) % 100_000
 
 
 @pytest.fixture(scope="module")
-def results() -> dict:
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "interpret_cases.py")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, script, str(SEED), *SPLITKV_CASES], capture_output=True, text=True,
-                          timeout=600, env=env)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+def worker(request):
+    run = InterpretedRun(SEED, selected_cases(request, SPLITKV_CASES))
+    yield run
+    run.close()
 
 
 @pytest.mark.parametrize("case", SPLITKV_CASES)
-def test_split_kv_decode_matches_float32_reference(results, case):
-    err = results[case]
+def test_split_kv_decode_matches_float32_reference(worker, case):
+    err = worker.result(case)
     assert not isinstance(err, str), f"seed {SEED}: {err}"
     bound = 1e-4 if case.endswith("fp32") else 1e-2        # fp16 q/p/output (fp8: the same bytes in both)
     assert err < bound, f"seed {SEED}: relative error {err:.3g} >= {bound}"

@@ -51,8 +51,8 @@ def test_greedy_tokens_identical_with_prefetch_on_and_off(fixture, request, monk
         calls: list[int] = []
         orig = L2Prefetcher.start
 
-        def spy(self, layer, _orig=orig):                            # counts, then runs the real start()
-            calls.append(layer)
+        def spy(self, layer, _orig=orig, _calls=calls):             # counts, then runs the real start()
+            _calls.append(layer)
             return _orig(self, layer)
         with monkeypatch.context() as m:
             m.setattr(L2Prefetcher, "start", spy)
@@ -121,4 +121,4 @@ def test_fit_rule():
     assert not paths.l2_prefetch_fits(70, 1 << 30, 1)                # below sm80 whatever the size
     assert not paths.l2_prefetch_fits(86, 6 << 20, ten_mb)           # GA102: 6 MB
     assert paths.l2_prefetch_fits(80, None, ten_mb)                  # not a GPU
-    assert [t for t in range(0, 40) if paths.use_l2_prefetch(t)] == list(range(1, paths.L2_PREFETCH_MAX_TOKENS + 1))
+    assert [t for t in range(40) if paths.use_l2_prefetch(t)] == list(range(1, paths.L2_PREFETCH_MAX_TOKENS + 1))

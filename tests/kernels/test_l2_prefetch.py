@@ -35,7 +35,7 @@ def _pattern(buf: torch.Tensor, lo: int, n: int) -> None:
 
 
 def _want(addr: int, n: int) -> int:
-    return int(sum(set(1 << (line % 7) for line in range(addr // LINE_BYTES, (addr + n - 1) // LINE_BYTES + 1))))
+    return int(sum({1 << (line % 7) for line in range(addr // LINE_BYTES, (addr + n - 1) // LINE_BYTES + 1)}))
 
 
 def _interpret_worker() -> dict:

@@ -114,7 +114,8 @@ def decode_ab(core, modes: Modes, bs: int, prompt: int, new: int, vocab: int, se
     modes.use("off")
     ref = tokens["off"][0]
     out: dict = {m: _stats(bs, v) for m, v in tpots.items()}
-    out["tokens_equal"] = all(t == ref for runs in tokens.values() for t in runs)
+    out["tokens_equal_by_mode"] = {m: all(t == ref for t in runs) for m, runs in tokens.items()}   # vs off's 1st
+    out["tokens_equal"] = all(out["tokens_equal_by_mode"].values())
     for m in MODES[1:]:
         out[f"{m}_vs_off"] = out[m]["tok_s"] / out["off"]["tok_s"]
     return out

@@ -122,3 +122,20 @@ def test_fit_rule():
     assert not paths.l2_prefetch_fits(86, 6 << 20, ten_mb)           # GA102: 6 MB
     assert paths.l2_prefetch_fits(80, None, ten_mb)                  # not a GPU
     assert [t for t in range(40) if paths.use_l2_prefetch(t)] == list(range(1, paths.L2_PREFETCH_MAX_TOKENS + 1))
+
+
+def test_bench_ab_runs_on_the_cpu(tiny_moe_gptq_dir):
+    """bench/l2_prefetch.py's A/B code (modes switched on one engine, alternating runs, token check) on the CPU."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    import l2_prefetch as bench
+
+    core = bench.engine(str(tiny_moe_gptq_dir), cpu=True)
+    modes = bench.Modes(core)
+    assert modes.prefetchers["off"] is None and modes.prefetchers["l2"].enabled
+    res = bench.decode_ab(core, modes, 2, 8, 4, 200, seed=1)
+    assert res["tokens_equal"] and set(res["tokens_equal_by_mode"]) == set(bench.MODES)
+    assert all(res[m]["tok_s"] > 0 for m in bench.MODES)
+    assert core.runner.model.l2_prefetch is None                     # left as the engine was built

@@ -18,7 +18,7 @@ from onecard.core.engine_core import EngineCore
 from onecard.runner.cuda_graphs import pad_verify, verify_query_len
 from onecard.runner.input_batch import build_inputs
 from onecard.sampling_params import SamplingParams
-from tests.engine.spec_helpers import OracleDrafter, enable_spec, run
+from tests.engine.spec_helpers import OracleDrafter, enable_spec, run, to_verify_step
 
 
 def _core(path, **kw) -> EngineCore:
@@ -58,17 +58,6 @@ def test_pad_verify_layout_invariants():
         pad_verify(cu, ids, pos, slots, (ctx + q_lens).astype(np.int32), b, 4, max_pos)   # q below a query
 
 
-def _to_verify_step(core):
-    """Step the engine until its next schedule carries drafts; -> that SchedulerOutput (not executed)."""
-    for _ in range(40):
-        sched = core.scheduler.schedule()
-        if any(s.draft_token_ids for s in sched.scheduled) and all(s.samples for s in sched.scheduled) \
-                and all(s.draft_token_ids or s.num_new_tokens == 1 for s in sched.scheduled):
-            return sched
-        core.scheduler.update(sched, core.runner.execute(sched))
-    raise AssertionError("no pure verify step came")
-
-
 def test_padded_verify_step_equals_eager(tiny_moe_gptq_dir):
     core = _core(tiny_moe_gptq_dir, speculative_config={"method": "ngram", "num_speculative_tokens": 4})
     runner = core.runner
@@ -81,7 +70,7 @@ def test_padded_verify_step_equals_eager(tiny_moe_gptq_dir):
     for i, p in enumerate(prompts):                             # r1: max_tokens leaves room for 1 draft only
         sp = SamplingParams(temperature=0.0, max_tokens=3 if i == 1 else 30, ignore_eos=True)
         core.add_request(EngineRequest(f"r{i}", p, sp, 0.0, []))
-    sched = _to_verify_step(core)
+    sched = to_verify_step(core)
     inputs = build_inputs(sched, runner.block_size, {}, None)
     q = verify_query_len(inputs)
     q_lens = np.diff(inputs.query_start_loc)

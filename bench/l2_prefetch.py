@@ -203,15 +203,19 @@ def main(argv: list[str]) -> dict:
     vocab = int(core.config.model.hf_config["vocab_size"])
     prompt, new = (24, 6) if cpu else (PROMPT, NEW)
     run(core, [torch.randint(3, vocab, (64,)).tolist()], 8)               # warm-up
-    for bs in (1, 16):
-        res[f"decode_bs{bs}"] = decode_ab(core, modes, bs, prompt, new, vocab, seed=bs)
-        print(f"bs{bs}", json.dumps(res[f"decode_bs{bs}"]), flush=True)
-    if not cpu:
-        res["graph_step_us"] = {f"bs{bs}": graph_step_us(modes, bs) for bs in (1, 16)}
-        res["qkv_gemv"] = kernel_figure(core.runner.model, core.runner.device)
-    res["total_s"] = time.perf_counter() - t0
     Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(json.dumps(res, indent=1))
+    parts = [(f"decode_bs{bs}", lambda bs=bs: decode_ab(core, modes, bs, prompt, new, vocab, seed=bs)) for bs in (1, 16)]
+    if not cpu:
+        parts += [("graph_step_us", lambda: {f"bs{bs}": graph_step_us(modes, bs) for bs in (1, 16)}),
+                  ("qkv_gemv", lambda: kernel_figure(core.runner.model, core.runner.device))]
+    for name, part in parts:                  # each part's result is written as soon as it exists
+        try:
+            res[name] = part()
+        except Exception as e:                # keep what the other parts measured
+            res[name] = {"error": f"{type(e).__name__}: {str(e)[:500]}"}
+        print(name, json.dumps(res[name]), flush=True)
+        res["total_s"] = time.perf_counter() - t0
+        Path(out).write_text(json.dumps(res, indent=1))
     print(json.dumps(res, indent=1), flush=True)
     return res
 

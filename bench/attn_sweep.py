@@ -16,7 +16,8 @@ the "fill" policy's choice, its choice at other programs per SM, the legacy coun
 num_stages, prefetch (the kernel's own: 1 block-table entries, 2 also K/V, one tile ahead), reduce_block_s /
 reduce_warps. Points run in
 priority order (the default; segments; reduce; stages x prefetch; tiles; segments again at the best tiles)
-until --budget seconds have passed; the rest are listed as skipped. Every point's layer-0 output is compared
+until --budget seconds have passed; the rest are listed as skipped. First, --prewarm worker processes compile
+every kernel the points need into Triton's cache (a process compiles one kernel at a time). Every point's layer-0 output is compared
 with the default's (``max_diff``, relative to its largest value); the default's with the float32 reference (``ref_err``).
 
 Usage (repo root, a GPU): python bench/attn_sweep.py OUT.json [--budget 330]
@@ -99,7 +100,7 @@ def tile_points() -> list[dict]:
 class Case:
     """LAYERS (k, v) caches for ``batch`` sequences of ``ctx`` tokens, graph-shaped metadata, a query."""
 
-    def __init__(self, name: str, batch: int, ctx: int, kv: str, dev: torch.device, contiguous: bool = False):
+    def __init__(self, name: str, batch: int, ctx: int, kv: str, dev: torch.device, layers: int | None = None):
         from onecard.kernels.attention.metadata import AttentionMetadata
 
         self.name, self.batch, self.ctx, self.kv = name, batch, ctx, kv
@@ -108,15 +109,14 @@ class Case:
         dt = torch.float8_e5m2 if kv == "fp8_e5m2" else torch.float16
         g = torch.Generator(device=dev).manual_seed(0)
         self.caches = []
-        for _ in range(LAYERS):
+        for _ in range(layers or LAYERS):
             pair = []
             for _ in range(2):
                 c = torch.empty(nb, BLOCK, HKV, D, dtype=torch.float16, device=dev).normal_(generator=g)
                 pair.append(c.to(dt) if dt != torch.float16 else c)
             self.caches.append(tuple(pair))
         width = BOUND // BLOCK
-        order = torch.arange(batch * nblk, device=dev) if contiguous else torch.randperm(batch * nblk, device=dev,
-                                                                                           generator=g)
+        order = torch.randperm(batch * nblk, device=dev, generator=g)
         table = torch.zeros(batch, width, dtype=torch.int32, device=dev)
         table[:, :nblk] = order.view(batch, nblk).to(torch.int32)       # the engine: scattered free blocks
         self.q = torch.randn(batch, HQ, D, device=dev, generator=g).to(torch.float16)
@@ -125,7 +125,7 @@ class Case:
                                     seq_lens=torch.full((batch,), ctx, dtype=torch.int32, device=dev),
                                     block_table=table, max_query_len=1, max_seq_len=BOUND, num_decode_tokens=batch)
         self.bytes = kv_bytes(batch, ctx, kv)
-        self.copy_rate = copy_rate(self.caches, self.bytes)
+        self.copy_rate = copy_rate(self.caches, self.bytes) if layers is None else 0.0
 
     def launch(self) -> list[torch.Tensor]:
         from onecard.kernels.attention import triton as tk
@@ -209,6 +209,38 @@ def measure(case: Case, knobs: dict, ref: torch.Tensor | None) -> dict:
     return row
 
 
+def _prewarm(job: tuple[dict, int, str, str]) -> str | None:
+    """Worker process: compile the kernels of one knob set for one (batch, KV dtype) into Triton's on-disk cache
+    (a 16-token context: the same specialization as the real cases), so the sweep's own launches load them."""
+    knobs, batch, kv, dev = job
+    try:
+        c = Case("warm", batch, BLOCK, kv, torch.device(dev), layers=1)
+        paths.set_decode_attention_override(**knobs)
+        c.launch()
+        if dev == "cuda":
+            torch.cuda.synchronize()
+        return None
+    except Exception as e:                                               # the sweep compiles (and reports) it
+        return f"{knobs} bs{batch} {kv}: {type(e).__name__}: {str(e)[:200]}"
+
+
+def prewarm(points: list[tuple[str, str, dict]], workers: int, dev: str = "cuda") -> tuple[int, list[str]]:
+    """Compile every kernel the points need, ``workers`` processes at once (Triton compiles one at a time per
+    process). -> (jobs, errors)."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    spec = {c[0]: (c[1], c[3]) for c in CASES}
+    jobs = {}
+    for _phase, name, knobs in points:
+        k = {a: b for a, b in knobs.items() if a not in ("segments", "min_seg_tiles")}
+        b, kv = spec[name]
+        jobs[json.dumps([k, min(b, 2), kv], sort_keys=True)] = (k, b, kv, dev)   # PDL: batch 1 vs the rest
+    with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
+        errors = [e for e in pool.map(_prewarm, list(jobs.values())) if e]
+    return len(jobs), errors
+
+
 def plan_points(cc: int, sms: int) -> list[tuple[str, str, dict]]:
     """(phase, case, knobs) in priority order (phase 'segments2' is filled in after the tiles are known)."""
     pts: list[tuple[str, str, dict]] = []
@@ -243,6 +275,7 @@ def main() -> None:
     ap.add_argument("out", nargs="?")
     ap.add_argument("--budget", type=float, default=330.0, help="seconds for the points (priority order)")
     ap.add_argument("--plan", action="store_true", help="print the cases and points only (no GPU needed)")
+    ap.add_argument("--prewarm", type=int, default=8, help="processes compiling the kernels first (0: none)")
     ap.add_argument("--smoke", action="store_true", help="CPU, under TRITON_INTERPRET=1: tiny contexts, few points")
     a = ap.parse_args()
     t_start = time.perf_counter()
@@ -263,11 +296,19 @@ def main() -> None:
     from onecard.kernels.triton_common import compute_capability, num_sms
 
     cc, sms = compute_capability(dev), num_sms(dev)
-    info = {"device": "cpu (smoke)" if a.smoke else torch.cuda.get_device_name(), "sms": sms, "cc": cc, "torch": torch.__version__,
-            "layers": LAYERS, "replays": REPLAYS, "bound": BOUND, "block_size": BLOCK}
+    info = {"device": "cpu (smoke)" if a.smoke else torch.cuda.get_device_name(), "sms": sms, "cc": cc,
+            "torch": torch.__version__, "layers": LAYERS, "replays": REPLAYS, "bound": BOUND, "block_size": BLOCK}
     import triton
 
     info["triton"] = triton.__version__
+    points = plan_points(cc, sms)
+    if a.smoke:
+        points = [p for ph in ("segments", "reduce", "tiles") for p in [q for q in points if q[0] == ph][:2]]
+    if a.prewarm:
+        n, errors = prewarm([("default", c[0], {}) for c in CASES] + points, a.prewarm if not a.smoke else 2,
+                            dev.type)
+        info["prewarm"] = {"jobs": n, "seconds": time.perf_counter() - t_start, "errors": errors}
+        print(f"prewarm: {n} compiles in {info['prewarm']['seconds']:.0f} s, {len(errors)} errors", flush=True)
     cases = {c[0]: Case(*c, dev) for c in CASES}
     info["copy_rate_tb_s"] = {n: c.copy_rate / 1e12 for n, c in cases.items()}
     rows: list[dict] = []
@@ -288,7 +329,8 @@ def main() -> None:
             r = measure(cases[name], knobs, defaults[name]["out0"] if compare and name in defaults else None)
         except Exception as e:                                           # e.g. out of shared memory: record it
             r = {"case": name, "knobs": knobs, "error": f"{type(e).__name__}: {str(e)[:300]}"}
-            torch.cuda.synchronize()
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
         r["phase"] = phase
         rows.append(r)
         if len(rows) % 10 == 0 and dev.type == "cuda":                 # captured graphs' pools: give them back
@@ -313,9 +355,6 @@ def main() -> None:
         run("contiguous-blocks", name, {}, compare=False)                # other blocks: other values
         c.md.block_table.copy_(table)
     save()
-    points = plan_points(cc, sms)
-    if a.smoke:
-        points = [p for ph in ("segments", "reduce", "tiles") for p in [q for q in points if q[0] == ph][:2]]
     for phase, name, knobs in points:
         run(phase, name, knobs)
         if len(rows) % 10 == 0:

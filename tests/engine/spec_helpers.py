@@ -65,3 +65,14 @@ def run(core, requests: dict[str, tuple[list[int], object]]) -> dict[str, dict]:
     kv = core.scheduler.kv_cache_manager
     assert kv.num_free_blocks == kv.num_usable_blocks          # nothing leaked
     return got
+
+
+def to_verify_step(core):
+    """Step the engine until its next schedule carries drafts; -> that SchedulerOutput (not executed)."""
+    for _ in range(40):
+        sched = core.scheduler.schedule()
+        if any(s.draft_token_ids for s in sched.scheduled) and all(s.samples for s in sched.scheduled) \
+                and all(s.draft_token_ids or s.num_new_tokens == 1 for s in sched.scheduled):
+            return sched
+        core.scheduler.update(sched, core.runner.execute(sched))
+    raise AssertionError("no pure verify step came")

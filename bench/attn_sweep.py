@@ -236,8 +236,11 @@ def prewarm(points: list[tuple[str, str, dict]], workers: int, dev: str = "cuda"
         k = {a: b for a, b in knobs.items() if a not in ("segments", "min_seg_tiles")}
         b, kv = spec[name]
         jobs[json.dumps([k, min(b, 2), kv], sort_keys=True)] = (k, b, kv, dev)   # PDL: batch 1 vs the rest
-    with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
-        errors = [e for e in pool.map(_prewarm, list(jobs.values())) if e]
+    try:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
+            errors = [e for e in pool.map(_prewarm, list(jobs.values())) if e]
+    except Exception as e:                                               # a worker died: the sweep compiles itself
+        errors = [f"prewarm stopped: {type(e).__name__}: {str(e)[:300]}"]
     return len(jobs), errors
 
 

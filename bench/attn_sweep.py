@@ -44,7 +44,7 @@ from onecard.kernels import paths
 
 HQ, HKV, D, BLOCK = 32, 4, 128, 16
 BOUND = 65536                                   # max_model_len: the graph's max_seq_len
-LAYERS, REPLAYS = 48, 10
+LAYERS, REPLAYS = 48, 20
 SMS_PLAN = 132                                  # the plan's SM count without a GPU (H100/H200)
 CASES = (("1x512", 1, 512, "fp16"), ("1x32k", 1, 32768, "fp16"), ("1x64k", 1, 65536, "fp16"),
          ("16x8k", 16, 8192, "fp16"), ("1x32k-e5m2", 1, 32768, "fp8_e5m2"))
@@ -56,7 +56,7 @@ SMOKE_CASES = (("1x512", 1, 40, "fp16"), ("1x32k", 1, 300, "fp16"), ("1x64k", 1,
 # and at stages 3), then the reduce
 STAGES = (1, 2, 3, 4)
 PREFETCH = (0, 1, 2)
-TILES = ((32, 4), (32, 8), (64, 8), (128, 4), (128, 8), (64, 2))
+TILES = ((32, 4), (32, 8), (64, 8), (128, 4), (128, 8), (64, 2), (32, 2), (16, 4))
 SEGMENTS2_RESERVE = 70.0                        # seconds of --budget kept for the segments at the best tiles
 REDUCE = ((64, 4), (128, 4), (128, 8), (32, 8), (32, 2))
 

@@ -36,6 +36,10 @@ NORM_MOE = [(1, 64, 32, 8, 2, True, True), (1, 200, 48, 6, 3, False, True), (1, 
 # (seq_lens, query_lens, Hq, Hkv, block_size, num_decode_tokens): prefill, chunk over prefix, split-KV decode
 ATTN = [([5, 9, 1], [5, 9, 1], 8, 2, 4, 0), ([7, 70, 33], [1, 4, 1], 6, 2, 16, 1),
         ([130, 2100], [1, 1], 4, 1, 16, 2), ([17], [17], 4, 4, 8, 0)]
+# a speculative verify step in the CUDA graphs' padded layout (runner/cuda_graphs.pad_verify): (contexts incl. the
+# real query rows, real query rows, graph batch b, rows per sequence q, Hq, Hkv, block size); the padded launch's
+# real rows must equal the unpadded reference
+VERIFY_ATTN = [([9, 40, 20], [3, 1, 5], 4, 5, 8, 2, 16), ([30], [2], 2, 9, 4, 1, 4)]
 # split-KV decode (tests/kernels/test_split_kv.py; not in CASES): (segments, shortest segment in tiles, contexts,
 # decode-attention knobs) forced on one decode batch through paths.set_decode_attention_override (contexts of 1,
 # 70 and 700 keys: 1, 2 and 11 tiles of 64), so segments past a sequence's end occur (all but one for the 1-key
@@ -74,6 +78,7 @@ CASES = ([f"gemm{i}-{dt}" for i in range(len(GEMM)) for dt in (F32, F16)] + ["de
          + [f"rms_norm-{r}-{dt}" for r in ("res", "nores", "x32res") for dt in (F32, F16)]
          + [f"qk_norm_rope-{dt}" for dt in (F32, F16)] + [f"qk_norm_rope_store-{dt}" for dt in (F32, F16)]
          + [f"silu_and_mul-{dt}" for dt in (F32, F16)]
+         + [f"verifyattn{i}-{dt}" for i in range(len(VERIFY_ATTN)) for dt in (F32, F16)]
          + FP8_CASES)
 
 
@@ -215,6 +220,40 @@ def _splitkv_case(name: str, seed: int) -> float:
     return _rel(out, want)
 
 
+def _verify_attn_case(i: int, dt, seed: int) -> float:
+    """Triton paged attention over the (b, q) padded layout vs the reference on the unpadded step (real rows)."""
+    import numpy as np
+    import torch
+    from kernels_testlib import make_paged_batch
+
+    from onecard.kernels.attention import ref
+    from onecard.kernels.attention import triton as tk
+    from onecard.kernels.attention.metadata import AttentionMetadata
+    from onecard.runner.cuda_graphs import pad_verify
+
+    seq_lens, qlens, b, q, hq, hkv, bs = VERIFY_ATTN[i]
+    d = 32
+    kc, vc, md, _, _ = make_paged_batch(seq_lens, qlens, hkv, d, bs, dtype=dt, seed=seed)
+    cu = md.query_start_loc.numpy()
+    pos = np.concatenate([np.arange(L - n, L) for L, n in zip(seq_lens, qlens)])
+    p = pad_verify(cu, np.zeros(cu[-1], dtype=np.int64), pos, md.slot_mapping.numpy(), md.seq_lens.numpy(), b, q,
+                   max(seq_lens) + q)
+    n = len(seq_lens)
+    cols = max(md.block_table.shape[1], -(-int(p.seq_lens.max()) // bs))
+    table = torch.zeros(b, cols, dtype=torch.int32)                       # padded sequences: block 0
+    table[:n, :md.block_table.shape[1]] = md.block_table
+    padded = AttentionMetadata(
+        slot_mapping=torch.from_numpy(p.slot_mapping), query_start_loc=torch.arange(b + 1, dtype=torch.int32) * q,
+        seq_lens=torch.from_numpy(p.seq_lens), block_table=table, max_query_len=q, max_seq_len=max(seq_lens) + q)
+    q_real = torch.randn(int(cu[-1]), hq, d).to(dt)
+    q_pad = torch.randn(b * q, hq, d).to(dt)                              # pad rows: anything
+    rows = torch.from_numpy(p.rows)
+    q_pad[rows] = q_real
+    s = 1 / math.sqrt(d)
+    out = tk.paged_attention(q_pad, kc, vc, padded, s)[rows]
+    return _rel(out, ref.paged_attention(q_real.float(), kc.float(), vc.float(), md, s))
+
+
 def run_case(name: str, seed: int) -> float:
     import torch
     from kernels_testlib import make_paged_batch, random_gptq
@@ -271,6 +310,8 @@ def run_case(name: str, seed: int) -> float:
         t, h, e = ROUTER[int(kind[6:])]
         x, w = torch.randn(t, h + 3).to(dt)[:, :h], (torch.randn(e, h) / math.sqrt(h)).to(dt)  # x: strided rows
         return _rel(tk.moe_router(x, w), ref.moe_router(x.float(), w.float()))
+    if kind.startswith("verifyattn"):
+        return _verify_attn_case(int(kind[10:]), dt, seed)
     if kind.startswith("attn"):
         from onecard.kernels.attention import ref
         from onecard.kernels.attention import triton as tk

@@ -6,7 +6,8 @@
 #          beside `full` in one call for the relative figure (a functional check, not a V100 timing)
 #   specverify: issue 30: verify-step latency vs tokens per sequence (1..9) at batch 1 and 16 (the cost model's
 #          table), the expert union, the projected speed-up (SPEC_ACCEPTANCE=bench/spec_acceptance.py's JSON, if
-#          given), then end-to-end tok/s with teacher-forced drafts and random prompts, speculation on vs off
+#          given), then end-to-end tok/s with the engine's verify graphs: off (sync loop, async loop), teacher-forced
+#          drafts and random prompts with the policy; capture time and memory of the verify graphs
 #   longctx: decode at batch 1 with 32k and 64k of context, batch 16 with 8k each, vs the bandwidth floor
 #   l2prefetch: issue 25 item 2: decode bs1/bs16 with ONECARD_L2_PREFETCH off / l2 / evict_last alternating in one
 #          engine (tokens equal), each step's graph time, and the qkv GEMV cold vs prefetched into L2 (~2-3 min)
@@ -19,8 +20,8 @@ for p in $parts; do
   case $p in
     apimem) log apimem  # issue 28: only the engine process may hold GPU memory (nvidia-smi), bundled model
           timeout 600 python3 bench/api_gpu_memory.py "$OUT/api_gpu_memory.json" ;;
-    specverify) log specverify  # two processes (the table, then the engine runs); with the build < 600 s
-          [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30
+    specverify) log specverify  # two processes (the table, then the engine runs); with the build <= 550 s
+          [ -d /tmp/q30 ] || timeout 200 python3 bench/full_size.py build /tmp/q30
           timeout 150 python3 bench/spec_verify.py /tmp/q30 "$OUT" --parts verify ${SPEC_ACCEPTANCE:+--acceptance "$SPEC_ACCEPTANCE"}
           timeout 200 python3 bench/spec_verify.py /tmp/q30 "$OUT" --parts e2e,random ${SPEC_ACCEPTANCE:+--acceptance "$SPEC_ACCEPTANCE"} ;;
     probe) log probe; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv

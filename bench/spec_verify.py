@@ -24,12 +24,15 @@ Parts:
           bench/spec_acceptance.py (``--acceptance``): for each method and draft length k, the mean accepted
           length a_k of its histogram, speed-up = (1 + a_k) · T(B, 1) / T(B, 1 + k); and the fitted per-token
           acceptance α for the policy. DERIVED (a measured table x a measured CPU acceptance), not measured.
-  e2e     (when the speculative engine is present) one engine with ``speculative_config``; greedy runs of
-          NEW_TOKENS at batch 1 and 16 over 512-token prompts: speculator off, then on with a teacher-forced
-          drafter that proposes the reference continuation (the output of the non-speculative run, which
-          speculation must reproduce token for token) with each draft token corrupted with probability
-          1 − α (seeded): tok/s measured, tokens checked equal.
-  random  the same engine, random prompts, its own drafter (ngram): tok/s on vs off (target >= 0.97).
+  e2e     one speculative engine (ngram, k = 8) whose CUDA graphs cover the verify steps (runner/cuda_graphs.py;
+          their capture time and memory recorded), greedy runs of E2E_TOKENS at batch 1 and 16 over 512-token
+          random prompts, median of 3 each: (a) speculation off, synchronous loop; (b) off, the default loop
+          (async scheduling, the GPU default without speculation: the same engine with its loop switched); (c)
+          teacher-forced drafts of (a)'s output (each draft token corrupted with probability 1 − α, seeded) at
+          α in ALPHAS and the edit workload's fitted α (--acceptance: its lowest and highest edit method), the
+          adaptive policy on this call's measured table, plus fixed k at the highest α; tok/s, the ratio to (b)
+          and to (a), tokens equal to (a)'s, acceptance, how many steps replayed a verify graph.
+  random  (d) the same engine, the random prompts, its own ngram drafter and the policy (target >= 0.97 x (b)).
 """
 from __future__ import annotations
 
@@ -52,8 +55,8 @@ from onecard.core.spec.cost import CostModel, MeasuredTable, ModelShape, card_sp
 
 REPEATS = 7
 NEW_TOKENS = 192                      # per request, verify part's engine TPOT
-E2E_TOKENS = 128                      # per request, each end-to-end run
-ALPHAS = (0.5, 0.8, 0.95)
+E2E_TOKENS = 256                      # per request, each end-to-end run
+ALPHAS = (0.8, 0.95)                  # teacher-forced acceptance (+ the edit workload's fitted α, with --acceptance)
 TINY = "onecard/data/onecard-tiny-coder"
 
 
@@ -214,7 +217,9 @@ def union_correction(union: dict, top_k: int) -> float:
 
 # ------------------------------------------------------------------ engine runs
 def run(core, prompts: list[list[int]], new: int, tokens: dict | None = None) -> float:
-    """Greedy ``new`` tokens per prompt; decode tok/s over the batch (first token to last, all requests)."""
+    """Greedy ``new`` tokens per prompt; decode tok/s over the batch (first token to last, all requests). The
+    loop is the core's (``core.async_scheduling``); the synchronous loop syncs the GPU after each step (its step
+    already waited for the sampled ids), the async one never does (that would undo its overlap)."""
     from onecard.protocol import EngineRequest
     from onecard.sampling_params import SamplingParams
 
@@ -225,10 +230,10 @@ def run(core, prompts: list[list[int]], new: int, tokens: dict | None = None) ->
         core.add_request(EngineRequest(rid, list(p), sp, time.monotonic(), []))
     first: float | None = None
     count = 0
-    cuda = core.runner.device.type == "cuda"
+    sync = core.runner.device.type == "cuda" and not core.async_scheduling
     while core.has_unfinished():
         outs = core.step()
-        if cuda:
+        if sync:
             torch.cuda.synchronize()
         now = time.perf_counter() - t0
         for o in outs:
@@ -253,104 +258,155 @@ def engine_tpot(core, s: Setup, vocab: int) -> dict[int, float]:
 
 class TeacherForcedDrafter:
     """Proposes the reference continuation (the non-speculative greedy output), each draft token replaced by
-    another with probability 1 − α, seeded by (prompt, position): acceptance is geometric in α."""
+    another with probability 1 − α, seeded by (prompt, position): acceptance is geometric in α. A request's
+    reference is found by its prompt once, then kept by request id (the drafter's host time is the engine's)."""
 
     def __init__(self, reference: dict[tuple[int, ...], list[int]], alpha: float, vocab: int, seed: int = 0):
         self.reference, self.alpha, self.vocab, self.seed = reference, alpha, vocab, seed
+        self._by_req: dict[str, tuple[int, tuple[int, ...], list[int]] | None] = {}
+
+    def _find(self, req_id, tokens):
+        if req_id not in self._by_req:
+            self._by_req[req_id] = next(((len(p), p[:4], c) for p, c in self.reference.items()
+                                         if len(tokens) >= len(p) and tuple(tokens[:len(p)]) == p), None)
+        return self._by_req[req_id]
 
     def propose(self, req_id, tokens, max_k: int) -> list[int]:
-        for prompt, cont in self.reference.items():
-            n = len(prompt)
-            if len(tokens) >= n and tuple(tokens[:n]) == prompt:
-                done = len(tokens) - n
-                out = list(cont[done:done + max_k])
-                rng = random.Random(f"{self.seed}:{prompt[:4]}:{len(tokens)}")          # deterministic per position
-                return [t if rng.random() < self.alpha else (t + 1) % self.vocab for t in out]
-        return []
+        hit = self._find(req_id, tokens)
+        if hit is None:
+            return []
+        n, head, cont = hit
+        done = len(tokens) - n
+        out = list(cont[done:done + max_k])
+        rng = random.Random(f"{self.seed}:{head}:{len(tokens)}")                       # deterministic per position
+        return [t if rng.random() < self.alpha else (t + 1) % self.vocab for t in out]
 
     def observe(self, req_id, tokens) -> None:
         pass
 
     def finish(self, req_id, tokens) -> None:
-        pass
+        self._by_req.pop(req_id, None)
 
 
-def _spec_run(core, spec, prompts, new: int, off: float, ref: dict, reps: int, policy=None) -> dict:
-    """Runs with the speculator on: median tok/s, speed-up over ``off``, equal tokens (every run), acceptance.
-    ``policy``: a fresh SpecPolicy for these runs (None: every proposal verified in full, fixed k)."""
-    if hasattr(spec, "policy"):
+def _replays(core) -> dict:
+    g = getattr(core.runner, "graphs", None)
+    return dict(g.replays) if g is not None else {}
+
+
+def _measure(core, prompts, new: int, reps: int, ref: dict | None, spec=None, policy=None) -> dict:
+    """``reps`` runs with the core's current loop and speculator: median tok/s, every run's tokens == ``ref``
+    (None: the first run becomes the reference, returned as "tokens"), and the steps' graph coverage."""
+    steps0, rep0 = core.num_steps, _replays(core)
+    if spec is not None and hasattr(spec, "policy"):
         spec.policy = policy
-    core.scheduler.speculator = spec
-    before = spec.stats()
-    rates, equal = [], True
+    before = spec.stats() if spec is not None else None
+    rates, equal, first = [], True, None
     for _ in range(reps):
         got: dict[int, list[int]] = {}
         rates.append(run(core, prompts, new, got))
-        equal = equal and got == ref
-    on = statistics.median(rates)
-    after = spec.stats()
-    drafted = after.num_draft_tokens - before.num_draft_tokens
-    return {"tok_s": on, "tok_s_runs": rates, "speedup": on / off, "tokens_equal": equal, "draft_tokens": drafted,
-            "policy": policy is not None,
-            "acceptance": (after.num_accepted_tokens - before.num_accepted_tokens) / max(1, drafted),
-            "verify_steps": after.num_drafts - before.num_drafts}
+        if ref is None and first is None:
+            first = got
+        else:
+            equal = equal and got == (ref if ref is not None else first)
+    rep1 = _replays(core)
+    delta = {k: rep1.get(k, 0) - rep0.get(k, 0) for k in rep1}
+    out = {"tok_s": statistics.median(rates), "tok_s_runs": rates, "tokens_equal": equal,
+           "steps": core.num_steps - steps0, "graph_steps": sum(delta.values()),
+           "verify_graph_steps": sum(n for (_, q), n in delta.items() if q > 1),
+           "verify_graph_shapes": sorted(f"{b}x{q}" for (b, q), n in delta.items() if q > 1 and n)}
+    if spec is not None:
+        after = spec.stats()
+        drafted = after.num_draft_tokens - before.num_draft_tokens
+        out.update(draft_tokens=drafted, policy=policy is not None, verified_seqs=after.num_drafts - before.num_drafts,
+                   acceptance=(after.num_accepted_tokens - before.num_accepted_tokens) / max(1, drafted))
+    if first is not None:
+        out["tokens"] = first
+    return out
+
+
+def e2e_engine(model_dir: str, s: Setup, k: int):
+    """The speculative engine (``ngram``, k drafts), built with steps in flight allowed so that one engine can
+    run both loops: --speculative-config turns async scheduling off by default (config.py), so the flag is set
+    after validation, the runner's graph inputs are guarded as with --async-scheduling, and the runs switch
+    ``core.async_scheduling`` (async only with the speculator detached, as the refusal in config.py requires)."""
+    from onecard.config import EngineArgs
+    from onecard.core.engine_core import EngineCore
+
+    args = ({"model": model_dir, "device": "cpu", "max_model_len": 512, "max_num_seqs": 16,
+             "max_num_batched_tokens": 512, "enable_prefix_caching": False} if s.device == "cpu" else
+            {"model": model_dir, "quantization": "gptq", "dtype": "float16", "max_model_len": 4096,
+             "max_num_seqs": 16, "max_num_batched_tokens": 8192, "gpu_memory_utilization": 0.85,
+             "enable_prefix_caching": False})
+    cfg = EngineArgs(**args, speculative_config={"method": "ngram", "num_speculative_tokens": k}).create_config()
+    cfg.scheduler.async_scheduling = True
+    t0 = time.perf_counter()
+    core = EngineCore(cfg)
+    core.async_scheduling = False
+    return core, time.perf_counter() - t0
 
 
 def e2e_part(model_dir: str, s: Setup, shape: ModelShape, card: str, parts: set[str],
              alphas: tuple[float, ...] = ALPHAS, table_path: Path | None = None, save=None) -> dict:
-    try:
-        from onecard.core.spec.speculator import Speculator  # noqa: F401 - presence of the speculative engine
-    except ImportError:
-        return {"skipped": "no speculative engine (onecard.core.spec.speculator) in this tree"}
-    core = engine(model_dir, s, {"method": "ngram", "num_speculative_tokens": s.k})
+    """Per batch: (a) off, synchronous loop; (b) off, async loop (the GPU default without speculation); (c)
+    teacher-forced drafts at each α with the adaptive policy (and fixed k at the highest α); (d) random prompts,
+    the engine's ngram drafter, the policy. Verify steps replay the engine's own verify graphs (GPU)."""
+    if s.device == "cuda":
+        torch.cuda.synchronize()
+        free0 = torch.cuda.mem_get_info()[0]
+    core, ready_s = e2e_engine(model_dir, s, s.k)
+    graphs = getattr(core.runner, "graphs", None)
+    res: dict = {"engine_ready_s": ready_s, "new_tokens": s.e2e_tokens, "repeats": s.e2e_repeats,
+                 "capture": dict(graphs.capture_stats) if graphs is not None else None,
+                 "verify_graph_shapes": len(graphs.verify_shapes) if graphs is not None else 0}
+    if s.device == "cuda":
+        res["engine_device_bytes"] = free0 - torch.cuda.mem_get_info()[0]
     spec = core.scheduler.speculator
     own_drafter = spec.drafter
-    engine_policy = getattr(spec, "policy", None)          # the engine's SpecPolicy (GPU), if it has one
-    cost = None
-    if hasattr(spec, "policy"):                             # the engine takes a policy: test it with this card's
-        cost = engine_policy.cost if engine_policy is not None else CostModel.for_card(card, shape)
-        if table_path is not None and table_path.exists():  # ... measured table when the verify part wrote one
-            measured = CostModel.for_card(card, cost.shape, table_path, cost.eager)   # priced as the engine runs
-            cost = measured if measured.table is not None else cost
+    engine_policy = spec.policy
+    cost = engine_policy.cost if engine_policy is not None else None
+    if cost is not None and table_path is not None and table_path.exists():   # this call's measured table,
+        measured = CostModel.for_engine(core.config, card, table_path)         # priced as the engine runs
+        cost = measured if measured.table is not None else cost
+    res["policy_cost"] = None if cost is None else cost.source
 
-    def variants() -> list[tuple[str, object]]:
-        """(suffix, policy) pairs: an adaptive policy (fresh evidence each time) and fixed k."""
+    def policy():
         if cost is None:
-            return [("", None)]
+            return None
         from onecard.core.spec.policy import SpecPolicy
 
-        return [("", SpecPolicy(s.k, cost)), ("_fixed_k", None)]
+        return SpecPolicy(s.k, cost)                    # fresh evidence for each variant
 
     vocab = shape.vocab
     g = torch.Generator().manual_seed(5)
-    res: dict = {"policy_cost": None if cost is None else cost.source}
     for b in s.batches:
         prompts = [torch.randint(0, vocab, (s.context,), generator=g).tolist() for _ in range(b)]
         core.scheduler.speculator = None
+        core.async_scheduling = False
         run(core, prompts, 4)
-        ref: dict[int, list[int]] = {}                      # the first off run's tokens: every later run's reference
-        offs, off_equal = [run(core, prompts, s.e2e_tokens, ref)], True
-        for _ in range(s.e2e_repeats - 1):
-            again: dict[int, list[int]] = {}
-            offs.append(run(core, prompts, s.e2e_tokens, again))
-            off_equal = off_equal and again == ref
-        off = statistics.median(offs)
-        row: dict = {"off_tok_s": off, "off_tok_s_runs": offs, "off_tokens_equal_across_runs": off_equal}
+        sync = _measure(core, prompts, s.e2e_tokens, s.e2e_repeats, None)
+        ref = sync.pop("tokens")
+        core.async_scheduling = True
+        run(core, prompts, 4)
+        asy = _measure(core, prompts, s.e2e_tokens, s.e2e_repeats, ref)
+        core.async_scheduling = False
+        row: dict = {"off_sync": sync, "off_async": asy}
+        core.scheduler.speculator = spec
+        runs: list[tuple[str, object, object]] = []
         if "e2e" in parts:
             reference = {tuple(p): ref[i] for i, p in enumerate(prompts)}
             for a in alphas:
-                spec.drafter = TeacherForcedDrafter(reference, a, vocab)
-                for suffix, pol in variants():
-                    row[f"teacher_alpha{a:.3f}{suffix}"] = _spec_run(core, spec, prompts, s.e2e_tokens, off, ref,
-                                                                     s.e2e_repeats, pol)
+                runs.append((f"teacher_alpha{a:.3f}", TeacherForcedDrafter(reference, a, vocab), policy()))
+            runs.append((f"teacher_alpha{max(alphas):.3f}_fixed_k", TeacherForcedDrafter(reference, max(alphas), vocab),
+                         None))
         if "random" in parts:
-            spec.drafter = own_drafter
-            for suffix, pol in variants():
-                row[f"random_ngram{suffix}"] = _spec_run(core, spec, prompts, s.e2e_tokens, off, ref, s.e2e_repeats,
-                                                         pol)
-        core.scheduler.speculator = spec
-        if hasattr(spec, "policy"):
-            spec.policy = engine_policy
+            runs.append(("random_ngram", own_drafter, policy()))
+        for name, drafter, pol in runs:
+            spec.drafter = drafter
+            r = _measure(core, prompts, s.e2e_tokens, s.e2e_repeats, ref, spec, pol)
+            r["vs_off_async"] = r["tok_s"] / asy["tok_s"]
+            r["vs_off_sync"] = r["tok_s"] / sync["tok_s"]
+            row[name] = r
+        spec.drafter, spec.policy = own_drafter, engine_policy
         res[b] = row
         print(f"e2e B={b}: " + json.dumps(row), flush=True)
         if save is not None:

@@ -5,7 +5,8 @@
 3. ``determine_num_blocks()`` sizes the KV pool (GPU: profiles a forward at the token budget) in blocks of
    ``block_bytes``; it raises ``ConfigError`` when one max-model-len sequence does not fit;
 4. ``initialize_kv_cache(num_blocks)`` allocates the pool (``kv_cache_bytes`` in all);
-5. ``capture_graphs()`` (GPU, unless --enforce-eager) records the decode CUDA graphs over that pool;
+5. ``capture_graphs()`` (GPU, unless --enforce-eager) records the decode (and, with --speculative-config, verify)
+   CUDA graphs over that pool;
 6. ``initialize_host_tier()`` (with --kv-offloading-size) allocates the host KV tier and returns its blocks;
 then once per step ``execute(sched)``, which is ``submit(sched).result()``; with async scheduling the core
 submits step n+1 before it reads step n's ``result()``.

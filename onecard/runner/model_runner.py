@@ -20,7 +20,9 @@ scheduling the mask waits for the step in flight's samples after this step's for
 and returns its size in blocks (refused when the machine has less memory available); each step then first makes
 the copies its SchedulerOutput lists (runner/kv_offload.py), before its forward.
 A step with drafts (speculative decoding; synchronous loop only) computes logits at every verified position and
-hands them to runner/spec_verify.py, which returns the accepted tokens (eager: CUDA graphs cover plain decodes).
+hands them to runner/spec_verify.py, which returns the accepted tokens. With --speculative-config the CUDA graphs
+cover verify steps too (runner/cuda_graphs.py: each sequence padded to 1 + the step's longest draft; the hidden
+rows of the real tokens come back in input order); steps with a prefill chunk run eagerly.
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ from onecard.config import ConfigError, EngineConfig, host_tier_blocks
 from onecard.core.outputs import RunnerOutput, SchedulerOutput
 from onecard.kernels import dispatch
 from onecard.kernels.attention.metadata import AttentionMetadata
+from onecard.runner.graph_shapes import graph_batch_sizes, verify_graph_shapes
 from onecard.runner.input_batch import ModelInputs, build_inputs
 from onecard.runner.sampler import Sampler, SamplingBatch, compute_logprobs
 from onecard.runner.step_output import PendingOutput
@@ -268,8 +271,9 @@ class ModelRunner:
         if not inputs.sample_rows:
             self._last_tokens = self._last_rows = self._last_pending = None
             return PendingOutput.ready(RunnerOutput(sampled_token_ids={}))
-        if inputs.num_decode_tokens == len(inputs.sample_rows) == hidden.shape[0]:
-            last = hidden                                                     # decodes: every row samples
+        if (inputs.num_decode_tokens == len(inputs.sample_rows) == hidden.shape[0]
+                or inputs.logits_indices.shape[0] == hidden.shape[0]):
+            last = hidden                                                     # every row samples, in order
         else:
             last = hidden[torch.from_numpy(inputs.logits_indices).to(self.device, non_blocking=True)]
         logits = self.model.compute_logits(last)                              # [S, V] fp32
@@ -408,11 +412,14 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ CUDA graphs
     def graph_batch_sizes(self) -> list[int]:
-        max_seqs = self.config.scheduler.max_num_seqs
-        sizes = [b for b in (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256) if b <= max_seqs]
-        if max_seqs not in sizes:
-            sizes.append(max_seqs)
-        return sizes
+        return graph_batch_sizes(self.config.scheduler.max_num_seqs)
+
+    def verify_graph_shapes(self) -> list[tuple[int, int]]:
+        """(b, q) verify graphs: captured with --speculative-config (runner/graph_shapes.py)."""
+        spec = self.config.speculative
+        if spec is None:
+            return []
+        return verify_graph_shapes(self.graph_batch_sizes(), spec.num_speculative_tokens)
 
     def precompile(self) -> dict | None:
         """Compile every kernel variant start-up and serving launch, in parallel (runner/precompile.py)."""
@@ -421,12 +428,17 @@ class ModelRunner:
         self.precompile_summary = precompile(self)
         return self.precompile_summary
 
-    def capture_graphs(self) -> None:
+    def graph_runner(self):
+        """A CUDAGraphRunner over this runner's model and KV cache (not captured yet; off CUDA its "graphs" run
+        eagerly in the same padded layouts: tests)."""
         from onecard.runner.cuda_graphs import CUDAGraphRunner
 
-        sizes = self.graph_batch_sizes()
         max_blocks = (self.config.scheduler.max_model_len + self.block_size - 1) // self.block_size
-        self.graphs = CUDAGraphRunner(self.model, self.kv_caches, sizes, max_blocks,
-                                      self.config.scheduler.max_model_len, self.device,
-                                      steps_in_flight=self.config.scheduler.async_scheduling)
+        return CUDAGraphRunner(self.model, self.kv_caches, self.graph_batch_sizes(), max_blocks,
+                               self.config.scheduler.max_model_len, self.device,
+                               steps_in_flight=self.config.scheduler.async_scheduling,
+                               verify_shapes=self.verify_graph_shapes())
+
+    def capture_graphs(self) -> None:
+        self.graphs = self.graph_runner()
         self.graphs.capture()

@@ -3,7 +3,8 @@
 Contract: ``precompile(runner) -> dict | None`` runs before the runner's first real kernel launch (before
 ``determine_num_blocks``). Inside ``kernels.precompile.record()`` it runs the model's forward (no kernel
 executes; one layer of each distinct kind, see representative_layers) on: the memory profile's batch, every
-CUDA-graph decode batch, eager decode batches of every size up to max_num_seqs with short and long contexts,
+CUDA-graph decode batch, every verify graph's shape (with --speculative-config: b sequences x q query
+rows, logits at every row), eager decode batches of every size up to max_num_seqs with short and long contexts,
 prefill chunks on both sides of every boundary of the kernel-path table (kernels/paths.token_boundaries:
 decode-sized, the sorted MoE GEMMs, cuBLAS, the grouped prefill MoE) and at the profile's token budget and mixed decode + prefill steps; then it compiles what was recorded, on all CPUs,
 into Triton's on-disk cache. Returns the summary (None where it does not apply, see ``applies``). A failure
@@ -114,6 +115,11 @@ def dry_run(runner) -> None:
         ids, pos, md = batch([1] * bs, [1] * bs, runner.block_size, runner.device, max_seq_len=sched.max_model_len,
                              table_width=-(-sched.max_model_len // runner.block_size))
         model(ids, pos, runner.kv_caches, md, layer_ids)
+    for bs, q in runner.verify_graph_shapes():                            # the verify graphs (speculation)
+        ids, pos, md = batch([q] * bs, [1] * bs, runner.block_size, runner.device,
+                             max_seq_len=sched.max_model_len + q - 1,
+                             table_width=-(-(sched.max_model_len + q - 1) // runner.block_size))
+        model.compute_logits(model(ids, pos, runner.kv_caches, md, layer_ids))
     for q, c, long in dry_shapes(sched.max_num_seqs, sched.max_num_batched_tokens, sched.max_model_len):
         ids, pos, md = batch(q, c, runner.block_size, runner.device, max_seq_len=sched.max_model_len if long else None)
         model.compute_logits(model(ids, pos, runner.kv_caches, md, layer_ids)[-1:])

@@ -120,3 +120,14 @@ def plain_reference(path) -> tuple[dict, dict, dict, int]:
     got = run(core, reqs)
     ref = {rid: list(reqs[rid][0]) + got[rid]["tokens"] for rid in reqs}
     return reqs, got, ref, vocab
+
+
+def to_verify_step(core):
+    """Step the engine until its next schedule carries drafts; -> that SchedulerOutput (not executed)."""
+    for _ in range(40):
+        sched = core.scheduler.schedule()
+        if any(s.draft_token_ids for s in sched.scheduled) and all(s.samples for s in sched.scheduled) \
+                and all(s.draft_token_ids or s.num_new_tokens == 1 for s in sched.scheduled):
+            return sched
+        core.scheduler.update(sched, core.runner.execute(sched))
+    raise AssertionError("no pure verify step came")

@@ -1,7 +1,7 @@
 """The CUDA-graph runner's input staging (pinned host twins, one copy per buffer, block-table rows only where
 they changed, padded rows) on the CPU.
 
-CUDA graphs do not exist on the CPU, so each "graph" here re-runs the model eagerly on the runner's static
+CUDA graphs do not exist on the CPU, so off CUDA the graph runner re-runs the model eagerly on its static
 input buffers — exactly the tensors a captured graph reads. What is under test is that those buffers hold the
 step's inputs: greedy tokens through ``try_run`` must equal the eager engine's, over enough steps that block
 tables grow, with batch sizes that shrink as requests finish (padding rows) and a smallest graph larger than
@@ -20,18 +20,6 @@ from onecard.core.engine_core import EngineCore
 from onecard.protocol import EngineRequest
 from onecard.runner.cuda_graphs import CUDAGraphRunner
 from onecard.sampling_params import SamplingParams
-
-
-class _EagerReplay:
-    """Stands in for a captured graph of batch size bs: the model on the runner's static buffers."""
-
-    def __init__(self, graphs: CUDAGraphRunner, bs: int):
-        self.graphs, self.bs = graphs, bs
-
-    def replay(self) -> None:
-        g = self.graphs
-        out = g.model(g.input_ids[:self.bs], g.positions[:self.bs], g.kv_caches, g._metadata(self.bs))
-        g.outputs[self.bs].copy_(out)
 
 
 def _run(core: EngineCore, lens: list[int], max_tokens: list[int]) -> dict[str, list[int]]:
@@ -58,9 +46,7 @@ def test_staged_graph_inputs_match_eager(tiny_moe_dir, async_scheduling):
     runner = core.runner
     sizes = [2, 4, 8]                                                    # 1 -> padded to 2; 5 -> 8
     graphs = CUDAGraphRunner(runner.model, runner.kv_caches, sizes, 128 // runner.block_size, 128, runner.device)
-    for bs in sizes:
-        graphs.outputs[bs] = torch.zeros(bs, runner.model.embed_tokens.shape[1], dtype=runner.dtype)
-        graphs.graphs[bs] = _EagerReplay(graphs, bs)
+    graphs.capture()                                 # off CUDA: each shape runs eagerly on the static buffers
     runner.graphs = graphs
     replays, filled = [], []
     orig = graphs.try_run

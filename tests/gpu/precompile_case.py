@@ -2,7 +2,8 @@
 cold): start an engine on a tiny GPTQ-MoE checkpoint, run greedy requests, print JSON with the tokens and
 the kernels the engine process JIT-compiled itself (cache misses).
 
-Usage: TRITON_CACHE_DIR=... [ONECARD_PRECOMPILE=0] python tests/gpu/precompile_case.py CKPT_DIR
+Usage: TRITON_CACHE_DIR=... [ONECARD_PRECOMPILE=0] python tests/gpu/precompile_case.py CKPT_DIR [spec]
+(``spec``: with --speculative-config ngram k=4, so that the verify graphs are captured too)
 """
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ def main() -> None:
     triton.knobs.compilation.listener = listener
     from bench.gpu_checks import greedy  # the same engine set-up as the other GPU checks
 
-    tokens = greedy(Path(sys.argv[1]), "triton", "float16", eager=False)
+    spec = {"method": "ngram", "num_speculative_tokens": 4} if sys.argv[2:3] == ["spec"] else None
+    tokens = greedy(Path(sys.argv[1]), "triton", "float16", eager=False, speculative=spec)
     print(json.dumps({"tokens": tokens, "misses": MISSES}))
 
 

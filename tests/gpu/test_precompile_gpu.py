@@ -1,5 +1,6 @@
-"""GPU-only: after the start-up precompile the engine JIT-compiles nothing itself, and the dry pass changes no
-token (greedy output equals a start-up without it). Each start runs in a fresh process with a fresh
+"""GPU-only: after the start-up precompile the engine JIT-compiles nothing itself (also with --speculative-config,
+whose verify graphs launch more shapes), and the dry pass changes no token (greedy output equals a start-up
+without it). Each start runs in a fresh process with a fresh
 TRITON_CACHE_DIR (cold, as on a new machine)."""
 import json
 import os
@@ -14,10 +15,10 @@ pytestmark = pytest.mark.gpu
 CASE = Path(__file__).with_name("precompile_case.py")
 
 
-def _start(ckpt: Path, cache: Path, precompile: bool) -> dict:
+def _start(ckpt: Path, cache: Path, precompile: bool, spec: bool = False) -> dict:
     env = dict(os.environ, TRITON_CACHE_DIR=str(cache), ONECARD_PRECOMPILE="1" if precompile else "0")
-    out = subprocess.run([sys.executable, str(CASE), str(ckpt)], env=env, capture_output=True, text=True,
-                         timeout=600)
+    out = subprocess.run([sys.executable, str(CASE), str(ckpt)] + (["spec"] if spec else []), env=env,
+                         capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -34,3 +35,8 @@ def test_precompile_leaves_nothing_to_jit(tmp_path):
     assert with_pc["misses"] == []
     assert len(without["misses"]) >= 5          # the check can fail: the plain JIT compiles at first launch
     assert with_pc["tokens"] == without["tokens"]
+    # with --speculative-config the verify graphs' shapes are precompiled too (their capture launches each one),
+    # and greedy output is the same
+    spec = _start(ckpt, tmp_path / "cache_c", True, spec=True)
+    assert spec["misses"] == []
+    assert spec["tokens"] == with_pc["tokens"]

@@ -475,3 +475,81 @@ def test_graphed_h100_table_still_drafts_at_high_acceptance(shape):
     cost = CostModel.for_card(_H100, shape, SHIPPED_TABLES)             # verify steps from CUDA graphs
     p = SpecPolicy(8, cost, prior_acceptance=0.95, prior_weight=1e9)
     assert p.choose(_drafts(1)) == {"r0": 8} and p.last.speedup > 2.0
+
+
+# ------------------------------------------------------------------ verify steps from padded CUDA graphs
+def _padded_cost(shape, max_num_seqs: int, k: int) -> CostModel:
+    from onecard.runner.graph_shapes import VerifyGraphs
+
+    return CostModel(shape, card_spec(_H100), CostModel.for_card(_H100, shape, SHIPPED_TABLES).table, "verify",
+                     VerifyGraphs.of(max_num_seqs, k))
+
+
+def test_for_engine_prices_graphed_verify_steps_with_speculation(tiny_moe_gptq_dir, shape):
+    import dataclasses
+
+    from onecard.config import EngineArgs
+
+    spec = {"method": "ngram", "num_speculative_tokens": 16}
+    cpu = EngineArgs(model=str(tiny_moe_gptq_dir), device="cpu", max_num_seqs=16, speculative_config=spec).create_config()
+    cuda = dataclasses.replace(cpu, device="cuda")
+    m = CostModel.for_engine(cuda, _H100)
+    graphed = CostModel.for_engine(cuda, _H100, eager="none")
+    assert m.verify_graphs is not None and m.pads_verify(1) and m.pads_verify(16)
+    assert CostModel.for_engine(dataclasses.replace(cuda, enforce_eager=True), _H100).verify_graphs is None
+    assert CostModel.for_engine(dataclasses.replace(cuda, speculative=None), _H100).verify_graphs is None
+    assert m.padded_step_time(1, 9) == pytest.approx(graphed.step_time(1, 9))        # the graphed row
+    assert m.padded_step_time(3, 5) == pytest.approx(graphed.step_time(3, 15))       # T(B, B·q)
+    assert m.step_time(1, 9) > 3 * graphed.step_time(1, 9)   # a step the graphs do not take (a chunk) stays eager
+    assert m.padded_step_time(16, 16) is None                # 16 x 16 rows: past the verify graphs' bound
+    assert m.padded_step_time(16, 15) == pytest.approx(graphed.step_time(16, 16 * 15))
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_padded_choice_is_optimal_over_every_assignment(shape, seed):
+    rng = random.Random(seed)
+    batch, k = rng.choice([(3, 4), (4, 4), (2, 6)])
+    # seed-dependent graph coverage: max_num_seqs 64 x k 4 covers every q; max_num_seqs 4 x k 2 only q <= 3
+    cost = _padded_cost(shape, *rng.choice([(64, k), (4, 2)]))
+    p = SpecPolicy(k, cost, min_speedup=1.0, prior_acceptance=rng.uniform(0.3, 0.99))
+    drafts = {f"s{i}": [0] * rng.randint(0, k) for i in range(batch)}
+    for rid in drafts:
+        for _ in range(rng.randint(0, 8)):
+            p.record(rid, k, rng.choice([0, k, k, rng.randint(0, k)]))
+    alphas = {r: p.acceptance(r) for r in drafts}
+    ks = p.choose(drafts)
+    assert p.last.draft_tokens == sum(ks.values())
+
+    def rate(assign: dict[str, int]) -> float:
+        q = 1 + max(assign.values())
+        t = cost.padded_step_time(batch, q)
+        if t is None:                                        # no graph for that q: the eager step, as laid out
+            t = cost.step_time(batch, batch + sum(assign.values()))
+        return sum(expected_tokens(alphas[r], n) for r, n in assign.items()) / t
+
+    combos = [dict(zip(drafts, c)) for c in itertools.product(*(range(len(d) + 1) for d in drafts.values()))]
+    best = max(rate(c) for c in combos)
+    assert rate(ks) == pytest.approx(best, rel=1e-12)
+    assert p.last.speedup == pytest.approx(best / rate(dict.fromkeys(drafts, 0)), rel=1e-12)
+
+
+@pytest.mark.parametrize("alpha", [0.5, 0.8, 0.95])
+def test_graphed_policy_drafts_at_batch_1(shape, alpha):
+    cost = _padded_cost(shape, 16, 8)
+    p = SpecPolicy(8, cost, prior_acceptance=alpha, prior_weight=1e9)
+    ks = p.choose(_drafts(1))
+    assert ks["r0"] > 0 and p.last.speedup > 1.03
+    q = 1 + ks["r0"]
+    assert p.last.step_time_s == pytest.approx(cost.padded_step_time(1, q))
+    # with a prefill chunk in the step the graphs do not take it: the eager step as laid out (B + Σk + chunk)
+    ks = p.choose(_drafts(1), extra_tokens=64)
+    assert p.last.step_time_s == pytest.approx(cost.step_time(1, 1 + 64 + ks["r0"]))
+
+
+def test_graphed_policy_gives_every_sequence_the_common_cap(shape):
+    cost = _padded_cost(shape, 16, 8)
+    p = SpecPolicy(8, cost, prior_acceptance=0.95, prior_weight=1e9, min_speedup=1.0)
+    drafts = {"long": [0] * 8, "short": [0] * 2, "none": []}
+    ks = p.choose(drafts)
+    c = max(ks.values())
+    assert c > 0 and ks == {"long": c, "short": min(2, c), "none": 0}

@@ -12,7 +12,7 @@ Contract:
   the measured table of that card from a ``bench/spec_verify.py`` JSON when there is one;
   ``CostModel.for_engine(engine_config, card, table_path=SHIPPED_TABLES, eager=None)`` builds the shape from an
   ``EngineConfig``, reads the card's table from the shipped measurements and prices steps as the engine runs them
-  (``eager_mode(engine_config)``, below).
+  (``eager_mode(engine_config)`` and the engine's verify graphs, below).
   ``step_time(batch, tokens, context=512) -> s``: one step of ``batch`` decode sequences and ``tokens`` query
   tokens in all (tokens >= batch; non-integer tokens per sequence interpolate). ``verify_cost(batch,
   k_per_seq, context=512) -> s`` = step_time(len(k_per_seq), Σ(1 + k_i)); ``relative_cost`` = that over the
@@ -50,10 +50,13 @@ Measured table (preferred): ``{"cards": {CARD: {"context": 512, "step_s": {BATCH
   interpolates the row linearly (extrapolating its last two points); for another batch, the analytic
   relative cost is scaled by the table's / the model's relative cost at the nearest measured batch (log scale).
   A context other than the table's adds the analytic KV-read difference.
-Eager steps (``CostModel.eager``): "none" = every step replayed from a CUDA graph (what the table's step_s and the
-  analytic model describe); "verify" = 1-token decode steps graphed, steps with more query tokens than sequences
-  (verify steps, mixed prefill) eager: the engine today (runner/cuda_graphs.py captures 1-token decode steps only);
-  "all" = no graphs (--enforce-eager, the CPU). An eager step costs the card's measured eager row when the table has
+Eager steps (``CostModel.eager``): "none" = every step replayed from a CUDA graph as laid out (what the table's
+  step_s and the analytic model describe); "verify" = the engine on a GPU: 1-token decode steps graphed, and verify
+  steps graphed where ``verify_graphs`` (runner/graph_shapes.VerifyGraphs, from the engine's config) has a graph for
+  them, every other step with more query tokens than sequences (mixed prefill, verify shapes without a graph) eager;
+  "all" = no graphs (--enforce-eager, the CPU). A graphed verify step pads every sequence to q = 1 + the step's
+  longest draft: ``padded_step_time(batch, q)`` = T(B, B·q) from the graphed rows (None where no graph covers it;
+  the policy then prices the step eager). An eager step costs the card's measured eager row when the table has
   one (other batches: the graphed time + the eager excess at the nearest measured batch); otherwise the graphed
   time + ``eager_overhead_s()``: the median eager − graph excess over the shipped H100 measurement's verify shapes
   (H100 80GB HBM3, 2026-12-06: ~27 ms per step, launch/host-bound). For other cards that constant is an
@@ -72,9 +75,9 @@ from typing import Any
 
 from onecard.kernels import paths
 from onecard.kv_dtype import bytes_per_token_hf
+from onecard.runner.graph_shapes import VerifyGraphs
 
 SHIPPED_TABLES = Path(__file__).resolve().parents[2] / "data" / "spec_verify_tables.json"
-VERIFY_STEPS_GRAPHED = False      # runner/cuda_graphs.py captures 1-token decode steps only
 EAGER_MODES = ("none", "verify", "all")
 
 
@@ -295,7 +298,15 @@ def eager_mode(config: Any) -> str:
     """Which steps of an engine with ``EngineConfig`` ``config`` run without a CUDA graph (see EAGER_MODES)."""
     if config.device != "cuda" or config.enforce_eager:
         return "all"
-    return "none" if VERIFY_STEPS_GRAPHED else "verify"
+    return "verify"
+
+
+def engine_verify_graphs(config: Any) -> VerifyGraphs | None:
+    """The verify graphs an engine with ``EngineConfig`` ``config`` captures (runner/graph_shapes.py), or None."""
+    spec = getattr(config, "speculative", None)
+    if spec is None or eager_mode(config) == "all":
+        return None
+    return VerifyGraphs.of(config.scheduler.max_num_seqs, spec.num_speculative_tokens)
 
 
 @dataclass(slots=True)
@@ -304,6 +315,7 @@ class CostModel:
     card: CardSpec
     table: MeasuredTable | None = None
     eager: str = "none"           # EAGER_MODES: which steps run eagerly (the module doc)
+    verify_graphs: VerifyGraphs | None = None   # the engine's verify graphs ("verify" mode)
     _cache: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -322,7 +334,9 @@ class CostModel:
         shape = ModelShape.from_hf_config(m.hf_config, bits=None if q is None else q.bits,
                                           group_size=128 if q is None else q.group_size,
                                           kv_format=resolve(config.cache.kv_cache_dtype, m.dtype))
-        return CostModel.for_card(card, shape, table_path, eager_mode(config) if eager is None else eager)
+        m = CostModel.for_card(card, shape, table_path, eager_mode(config) if eager is None else eager)
+        m.verify_graphs = engine_verify_graphs(config) if m.eager == "verify" else None
+        return m
 
     @staticmethod
     def for_card(name: str, shape: ModelShape, table_path: str | Path | None = None, eager: str = "none") -> CostModel:
@@ -332,7 +346,10 @@ class CostModel:
     @property
     def source(self) -> str:
         s = "measured table" if self.table is not None else f"analytic ({self.card.source})"
-        return s if self.eager == "none" else f"{s}, eager {self.eager} steps"
+        if self.eager == "none":
+            return s
+        graphed = ", verify steps graphed (padded)" if self.verify_graphs is not None else ""
+        return f"{s}, eager {self.eager} steps{graphed}"
 
     def analytic(self, batch: int, tokens: float, context: int = 512) -> float:
         s, c = self.shape, self.card
@@ -361,12 +378,33 @@ class CostModel:
         hit = self._cache.get(key)
         if hit is not None:
             return hit
-        t = self.analytic(batch, tokens, context) if self.table is None else self._from_table(batch, tokens, context)
+        t = self._graphed(batch, tokens, context)
         if self.eager == "all" or (self.eager == "verify" and tokens > batch):
             t = self._eager_time(batch, tokens, context, t)
         if len(self._cache) < 65536:
             self._cache[key] = t
         return t
+
+    def _graphed(self, batch: int, tokens: float, context: int) -> float:
+        return self.analytic(batch, tokens, context) if self.table is None else self._from_table(batch, tokens, context)
+
+    def pads_verify(self, batch: int) -> bool:
+        """Are verify steps of ``batch`` sequences replayed from padded graphs (for some query length)?"""
+        vg = self.verify_graphs
+        return vg is not None and self.eager == "verify" and vg.covers_batch(batch)
+
+    def padded_step_time(self, batch: int, q: int, context: int = 512) -> float | None:
+        """Seconds of a verify step of ``batch`` sequences replayed from the (b, q) graph: T(B, B·q), every
+        sequence padded to q query rows; None when no verify graph covers it (the step would run eagerly)."""
+        if q == 1:
+            return self.step_time(batch, batch, context)
+        if self.verify_graphs is None or self.verify_graphs.graph_for(batch, q) is None:
+            return None
+        key = ("padded", batch, q, context)
+        hit = self._cache.get(key)
+        if hit is None:
+            hit = self._cache[key] = self._graphed(batch, batch * q, context)
+        return hit
 
     def _from_table(self, batch: int, tokens: float, context: int) -> float:
         tb = self.table

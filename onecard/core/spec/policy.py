@@ -22,6 +22,9 @@ cost model. For each total m of draft tokens the best split takes the m largest 
 sequence's gains fall with j, so these are prefixes: the split is optimal for m); the policy picks the m that
 maximises (B + Σ gains) / T(B, B + m + extra), and turns speculation off for the whole step (m = 0) unless that
 beats the plain step's B / T(B, B + extra) by ``min_speedup`` (margin for the model's error).
+Where the engine replays verify steps from padded CUDA graphs (``cost.pads_verify(B)``, no prefill tokens in the
+step) a step costs T(B, B·(1 + max k_i)) whatever the other k_i: the policy then picks the best common cap c over
+the batch (k_i = min(c, cap_i); ``_choose_padded``), which is the optimum of that cost over all k vectors.
 Acceptance estimate: each record adds ``accepted`` successes in ``accepted + (accepted < proposed)`` trials (a
 truncated geometric: the first rejection ends the draft), decayed by ``decay`` per trial, and shrunk toward a
 prior with ``prior_weight`` pseudo-trials: α = (s + w·p) / (t + w). The prior p of a request is the running
@@ -141,6 +144,8 @@ class SpecPolicy:
         if context_lens:
             mean = sum(context_lens.get(r, 0) for r in ids) / batch
             ctx = max(CONTEXT_ROUND, round(mean / CONTEXT_ROUND) * CONTEXT_ROUND)
+        if extra_tokens <= 0 and self.cost.pads_verify(batch):
+            return self._choose_padded(ids, caps, ctx)
         base_tokens = batch + max(0, extra_tokens)
         times, monotone = self._step_times(batch, base_tokens, ctx, sum(caps))
         t_plain = times[0]
@@ -177,12 +182,16 @@ class SpecPolicy:
             best_m, speedup, best_emitted, best_t = 0, 1.0, float(batch), t_plain
         for _, i, _ in gains[:best_m]:
             ks[ids[i]] += 1
+        return self._decided(ks, ids, caps, StepDecision(ks, batch, best_m, best_emitted, best_t, t_plain, speedup))
+
+    def _decided(self, ks: dict[str, int], ids: list[str], caps: list[int], d: StepDecision) -> dict[str, int]:
+        """Fade the evidence of sequences held at k = 0 though they had a draft; keep the decision."""
         for r, c in zip(ids, caps):
             if c > 0 and ks[r] == 0 and r in self._seqs:
                 self._seqs[r].fade(self.idle_decay)
-        if best_m == 0 and any(caps):
+        if d.draft_tokens == 0 and any(caps):
             self._global.fade(self.global_idle_decay)
-        self.last = StepDecision(ks, batch, best_m, best_emitted, best_t, t_plain, speedup)
+        self.last = d
         return ks
 
     def peek(self, drafts: Mapping[str, Sequence[int] | int], context_lens: Mapping[str, int] | None = None,
@@ -203,6 +212,47 @@ class SpecPolicy:
                     self._seqs.pop(r, None)
             self._global.successes, self._global.trials = glob
             self.last = last
+
+    def _choose_padded(self, ids: list[str], caps: list[int], ctx: int) -> dict[str, int]:
+        """The choice for a step replayed from a padded verify graph: every sequence runs 1 + max k_i rows, so
+        the step costs T(B, B·(1 + c)) for the longest draft c, and within that cost each sequence verifies
+        min(c, cap_i) tokens (more tokens add gain at no cost). The best common cap c maximises
+        (B + Σ_i Σ_{j ≤ min(c, cap_i)} α_i^j) / T(B, B·(1 + c)); a c whose shape has no graph is priced as the
+        eager step it would be (T(B, B + Σ_i min(c, cap_i)), the cost model's eager pricing)."""
+        batch, cost = len(ids), self.cost
+        top = max(caps)
+        ks = dict.fromkeys(ids, 0)
+        gain = [0.0] * (top + 1)                  # gain[c]: Σ α_i^c over the sequences with cap_i >= c
+        drafted = [0] * (top + 1)                 # drafted[c]: how many sequences have cap_i >= c
+        g, w, seqs = self.global_acceptance(), self.prior_weight, self._seqs
+        for r, c in zip(ids, caps):
+            if c <= 0:
+                continue
+            ev = seqs.get(r)
+            a = g if ev is None else min(MAX_ALPHA, (ev.successes + w * g) / (ev.trials + w))
+            x = 1.0
+            for j in range(1, c + 1):
+                x *= a
+                gain[j] += x
+                drafted[j] += 1
+        t_plain = cost.step_time(batch, batch, ctx)
+        best_c, best_rate, best_emitted, best_t = 0, batch / t_plain, float(batch), t_plain
+        emitted, tokens = float(batch), 0
+        for c in range(1, top + 1):
+            emitted += gain[c]
+            tokens += drafted[c]
+            t = cost.padded_step_time(batch, 1 + c, ctx)
+            if t is None:
+                t = cost.step_time(batch, batch + tokens, ctx)
+            if emitted / t > best_rate:
+                best_c, best_rate, best_emitted, best_t = c, emitted / t, emitted, t
+        speedup = best_rate / (batch / t_plain)
+        if best_c == 0 or speedup < self.min_speedup:
+            best_c, speedup, best_emitted, best_t = 0, 1.0, float(batch), t_plain
+        for r, c in zip(ids, caps):
+            ks[r] = min(c, best_c)
+        d = StepDecision(ks, batch, sum(ks.values()), best_emitted, best_t, t_plain, speedup)
+        return self._decided(ks, ids, caps, d)
 
     def _step_times(self, batch: int, base_tokens: int, ctx: int, max_draft: int) -> tuple[list[float], bool]:
         """T(batch, base_tokens + m) for m = 0..max_draft, kept per (batch, tokens, context), and whether the row

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU facts, kernel checks, tiny-checkpoint engine checks, the full-size benchmark.
 # Usage (repo root, on the H200): OUT=/some/dir bash bench/run_h200.sh [parts...]
-# parts: l2prefetch specverify specasync apimem probe kernels checks full asyncab kvdtype capab capbisect hosttier loadab nopdl pdl16 emu70 longctx gputests startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
+# parts: l2prefetch specverify specasync apimem probe kernels checks full asyncab kvdtype capab capbisect hosttier loadab nopdl pdl16 emu70 longctx attnsweep gputests startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
 #   emu70: the full-size bench with every kernel-path decision on sm70's branch (ONECARD_EMULATE_CC=70): run it
 #          beside `full` in one call for the relative figure (a functional check, not a V100 timing)
 #   specverify: issue 30: verify-step latency vs tokens per sequence (1..9) at batch 1 and 16 (the cost model's
@@ -12,6 +12,8 @@
 #          with the ngram drafter + policy vs off (async and sync loops), teacher-forced drafts, the loop's drain
 #          decisions (bench/spec_async.py; prices with $OUT/spec_verify.json's table when specverify ran first)
 #   longctx: decode at batch 1 with 32k and 64k of context, batch 16 with 8k each, vs the bandwidth floor
+#   attnsweep: decode attention alone (CUDA graphs of 48 launches, no checkpoint) at 1x512 / 1x32k / 1x64k /
+#          16x8k (+ fp8_e5m2 1x32k): segments, tiles, stages, block-table prefetch, reduce vs the copy floor (~6 min)
 #   l2prefetch: issue 25 item 2: decode bs1/bs16 with ONECARD_L2_PREFETCH off / l2 / evict_last alternating in one
 #          engine (tokens equal), each step's graph time, and the qkv GEMV cold vs prefetched into L2 (~2-3 min)
 set -u
@@ -78,6 +80,8 @@ for p in $parts; do
           # split-KV policies legacy vs fill (and fill at 5 programs/SM) alternating in one engine (~3-4 min)
           [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30
           timeout 330 python3 bench/long_context.py /tmp/q30 "$OUT/long_context.json" --policies legacy,fill,fill:5 ;;
+    attnsweep) log attn_sweep  # issue 25 item 3: one call of <= 400 s; JSON + a short table
+          timeout 390 python3 bench/attn_sweep.py "$OUT/attn_sweep.json" --budget 320 ;;
     gputests) log gputests; timeout 590 python3 -m pytest -x -q -p no:cacheprovider tests/gpu 2>&1 | tail -15 ;;
     startup) log startup  # cold (fresh Triton cache) with precompile, warm, cold without precompile
           [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30

@@ -78,32 +78,47 @@ def gemm(m: int, k: int, n: int) -> float:
     return 2.0 * m * k * n
 
 
-def filled_segments(bs: int, cc: int) -> int:
-    """Split-KV segments a CTX-token context fills in the graph's attention launch (paths.split_kv at the
-    graph's bound; the kernel cuts each context into ceil(tiles / segments)-tile segments)."""
-    segs, min_tiles = paths.split_kv(bs, True, GRAPH_BOUND, NKV, V100_SMS, cc)
-    tiles = -(-CTX // paths.attention_tiles(cc, 16)[0])
-    return -(-tiles // max(-(-tiles // segs), min_tiles))
+def split_launch(bs: int, ctx: int, sms: int, cc: int) -> dict:
+    """The split-KV launch of the decode graph's attention (paths.split_kv under its default policy, "fill", at
+    the graph's bound) for ``bs`` sequences of ``ctx`` tokens on ``sms`` SMs of capability ``cc``: segments per
+    (sequence, KV head), the key tiles of each, programs launched and those with keys (the kernel cuts each
+    context into ceil(tiles / segments)-tile segments; the rest exit at once), one wave of resident programs
+    (paths.split_kv_ctas_per_sm x SMs), the waves the working programs take, and the reduce's bytes (fp32
+    partials of every filled segment and query head, read once)."""
+    segs, min_tiles = paths.split_kv(bs, True, GRAPH_BOUND, NKV, sms, cc)
+    block_n = paths.attention_tiles(cc, 16)[0]
+    tiles = -(-ctx // block_n)
+    per_seg = max(-(-tiles // segs), min_tiles)
+    filled = -(-tiles // per_seg)
+    wave = paths.split_kv_ctas_per_sm(cc) * sms
+    working = bs * NKV * filled
+    return {"bs": bs, "ctx": ctx, "sms": sms, "cc": cc, "block_n": block_n, "segments": segs,
+            "tiles_per_segment": per_seg, "filled": filled, "programs": bs * NKV * segs, "working": working,
+            "wave": wave, "waves": -(-working // wave), "kv_mb": bs * ctx * 2 * NKV * D * 2 / 1e6,
+            "reduce_mb": bs * NQ * filled * D * 4 / 1e6 if segs > 1 else 0.0}
 
 
-def decode(bs: int, h200: dict[str, float]) -> list[Kernel]:
-    """One decode step of ``bs`` sequences at CTX tokens of context, on the sm70 paths (Triton everywhere but
-    lm_head; decode configs decode1 / decode16-pre-sm80, split-KV attention)."""
+def decode(bs: int, h200: dict[str, float], ctx: int = CTX) -> list[Kernel]:
+    """One decode step of ``bs`` sequences at ``ctx`` tokens of context, on the sm70 paths (Triton everywhere but
+    lm_head; decode configs decode1 / decode16-pre-sm80, split-KV attention as split_launch has it)."""
     cc = 70
     assert paths.choose("dense_gemm", bs, cc) in ("gemv", "skinny") and paths.choose("moe", bs, cc).startswith("decode")
     qkv_n = (NQ + 2 * NKV) * D
     distinct = expected_distinct_experts(bs, E, TOPK)
     act = bs * H * 2
-    kv = bs * CTX * 2 * NKV * D * 2
+    kv = bs * ctx * 2 * NKV * D * 2
+    split = split_launch(bs, ctx, V100_SMS, cc)
     ks = [
         Kernel("rms_norm (input; bs16 also post-attention)", L * (1 if bs == 1 else 2), 3 * act + H * 2, 0, "fma",
                h200_us=h200.get("rms")),
         Kernel("qkv GEMV / skinny (+ memset, reduce at bs16)", L, gptq_bytes(H, qkv_n) + act, gemm(bs, H, qkv_n),
                "fma", dequant=H * qkv_n, h200_us=h200.get("qkv")),
         Kernel("q/k-norm + RoPE + KV store", L, bs * qkv_n * 2 * 2, 0, "fma", h200_us=h200.get("rope")),
-        Kernel(f"paged attention, {CTX}-token contexts (split-KV)", L, kv + bs * NQ * D * 4,
-               4.0 * bs * CTX * D * NQ, "fma", h200_us=h200.get("attn")),
-        Kernel("segment reduce", L, bs * NQ * filled_segments(bs, cc) * D * 4, 0, "fma", h200_us=h200.get("reduce")),
+        Kernel(f"paged attention, {ctx:,}-token contexts (split-KV: {split['segments']} segments, "
+               f"{split['working']} of {split['programs']} programs with keys)", L, kv + bs * NQ * D * 4,
+               4.0 * bs * ctx * D * NQ, "fma", h200_us=h200.get("attn")),
+        Kernel(f"segment reduce ({split['filled']} filled segments)", L, split["reduce_mb"] * 1e6, 0, "fma",
+               h200_us=h200.get("reduce")),
         Kernel("o_proj GEMV / skinny", L, gptq_bytes(NQ * D, H) + act, gemm(bs, NQ * D, H), "fma",
                dequant=NQ * D * H, h200_us=h200.get("o")),
         Kernel("router GEMV + routing (bs1: with the norm, one launch)", L, E * H * 2 + act, gemm(bs, H, E), "fma",
@@ -182,14 +197,53 @@ def markdown(title: str, t: dict) -> str:
     return "\n".join(out)
 
 
+SPLIT_CASES = ((1, 512), (1, 32768), (1, 65536), (16, 512), (16, 8192))
+LONG = ((1, 32768), (1, 65536), (16, 8192))    # decode steps at the issue's long contexts (fp16 KV)
+CARDS = (("V100", V100_SMS, 70), ("H100/H200", 132, 90))
+
+
+def split_markdown(cards=CARDS) -> str:
+    head = ("| card | batch x context | segments (fill) | key tiles per segment | programs launched / with keys | "
+            "resident wave | waves | KV MB per launch | reduce MB | V100 µs at 750 GB/s |")
+    out = [head, "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for card, sms, cc in cards:
+        for bs, ctx in SPLIT_CASES:
+            r = split_launch(bs, ctx, sms, cc)
+            us = (r["kv_mb"] + r["reduce_mb"]) * 1e6 / V100["bw"] * 1e6 if card == "V100" else None
+            out.append(f"| {card} | {bs} x {ctx:,} | {r['segments']} | {r['tiles_per_segment']} x {r['block_n']} keys | "
+                       f"{r['programs']} / {r['working']} | {r['wave']} | {r['waves']} | {r['kv_mb']:.1f} | "
+                       f"{r['reduce_mb']:.2f} | {'—' if us is None else f'{us:.1f}'} |")
+    return "\n".join(out)
+
+
+def long_markdown(res: dict) -> str:
+    head = ("| batch x context (fp16 KV) | attention + reduce µs per layer | step ms (bound) | tok/s (bound) | "
+            "tok/s at pure bandwidth | attention's share |")
+    out = [head, "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for key, t in res.items():
+        att = sum(r["v100_bound_us"] for r in t["rows"] if r["kernel"].startswith(("paged attention", "segment")))
+        share = att * L / t["step_us"]["v100_bound_us"]
+        out.append(f"| {key} | {att:.0f} | {t['step_us']['v100_bound_us'] / 1e3:.2f} | "
+                   f"{t['tok_s']['v100_bound_us']:,.0f} | {t['tok_s']['v100_roofline_us']:,.0f} | {share:.0%} |")
+    return "\n".join(out)
+
+
 def main(out: str | None = None) -> dict:
+    no_attn = {"attn", "reduce"}                      # measured at 512-token contexts only
+    long = {f"{bs} x {ctx:,}": table(decode(bs, {k: v for k, v in (H200_BS1 if bs == 1 else H200_BS16).items()
+                                                 if k not in no_attn}, ctx), bs) for bs, ctx in LONG}
     res = {"bs1": table(decode(1, H200_BS1), 1), "bs16": table(decode(16, H200_BS16), 16),
-           "prefill4096": table(prefill(H200_PREFILL), PREFILL),
+           "prefill4096": table(prefill(H200_PREFILL), PREFILL), "long_context": long,
+           "split_kv": [split_launch(bs, ctx, sms, cc) for _, sms, cc in CARDS for bs, ctx in SPLIT_CASES],
            "assumptions": {"v100": V100, "h200": H200, "dequant_ops": DEQUANT_OPS, "host_matmul_s": HOST_MATMUL_S,
-                           "context": CTX, "group_size": G}}
+                           "context": CTX, "group_size": G, "graph_bound": GRAPH_BOUND}}
     print(markdown("Decode, batch 1, 512-token context (per launch; 48 layers)", res["bs1"]), "\n")
     print(markdown("Decode, batch 16, 512-token contexts", res["bs16"]), "\n")
-    print(markdown("Prefill, one 4,096-token prompt", res["prefill4096"]))
+    print(markdown("Prefill, one 4,096-token prompt", res["prefill4096"]), "\n")
+    print("**Split-KV launches of the decode graph (policy fill, bound 65,536; derived from kernels/paths.py)**\n")
+    print(split_markdown(), "\n")
+    print("**Decode at long contexts on a V100 (derived; the attention rows at 750 GB/s, no measured time)**\n")
+    print(long_markdown(long))
     if out:
         Path(out).write_text(json.dumps(res, indent=1, default=lambda o: asdict(o)))
     return res

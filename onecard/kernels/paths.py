@@ -19,7 +19,9 @@ Paths (``choose(op, tokens, cc)``):
               | grouped (PyTorch grouped GEMM, T >= GROUPED_MIN_TOKENS, sm80+, where the start-up probe found a
               working grouped-GEMM dtype) | per-expert (same T below sm80: one cuBLAS GEMM per expert)
 Other decisions: ``attention_tiles`` (BLOCK_N, warps by capability), ``split_kv`` (split-KV decode attention:
-segments and the shortest segment; policy ``ONECARD_SPLIT_KV``, see ``split_kv``), ``use_pdl``
+segments and the shortest segment; policy ``ONECARD_SPLIT_KV``, see ``split_kv``), ``attention_launch`` (the whole
+paged-attention launch: tiles, stages, split, the segment reduce, the kernel's prefetch level; benchmarks and tests
+replace its decode-only knobs through ``set_decode_attention_override``, the one hook), ``use_pdl``
 (programmatic dependent launch: sm90+, decode-sized launches), ``grouped_gemm_dtype`` (bf16 on sm90+ for
 fp16 inputs), ``bf16_allowed`` (the dtype rule: sm80+), ``l2_prefetch_fits`` / ``use_l2_prefetch`` (the
 next layer's dense weights streamed into L2 during a decode step's MoE, ONECARD_L2_PREFETCH: sm80+ where they
@@ -29,7 +31,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, ClassVar, NamedTuple
 
 # the values ONECARD_EMULATE_CC and ONECARD_SPLIT_KV accept (their home: env.py, which reads them)
 from onecard.env import CAPABILITIES, L2_PREFETCH_MODES, SPLIT_KV_POLICIES
@@ -57,6 +59,9 @@ SPLIT_CTAS_PER_SM, SPLIT_CTAS_PER_SM_PRE_AMPERE = 3, 1
 SPLIT_PROGRAM_OVERHEAD_TILES = 1      # split-KV cost model: a program's fixed cost (q, partials), in key tiles
 SPLIT_MIN_SEGMENT_TILES = 1           # the shortest segment, in key tiles (ATTN_BLOCK_N keys each)
 ATTN_BLOCK_N, ATTN_WARPS = 64, 4      # attention tiles, sm80+
+ATTN_STAGES = 2                       # attention's Triton num_stages (sm80+: cp.async one key tile ahead)
+ATTN_PREFETCH = 0                     # attention's own prefetch level (kernel PREFETCH; 1, 2: unmeasured, A/B)
+REDUCE_BLOCK_S, REDUCE_WARPS = 32, 4  # split-KV reduce: segments merged per step (at most), warps
 # L2 prefetch (layers/l2_prefetch.py): from sm80 (A100 40 MB, H100 50 MB, H200 60 MB of L2; Volta's 6 MB cannot
 # hold a layer's ~10 MB of dense weights beside the experts streaming through), where one layer's prefetch is at
 # most 1 / L2_PREFETCH_L2_SHARE of the card's L2 (sm86 cards have 6 MB: off there too), for decode-sized steps.
@@ -230,11 +235,19 @@ def attention_tiles(cc: int, block_m: int) -> tuple[int, int]:
     return (32, 8) if block_m <= 16 else (16, 8)
 
 
+# The knobs of a decode-only attention launch that ``set_decode_attention_override`` may replace (benchmarks,
+# tests; bench/attn_sweep.py sweeps them): DecodeAttention's fields.
+DECODE_ATTN_KNOBS = ("segments", "min_seg_tiles", "block_n", "num_warps", "num_stages", "reduce_block_s",
+                     "reduce_warps", "prefetch")
+
+
 class _SplitKvPolicy:
-    """Set by ``set_split_kv_policy`` (tests, benches); unset: read once from env.Env (ONECARD_SPLIT_KV)."""
+    """Set by ``set_split_kv_policy`` / ``set_decode_attention_override`` (tests, benches); unset: the policy is
+    read once from env.Env (ONECARD_SPLIT_KV) and every knob takes the table's value. Serving never sets it."""
 
     name: str | None = None
     ctas_per_sm: int | None = None
+    override: ClassVar[dict[str, Any]] = {}
 
 
 def set_split_kv_policy(name: str | None, ctas_per_sm: int | None = None) -> None:
@@ -244,6 +257,23 @@ def set_split_kv_policy(name: str | None, ctas_per_sm: int | None = None) -> Non
     if name is not None and name not in SPLIT_KV_POLICIES:
         raise ValueError(f"split-KV policy {name!r} is not one of {SPLIT_KV_POLICIES}")
     _SplitKvPolicy.name, _SplitKvPolicy.ctas_per_sm = name, ctas_per_sm
+
+
+def set_decode_attention_override(**knobs: Any) -> None:
+    """Replace knobs (DECODE_ATTN_KNOBS) of every decode-only attention launch in this process, for benchmark
+    sweeps and tests only; no argument (or all None): back to the table. ``segments`` forces the split (1: none);
+    ``block_n`` also sets the tile count the split policy counts in; ``prefetch`` turns on the kernel's own
+    prefetch (1: the next key tile's block-table entries; 2: also its K/V; off by default: unmeasured). Launches decide at launch time: CUDA graphs keep the
+    config they were captured with."""
+    bad = sorted(set(knobs) - set(DECODE_ATTN_KNOBS))
+    if bad:
+        raise ValueError(f"unknown decode-attention knobs {bad}; known: {DECODE_ATTN_KNOBS}")
+    _SplitKvPolicy.override = {k: v for k, v in knobs.items() if v is not None}
+
+
+def decode_attention_override() -> dict[str, Any]:
+    """The knobs ``set_decode_attention_override`` set now (a copy; empty when serving)."""
+    return dict(_SplitKvPolicy.override)
 
 
 @functools.lru_cache(maxsize=1)
@@ -262,6 +292,11 @@ def split_kv_ctas_per_sm(cc: int) -> int:
     if _SplitKvPolicy.ctas_per_sm is not None:
         return _SplitKvPolicy.ctas_per_sm
     return SPLIT_CTAS_PER_SM if tensor_core_dot(cc) else SPLIT_CTAS_PER_SM_PRE_AMPERE
+
+
+def next_pow2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1)."""
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -288,13 +323,16 @@ def split_kv(num_seqs: int, decode_only: bool, max_seq_len: int, kv_heads: int, 
     GROUP rows at a short bound, and at long contexts a segment is many tiles long.
     Policy "legacy" (issue 25's before, for A/B): ~2 programs per SM rounded up to a power of two, at most
     LEGACY_MAX_SEGMENTS (bs1 at 32k on 132 SMs: 16 segments, 64 programs: half the SMs idle)."""
+    ov = _SplitKvPolicy.override
+    if decode_only and "segments" in ov:                                  # a bench/test's forced split
+        return max(1, int(ov["segments"])), int(ov.get("min_seg_tiles", SPLIT_MIN_SEGMENT_TILES))
     if not decode_only or max_seq_len < SPLIT_MIN_SEQ_LEN:
         return 1, 1
     base = max(1, num_seqs * kv_heads)                                    # programs without a split
     if (policy or split_kv_policy()) == "legacy":
         want = 2 * sms // base
         return max(1, min(LEGACY_MAX_SEGMENTS, 1 if want <= 1 else 1 << (int(want) - 1).bit_length())), 1
-    tiles = _cdiv(max_seq_len, attention_tiles(cc, 16)[0])               # key tiles of the bound (decode tiles)
+    tiles = _cdiv(max_seq_len, ov.get("block_n") or attention_tiles(cc, 16)[0])   # key tiles of the bound
     return _fill_segments(base, tiles, split_kv_ctas_per_sm(cc) * sms), SPLIT_MIN_SEGMENT_TILES
 
 
@@ -310,6 +348,33 @@ def split_kv_segments(num_seqs: int, decode_only: bool, max_seq_len: int, kv_hea
                       cc: int = 90) -> int:
     """The segment count of ``split_kv``."""
     return split_kv(num_seqs, decode_only, max_seq_len, kv_heads, sms, cc)[0]
+
+
+class AttentionLaunch(NamedTuple):
+    """One paged-attention launch: the kernel's tiles and split, and the split-KV reduce's config."""
+
+    segments: int            # split-KV segments per (sequence, KV head); 1: no split, no reduce
+    min_seg_tiles: int       # the shortest segment, in key tiles
+    block_n: int             # keys per tile
+    num_warps: int
+    num_stages: int          # Triton's software pipelining (sm80+: how many key tiles cp.async runs ahead - 1)
+    reduce_block_s: int      # segments the reduce merges per step
+    reduce_warps: int
+    prefetch: int            # 0: none; 1: the next tile's block-table entries; 2: also its K/V, in registers
+
+
+def attention_launch(num_seqs: int, decode_only: bool, max_seq_len: int, kv_heads: int, sms: int, cc: int,
+                     block_m: int) -> AttentionLaunch:
+    """The launch of paged attention for programs of ``block_m`` query rows (split_kv's arguments otherwise):
+    the table's tiles (attention_tiles, ATTN_STAGES), the split (split_kv) and the reduce (REDUCE_BLOCK_S,
+    REDUCE_WARPS); for a decode-only launch, the knobs ``set_decode_attention_override`` set replace these."""
+    block_n, warps = attention_tiles(cc, block_m)
+    segs, min_tiles = split_kv(num_seqs, decode_only, max_seq_len, kv_heads, sms, cc)
+    ov = _SplitKvPolicy.override if decode_only else {}
+    bs = min(next_pow2(segs), ov.get("reduce_block_s", REDUCE_BLOCK_S))
+    return AttentionLaunch(segs, min_tiles, ov.get("block_n", block_n), ov.get("num_warps", warps),
+                           ov.get("num_stages", ATTN_STAGES), bs, ov.get("reduce_warps", REDUCE_WARPS),
+                           int(ov.get("prefetch", ATTN_PREFETCH)))
 
 
 def use_pdl(num_tokens: int, cc: int, max_tokens: int) -> bool:
@@ -385,9 +450,12 @@ def describe(cc: int | None, quantized: bool) -> dict[str, str]:
 
 __all__ = [
     "CAPABILITIES",
+    "DECODE_ATTN_KNOBS",
     "L2_PREFETCH_MODES",
     "OPS",
+    "AttentionLaunch",
     "as_int",
+    "attention_launch",
     "attention_tiles",
     "bf16_allowed",
     "capability",
@@ -395,6 +463,7 @@ __all__ = [
     "choose_decode_moe",
     "choose_dense_gemm",
     "choose_moe",
+    "decode_attention_override",
     "dense_cublas_min_m",
     "describe",
     "device_props",
@@ -402,8 +471,10 @@ __all__ = [
     "grouped_gemm_dtype",
     "l2_cache_bytes",
     "l2_prefetch_fits",
+    "next_pow2",
     "per_expert_moe",
     "real_capability",
+    "set_decode_attention_override",
     "set_emulated_capability",
     "set_split_kv_policy",
     "split_kv",

@@ -27,6 +27,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from onecard.kernels import paths
+from onecard.kernels.paths import next_pow2  # noqa: F401  (re-exported: the kernels' import site)
 
 TL_DTYPE = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.int32: "i32",
             torch.int64: "i64", torch.int8: "i8", torch.uint8: "u8"}
@@ -93,10 +94,6 @@ def pdl_enter(PDL: tl.constexpr):
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
-
-
-def next_pow2(n: int) -> int:
-    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
 
 
 @triton.jit

@@ -1,7 +1,8 @@
 """Split-KV decode attention on the GPU at the served shape (32 query / 4 KV heads, D 128, 16-token blocks):
 one CUDA graph captured with the runner's bound (md.max_seq_len = max_model_len, so the segment count is the
 bound's) and replayed over other contexts (1 key to 40k, batch 1 and 16) must equal the float32 reference, for
-both split-KV policies and the fp16 and fp8_e5m2 caches. Skipped without CUDA."""
+both split-KV policies, "fill" with the kernel's prefetch levels and other tiles (the knobs bench/attn_sweep.py
+sweeps through paths.set_decode_attention_override), and the fp16 and fp8_e5m2 caches. Skipped without CUDA."""
 from __future__ import annotations
 
 import math
@@ -15,6 +16,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "kernels"))
 
 BOUND = 65536 + 1024                       # bench/long_context.py's max_model_len
+KNOBS = {"": {}, "prefetch1": {"prefetch": 1}, "prefetch2": {"prefetch": 2},
+         "bn128w8st3": {"block_n": 128, "num_warps": 8, "num_stages": 3, "reduce_block_s": 128}}
 
 
 def _batch(ctx: list[int], cache_dtype, seed: int):
@@ -29,7 +32,7 @@ def _batch(ctx: list[int], cache_dtype, seed: int):
 
 
 @pytest.mark.parametrize("cache_dtype", ["fp16", "fp8_e5m2"])
-@pytest.mark.parametrize("policy", ["fill", "legacy"])
+@pytest.mark.parametrize("policy", ["fill", "legacy", "fill+prefetch1", "fill+prefetch2", "fill+bn128w8st3"])
 @pytest.mark.parametrize("contexts", [[[40000], [1], [700], [32768]],
                                       [[8192] * 16, [1 + 577 * i for i in range(16)], [5000, 1] * 8]],
                          ids=["bs1", "bs16"])
@@ -39,7 +42,9 @@ def test_graph_replay_over_contexts_matches_reference(policy, cache_dtype, conte
     from onecard.kernels.attention import triton as tk
     from onecard.kernels.attention.metadata import AttentionMetadata
 
-    paths.set_split_kv_policy(policy)
+    name, _, knobs = policy.partition("+")
+    paths.set_split_kv_policy(name)
+    paths.set_decode_attention_override(**KNOBS[knobs])                  # bench/attn_sweep.py's knobs
     try:
         b = len(contexts[0])
         width = -(-max(max(c) for c in contexts) // 16) + 1
@@ -80,3 +85,4 @@ def test_graph_replay_over_contexts_matches_reference(policy, cache_dtype, conte
             assert err < 1e-2, f"{policy} {cache_dtype} contexts {ctx[:4]}: relative error {err:.3g} ({segs} segs)"
     finally:
         paths.set_split_kv_policy(None)
+        paths.set_decode_attention_override()

@@ -36,17 +36,29 @@ NORM_MOE = [(1, 64, 32, 8, 2, True, True), (1, 200, 48, 6, 3, False, True), (1, 
 # (seq_lens, query_lens, Hq, Hkv, block_size, num_decode_tokens): prefill, chunk over prefix, split-KV decode
 ATTN = [([5, 9, 1], [5, 9, 1], 8, 2, 4, 0), ([7, 70, 33], [1, 4, 1], 6, 2, 16, 1),
         ([130, 2100], [1, 1], 4, 1, 16, 2), ([17], [17], 4, 4, 8, 0)]
-# split-KV decode (tests/kernels/test_split_kv.py; not in CASES): (segments, shortest segment in tiles, contexts)
-# forced on one decode batch (contexts of 1, 70 and 700 keys: 1, 2 and 11 tiles of 64), so segments past a
-# sequence's end occur (all but one for the 1-key context); 40 segments over 2,100 keys (33 tiles) make the
-# reduce merge 33 filled segments in two BLOCK_S steps; None: the policies' own choices at a CUDA-graph-like
-# bound on 132 SMs
-SPLITKV = [(2, 1, [1, 70, 700]), (3, 1, [1, 70, 700]), (7, 1, [1, 70, 700]), (40, 1, [1, 2100]),
-           (5, 3, [1, 70, 700]), ("fill", None, [1, 70, 700]), ("legacy", None, [1, 70, 700])]
+# a speculative verify step in the CUDA graphs' padded layout (runner/cuda_graphs.pad_verify): (contexts incl. the
+# real query rows, real query rows, graph batch b, rows per sequence q, Hq, Hkv, block size); the padded launch's
+# real rows must equal the unpadded reference
+VERIFY_ATTN = [([9, 40, 20], [3, 1, 5], 4, 5, 8, 2, 16), ([30], [2], 2, 9, 4, 1, 4)]
+# split-KV decode (tests/kernels/test_split_kv.py; not in CASES): (segments, shortest segment in tiles, contexts,
+# decode-attention knobs) forced on one decode batch through paths.set_decode_attention_override (contexts of 1,
+# 70 and 700 keys: 1, 2 and 11 tiles of 64), so segments past a sequence's end occur (all but one for the 1-key
+# context); 40 segments over 2,100 keys (33 tiles) make the reduce merge 33 filled segments in two BLOCK_S steps;
+# None: the policies' own choices at a CUDA-graph-like bound on 132 SMs. The knobs bench/attn_sweep.py sweeps:
+# the kernel's prefetch levels (1: block-table entries one tile ahead; 2: also K/V; programs of 1 to 11 tiles,
+# so one-tile programs with nothing to prefetch and a last tile whose prefetch is masked off), other key tiles
+# (16 and 32 keys: block-table entries shared by fewer keys, one per key at 16), the reduce merging every
+# segment in one step and, at BLOCK_S 2, in many.
+SPLITKV = [(2, 1, [1, 70, 700], {}), (3, 1, [1, 70, 700], {}), (7, 1, [1, 70, 700], {}), (40, 1, [1, 2100], {}),
+           (5, 3, [1, 70, 700], {}), ("fill", None, [1, 70, 700], {}), ("legacy", None, [1, 70, 700], {}),
+           (3, 1, [1, 70, 700], {"prefetch": 1}), (40, 1, [1, 2100], {"prefetch": 1, "block_n": 32}),
+           ("fill", None, [1, 70, 700], {"prefetch": 1, "block_n": 16, "reduce_block_s": 128}),
+           (3, 1, [1, 70, 700], {"prefetch": 2}), (40, 1, [1, 2100], {"prefetch": 2, "block_n": 32}),
+           (2, 2, [1, 70, 700], {"prefetch": 2, "block_n": 16, "reduce_block_s": 2})]
 SPLITKV_BOUND = 4096
 SPLITKV_CASES = ([f"splitkv{i}-{dt}" for i in range(len(SPLITKV)) for dt in (F32, F16)]
-                 + [f"splitkv{i}-fp8e5m2" for i in (1, 3, 4, 5)]
-                 + [f"splitkv{i}-sm70-{dt}" for i in (1, 3) for dt in (F16, "fp8e5m2")])
+                 + [f"splitkv{i}-fp8e5m2" for i in (1, 3, 4, 5, 7, 8, 10, 11)]
+                 + [f"splitkv{i}-sm70-{dt}" for i in (1, 3, 7, 10) for dt in (F16, "fp8e5m2")])
 
 # fp8 KV caches (fp16 activations): the e5m2 encoder on every fp16 bit pattern and the e4m3 store (exact: 0
 # bytes differ from the spec); the fused store (in fp8 ulps, <= 1: the fp32 k may round differently); attention
@@ -66,6 +78,7 @@ CASES = ([f"gemm{i}-{dt}" for i in range(len(GEMM)) for dt in (F32, F16)] + ["de
          + [f"rms_norm-{r}-{dt}" for r in ("res", "nores", "x32res") for dt in (F32, F16)]
          + [f"qk_norm_rope-{dt}" for dt in (F32, F16)] + [f"qk_norm_rope_store-{dt}" for dt in (F32, F16)]
          + [f"silu_and_mul-{dt}" for dt in (F32, F16)]
+         + [f"verifyattn{i}-{dt}" for i in range(len(VERIFY_ATTN)) for dt in (F32, F16)]
          + FP8_CASES)
 
 
@@ -174,7 +187,7 @@ def _splitkv_case(name: str, seed: int) -> float:
     from onecard.kernels.attention import triton as tk
 
     kind, *rest = name.split("-")
-    segs, min_tiles, seqs = SPLITKV[int(kind[7:])]
+    segs, min_tiles, seqs, knobs = SPLITKV[int(kind[7:])]
     dt = torch.float32 if rest[-1] == F32 else torch.float16
     n = len(seqs)
     kc, vc, md, _, _ = make_paged_batch(seqs, [1] * n, 2, 32, 16, dtype=dt, seed=seed)
@@ -183,24 +196,62 @@ def _splitkv_case(name: str, seed: int) -> float:
         kc, vc = fp8.quantize(kc, fp8.E5M2, 1.0), fp8.quantize(vc, fp8.E5M2, 1.0)
     q = torch.randn(n, 8, 32).to(dt)
     s = 1 / math.sqrt(32)
-    plan, sms = tk.split_plan, tk.num_sms
+    sms = tk.num_sms
     if isinstance(segs, int):
-        tk.split_plan = lambda md, hkv, device: (segs, min_tiles)
+        paths.set_decode_attention_override(segments=segs, min_seg_tiles=min_tiles, **knobs)
     else:
         paths.set_split_kv_policy(segs)
+        paths.set_decode_attention_override(**knobs)
         tk.num_sms = lambda device: 132                                    # an H100's count (interpreter: 4)
     if "sm70" in rest:
         paths.set_emulated_capability(70)                                  # sm70's tiles (32 keys, 8 warps)
     try:
-        chosen = tk.split_plan(md, 2, q.device)
-        assert chosen[0] > 1, f"no split: {chosen}"
+        plan = tk.launch_plan(md, 8, 2, q.device)
+        assert plan.segments > 1, f"no split: {plan}"
+        want = {**knobs, "reduce_block_s": min(paths.next_pow2(plan.segments), knobs.get("reduce_block_s", 1 << 30))}
+        assert all(getattr(plan, k) == v for k, v in want.items() if k in knobs), (plan, knobs)
         out = tk.paged_attention(q, kc, vc, md, s)
     finally:
-        tk.split_plan, tk.num_sms = plan, sms
+        tk.num_sms = sms
         paths.set_split_kv_policy(None)
+        paths.set_decode_attention_override()
         paths.set_emulated_capability(None, clear=True)
     want = ref.paged_attention(q.float(), kc, vc, md, s)                  # float32 math on the same cache
     return _rel(out, want)
+
+
+def _verify_attn_case(i: int, dt, seed: int) -> float:
+    """Triton paged attention over the (b, q) padded layout vs the reference on the unpadded step (real rows)."""
+    import numpy as np
+    import torch
+    from kernels_testlib import make_paged_batch
+
+    from onecard.kernels.attention import ref
+    from onecard.kernels.attention import triton as tk
+    from onecard.kernels.attention.metadata import AttentionMetadata
+    from onecard.runner.cuda_graphs import pad_verify
+
+    seq_lens, qlens, b, q, hq, hkv, bs = VERIFY_ATTN[i]
+    d = 32
+    kc, vc, md, _, _ = make_paged_batch(seq_lens, qlens, hkv, d, bs, dtype=dt, seed=seed)
+    cu = md.query_start_loc.numpy()
+    pos = np.concatenate([np.arange(L - n, L) for L, n in zip(seq_lens, qlens)])
+    p = pad_verify(cu, np.zeros(cu[-1], dtype=np.int64), pos, md.slot_mapping.numpy(), md.seq_lens.numpy(), b, q,
+                   max(seq_lens) + q)
+    n = len(seq_lens)
+    cols = max(md.block_table.shape[1], -(-int(p.seq_lens.max()) // bs))
+    table = torch.zeros(b, cols, dtype=torch.int32)                       # padded sequences: block 0
+    table[:n, :md.block_table.shape[1]] = md.block_table
+    padded = AttentionMetadata(
+        slot_mapping=torch.from_numpy(p.slot_mapping), query_start_loc=torch.arange(b + 1, dtype=torch.int32) * q,
+        seq_lens=torch.from_numpy(p.seq_lens), block_table=table, max_query_len=q, max_seq_len=max(seq_lens) + q)
+    q_real = torch.randn(int(cu[-1]), hq, d).to(dt)
+    q_pad = torch.randn(b * q, hq, d).to(dt)                              # pad rows: anything
+    rows = torch.from_numpy(p.rows)
+    q_pad[rows] = q_real
+    s = 1 / math.sqrt(d)
+    out = tk.paged_attention(q_pad, kc, vc, padded, s)[rows]
+    return _rel(out, ref.paged_attention(q_real.float(), kc.float(), vc.float(), md, s))
 
 
 def run_case(name: str, seed: int) -> float:
@@ -259,6 +310,8 @@ def run_case(name: str, seed: int) -> float:
         t, h, e = ROUTER[int(kind[6:])]
         x, w = torch.randn(t, h + 3).to(dt)[:, :h], (torch.randn(e, h) / math.sqrt(h)).to(dt)  # x: strided rows
         return _rel(tk.moe_router(x, w), ref.moe_router(x.float(), w.float()))
+    if kind.startswith("verifyattn"):
+        return _verify_attn_case(int(kind[10:]), dt, seed)
     if kind.startswith("attn"):
         from onecard.kernels.attention import ref
         from onecard.kernels.attention import triton as tk

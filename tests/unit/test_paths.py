@@ -146,6 +146,40 @@ def test_split_kv_policy_switch(monkeypatch):
         paths._env_split_kv.cache_clear()
 
 
+def test_attention_launch_is_the_table_unless_overridden():
+    """paths.attention_launch: the table's tiles, stages, split and reduce; the bench/test override replaces the
+    knobs of decode-only launches only, and clearing it restores the table."""
+    def launch(decode_only=True, b=1, bound=65536, cc=90):
+        return paths.attention_launch(b, decode_only, bound, 4, 132, cc, 16)
+
+    d = launch()
+    segs = paths.split_kv(1, True, 65536, 4, 132, 90)[0]
+    assert d == paths.AttentionLaunch(segs, paths.SPLIT_MIN_SEGMENT_TILES, paths.ATTN_BLOCK_N, paths.ATTN_WARPS,
+                                      paths.ATTN_STAGES, min(paths.next_pow2(segs), paths.REDUCE_BLOCK_S),
+                                      paths.REDUCE_WARPS, paths.ATTN_PREFETCH)
+    assert launch(cc=70)[2:4] == paths.attention_tiles(70, 16)
+    assert launch(b=16, bound=8192).reduce_block_s == paths.next_pow2(launch(b=16, bound=8192).segments)
+    prefill = launch(decode_only=False)
+    assert prefill.segments == 1 and prefill[2:4] == paths.attention_tiles(90, 16)
+    try:
+        paths.set_decode_attention_override(block_n=128, num_warps=8, num_stages=3, reduce_block_s=128,
+                                            reduce_warps=8, prefetch=2)
+        o = launch()
+        assert o[2:] == (128, 8, 3, min(paths.next_pow2(o.segments), 128), 8, 2)
+        tiles = 65536 // 128                                              # fill counts tiles of the new block_n
+        assert o.segments == paths._fill_segments(4, tiles, paths.SPLIT_CTAS_PER_SM * 132)
+        assert launch(decode_only=False) == prefill                       # prefill launches keep the table
+        paths.set_decode_attention_override(segments=7, min_seg_tiles=3)
+        assert launch()[:2] == (7, 3) and launch(bound=512)[:2] == (7, 3)  # forced, even below SPLIT_MIN_SEQ_LEN
+        assert launch().reduce_block_s == 8 and launch(decode_only=False) == prefill
+        assert paths.decode_attention_override() == {"segments": 7, "min_seg_tiles": 3}
+        with pytest.raises(ValueError, match="unknown decode-attention knobs"):
+            paths.set_decode_attention_override(block_m=32)
+    finally:
+        paths.set_decode_attention_override()
+    assert launch() == d and paths.decode_attention_override() == {}
+
+
 def test_boundaries_are_where_paths_change():
     b = paths.token_boundaries()
     assert b == [2, 17, 65, 128, 256]

@@ -51,6 +51,22 @@ def _store_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, stride_kt, stride_v
 
 
 @triton.jit
+def _tile_blocks(bt_row, k_pos, kv_end, block_size):
+    """[BN] cache blocks of keys ``k_pos`` (0 where k_pos >= kv_end: pass kv_end 0 to load nothing)."""
+    return tl.load(bt_row + k_pos // block_size, mask=k_pos < kv_end, other=0)
+
+
+@triton.jit
+def _tile_kv(kc_ptr, vc_ptr, blk, k_pos, kv_end, kvh, block_size, HKV: tl.constexpr, D: tl.constexpr):
+    """K and V [BN, D] of keys ``k_pos`` in cache blocks ``blk`` (zeros where k_pos >= kv_end)."""
+    ok = k_pos < kv_end
+    slot = blk.to(tl.int64) * block_size + k_pos % block_size
+    kv_off = (slot[:, None] * HKV + kvh) * D + tl.arange(0, D)[None, :]
+    return (tl.load(kc_ptr + kv_off, mask=ok[:, None], other=0),
+            tl.load(vc_ptr + kv_off, mask=ok[:, None], other=0))
+
+
+@triton.jit
 def _segment_tiles(n_tiles, num_segments, min_seg_tiles):
     """Key tiles per split-KV segment of a sequence with ``n_tiles`` tiles (the kernel and the reduce agree)."""
     return tl.maximum(tl.cdiv(n_tiles, num_segments), min_seg_tiles)
@@ -63,7 +79,7 @@ def _paged_attn_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, qsl_ptr
                        num_segments, min_seg_tiles, v_scale,
                        HQ: tl.constexpr, HKV: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
                        D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
-                       KV_FMT: tl.constexpr):
+                       KV_FMT: tl.constexpr, PREFETCH: tl.constexpr = 0):
     pdl_enter(PDL)                                                        # before the early return
     seq = tl.program_id(0)
     qblk = tl.program_id(1)
@@ -97,14 +113,36 @@ def _paged_attn_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, qsl_ptr
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, D), dtype=tl.float32)
     offs_n = tl.arange(0, BLOCK_N)
+    if PREFETCH > 0:                                                      # tile t0's block-table entries
+        bt_row = bt_ptr + seq * stride_bt
+        blk_next = _tile_blocks(bt_row, t0 * BLOCK_N + offs_n, kv_end, block_size)
+    if PREFETCH > 1:                                                      # tile t0's K/V, tile t0+1's entries
+        k_next, v_next = _tile_kv(kc_ptr, vc_ptr, blk_next, t0 * BLOCK_N + offs_n, kv_end, kvh, block_size,
+                                  HKV, D)
+        blk_next = _tile_blocks(bt_row, (t0 + 1) * BLOCK_N + offs_n, tl.where(t0 + 1 < t1, kv_end, 0), block_size)
     for t in range(t0, t1):
         k_pos = t * BLOCK_N + offs_n                                      # [BN]
         k_ok = k_pos < kv_end
-        blk = tl.load(bt_ptr + seq * stride_bt + k_pos // block_size, mask=k_ok, other=0).to(tl.int64)
-        slot = blk * block_size + k_pos % block_size                      # [BN]
-        kv_off = (slot[:, None] * HKV + kvh) * D + offs_d[None, :]        # [BN, D]
-        k = tl.load(kc_ptr + kv_off, mask=k_ok[:, None], other=0)
-        v = tl.load(vc_ptr + kv_off, mask=k_ok[:, None], other=0)
+        if PREFETCH == 2:
+            # K/V of this tile were loaded during the previous one; tile t+1's loads are issued before this
+            # tile's math, so they stream while it computes (registers, not Triton's cp.async pipeline: that
+            # keeps one tile in flight and waits for it before each tile's math)
+            k, v = k_next, v_next
+            k_next, v_next = _tile_kv(kc_ptr, vc_ptr, blk_next, k_pos + BLOCK_N,
+                                      tl.where(t + 1 < t1, kv_end, 0), kvh, block_size, HKV, D)
+            blk_next = _tile_blocks(bt_row, k_pos + 2 * BLOCK_N, tl.where(t + 2 < t1, kv_end, 0), block_size)
+        else:
+            if PREFETCH == 1:
+                # this tile's K/V addresses come from entries loaded one tile earlier; the next tile's are
+                # loaded now, so the block-table read is off the K/V loads' dependency chain
+                blk = blk_next.to(tl.int64)
+                blk_next = _tile_blocks(bt_row, k_pos + BLOCK_N, tl.where(t + 1 < t1, kv_end, 0), block_size)
+            else:
+                blk = tl.load(bt_ptr + seq * stride_bt + k_pos // block_size, mask=k_ok, other=0).to(tl.int64)
+            slot = blk * block_size + k_pos % block_size                  # [BN]
+            kv_off = (slot[:, None] * HKV + kvh) * D + offs_d[None, :]    # [BN, D]
+            k = tl.load(kc_ptr + kv_off, mask=k_ok[:, None], other=0)
+            v = tl.load(vc_ptr + kv_off, mask=k_ok[:, None], other=0)
         if KV_FMT != 0:                                                   # fp8 bytes -> q's dtype (exact)
             k = kv_decode(k, KV_FMT).to(q.dtype)
             v = kv_decode(v, KV_FMT).to(q.dtype)
@@ -166,7 +204,6 @@ BLOCK_N = paths.ATTN_BLOCK_N
 ATTN_WARPS = paths.ATTN_WARPS
 MAX_SEGMENTS = paths.MAX_SEGMENTS
 SPLIT_MIN_SEQ_LEN = paths.SPLIT_MIN_SEQ_LEN
-REDUCE_BLOCK_S = 32      # segments the reduce merges per step (one step up to 32: bs16; bs1 at 32k on sm90: 3)
 attn_tiles = paths.attention_tiles       # (BLOCK_N, num_warps) by capability: the path table owns it
 
 
@@ -176,12 +213,20 @@ def block_q(group_pad: int, max_query_len: int) -> int:
     return base if max_query_len <= base else max(base, 64 // group_pad)
 
 
-def split_plan(md: AttentionMetadata, hkv: int, device: torch.device) -> tuple[int, int]:
-    """(segments, shortest segment in tiles) of this launch (paths.split_kv): a split only for decode-only
-    batches (every row a decode); md.max_seq_len is the bound (max_model_len inside CUDA graphs)."""
+def launch_plan(md: AttentionMetadata, hq: int, hkv: int, device: torch.device) -> paths.AttentionLaunch:
+    """Tiles, split and reduce of this launch (paths.attention_launch): a split only for decode-only batches
+    (every row a decode); md.max_seq_len is the bound (max_model_len inside CUDA graphs)."""
     b = md.num_seqs
     decode_only = md.max_query_len == 1 and md.num_decode_tokens >= b
-    return paths.split_kv(b, decode_only, md.max_seq_len, hkv, num_sms(device), compute_capability(device))
+    gp = next_pow2(hq // hkv)
+    return paths.attention_launch(b, decode_only, md.max_seq_len, hkv, num_sms(device), compute_capability(device),
+                                  block_q(gp, md.max_query_len) * gp)
+
+
+def split_plan(md: AttentionMetadata, hkv: int, device: torch.device, hq: int = 32) -> tuple[int, int]:
+    """(segments, shortest segment in tiles) of this launch (``launch_plan``)."""
+    plan = launch_plan(md, hq, hkv, device)
+    return plan.segments, plan.min_seg_tiles
 
 
 def num_segments(md: AttentionMetadata, num_tokens: int, hkv: int, device: torch.device) -> int:
@@ -190,7 +235,8 @@ def num_segments(md: AttentionMetadata, num_tokens: int, hkv: int, device: torch
 
 
 def reduce_block_s(segments: int) -> int:
-    return min(next_pow2(segments), REDUCE_BLOCK_S)
+    """The reduce's BLOCK_S for ``segments`` at the table's cap (paths.attention_launch decides launches)."""
+    return min(next_pow2(segments), paths.REDUCE_BLOCK_S)
 
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -221,14 +267,15 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         return out
     gp = next_pow2(group)
     bq = block_q(gp, md.max_query_len)
-    segs, min_tiles = split_plan(md, hkv, q.device)
+    plan = launch_plan(md, hq, hkv, q.device)
+    segs, min_tiles = plan.segments, plan.min_seg_tiles
     if segs > 1:
         part = torch.empty(t, hq, segs, d, dtype=torch.float32, device=q.device)
         ml = torch.empty(t, hq, segs, 2, dtype=torch.float32, device=q.device)
     else:
         part = ml = out.new_empty(0, dtype=torch.float32)
     grid = (b, triton.cdiv(md.max_query_len, bq), hkv * segs)
-    block_n, warps = attn_tiles(compute_capability(q.device), bq * gp)
+    block_n = plan.block_n
     use_pdl = pdl(q.device, t)
     fmt = fmt_code(k_cache)
     if fmt == 0:
@@ -238,12 +285,12 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         md.block_table, scale * float(k_scale) * 1.4426950408889634, q.stride(0), q.stride(1), out.stride(0),
         out.stride(1), md.block_table.stride(0), k_cache.shape[1], segs, min_tiles, float(v_scale),
         HQ=hq, HKV=hkv, GROUP=group, GROUP_PAD=gp, D=d, BLOCK_Q=bq, BLOCK_N=block_n, PDL=use_pdl, KV_FMT=fmt,
-        num_warps=warps, num_stages=2, launch_pdl=use_pdl)
+        PREFETCH=plan.prefetch, num_warps=plan.num_warps, num_stages=plan.num_stages, launch_pdl=use_pdl)
     if segs > 1:
         # decode-only: every sequence's single query row is row i (query_start_loc = arange)
         _segment_reduce_kernel[(md.num_decode_tokens, hq)](
             part, ml, out, md.seq_lens, out.stride(0), out.stride(1), segs, block_n, min_tiles, HQ=hq, D=d,
-            BLOCK_S=reduce_block_s(segs), PDL=use_pdl, launch_pdl=use_pdl)
+            BLOCK_S=plan.reduce_block_s, PDL=use_pdl, num_warps=plan.reduce_warps, launch_pdl=use_pdl)
     return out
 
 
@@ -267,20 +314,23 @@ def aot_configs() -> list[AotConfig]:
                     "stride_kt": "i32", "stride_vt": "i32", "HD": "i32", "k_scale": "fp32", "v_scale": "fp32"}
             out.append(AotConfig(_store_kv_kernel, signature(args, cx), cx, 4, 1, min_cc,
                                  f"store_kv[{act}{kv_tag}]"))
-            for bq in sorted({block_q(gp, 1), block_q(gp, 1 << 20)}):
-                for tiles_cc, tag in ((80, ""), (70, ",pre-sm80")):      # the tiles of sm80+ and of below
-                    if tag and (act != "fp16" or kv_cc > 70):
-                        continue
-                    block_n, warps = attn_tiles(tiles_cc, bq * gp)
-                    cx = {"HQ": hq, "HKV": hkv, "GROUP": group, "GROUP_PAD": gp, "D": d, "BLOCK_Q": bq,
-                          "BLOCK_N": block_n, "PDL": False, "KV_FMT": kv_fmt}
-                    args = {"q_ptr": f"*{act}", "kc_ptr": cache, "vc_ptr": cache, "out_ptr": f"*{act}",
-                            "part_ptr": "*fp32", "ml_ptr": "*fp32", "qsl_ptr": "*i32", "seqlen_ptr": "*i32",
-                            "bt_ptr": "*i32", "scale_log2": "fp32", "stride_qt": "i32", "stride_qh": "i32",
-                            "stride_ot": "i32", "stride_oh": "i32", "stride_bt": "i32", "block_size": "i32",
-                            "num_segments": "i32", "min_seg_tiles": "i32", "v_scale": "fp32"}
-                    out.append(AotConfig(_paged_attn_kernel, signature(args, cx), cx, warps, 2, min_cc,
-                                         f"paged_attn[bq={bq}{tag},{act}{kv_tag}]"))
+            decode_bq = block_q(gp, 1)
+            variants = [(bq, tcc, 0) for bq in sorted({decode_bq, block_q(gp, 1 << 20)}) for tcc in (80, 70)]
+            variants += [(decode_bq, tcc, pf) for pf in (1, 2) for tcc in (80, 70)]   # the prefetch levels (A/B)
+            for bq, tiles_cc, prefetch in variants:                      # the tiles of sm80+ and of below
+                tag = ",pre-sm80" if tiles_cc < 80 else ""
+                if (tag or prefetch) and (act != "fp16" or kv_cc > 70) or (prefetch and tag and kv_fmt):
+                    continue
+                block_n, warps = attn_tiles(tiles_cc, bq * gp)
+                cx = {"HQ": hq, "HKV": hkv, "GROUP": group, "GROUP_PAD": gp, "D": d, "BLOCK_Q": bq,
+                      "BLOCK_N": block_n, "PDL": False, "KV_FMT": kv_fmt, "PREFETCH": prefetch}
+                args = {"q_ptr": f"*{act}", "kc_ptr": cache, "vc_ptr": cache, "out_ptr": f"*{act}",
+                        "part_ptr": "*fp32", "ml_ptr": "*fp32", "qsl_ptr": "*i32", "seqlen_ptr": "*i32",
+                        "bt_ptr": "*i32", "scale_log2": "fp32", "stride_qt": "i32", "stride_qh": "i32",
+                        "stride_ot": "i32", "stride_oh": "i32", "stride_bt": "i32", "block_size": "i32",
+                        "num_segments": "i32", "min_seg_tiles": "i32", "v_scale": "fp32"}
+                out.append(AotConfig(_paged_attn_kernel, signature(args, cx), cx, warps, paths.ATTN_STAGES, min_cc,
+                                     f"paged_attn[bq={bq}{tag},{act}{kv_tag}{f',prefetch={prefetch}' * bool(prefetch)}]"))
         for segs in sorted({reduce_block_s(s) for s in range(2, MAX_SEGMENTS + 1)}):
             cx = {"HQ": hq, "D": d, "BLOCK_S": segs, "PDL": False}
             args = {"part_ptr": "*fp32", "ml_ptr": "*fp32", "out_ptr": f"*{act}", "seqlen_ptr": "*i32",

@@ -79,9 +79,12 @@ for p in $parts; do
     longctx) log long_context  # decode at 512 / 32k / 64k (bs1) and 512 / 8k (bs16) of context, medians of 3,
           # split-KV policies legacy vs fill (and fill at 5 programs/SM) alternating in one engine (~3-4 min)
           [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30
-          timeout 330 python3 bench/long_context.py /tmp/q30 "$OUT/long_context.json" --policies legacy,fill,fill:5 ;;
+          # LONGCTX_POLICIES overrides the list; after attnsweep in the same call, its fastest knobs are A/B'd too
+          timeout 330 python3 bench/long_context.py /tmp/q30 "$OUT/long_context.json" \
+              --policies "${LONGCTX_POLICIES:-legacy,fill,fill:5}" \
+              $([ -f "$OUT/attn_sweep.json" ] && echo --sweep "$OUT/attn_sweep.json") ;;
     attnsweep) log attn_sweep  # issue 25 item 3: one call of <= 400 s; JSON + a short table
-          timeout 390 python3 bench/attn_sweep.py "$OUT/attn_sweep.json" --budget 320 ;;
+          timeout 390 python3 bench/attn_sweep.py "$OUT/attn_sweep.json" --budget "${ATTN_BUDGET:-320}" ;;
     gputests) log gputests; timeout 590 python3 -m pytest -x -q -p no:cacheprovider tests/gpu 2>&1 | tail -15 ;;
     startup) log startup  # cold (fresh Triton cache) with precompile, warm, cold without precompile
           [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30

@@ -261,7 +261,7 @@ def summary(rows: list[dict], defaults: dict[str, dict]) -> list[str]:
     lines = [head + "  best knobs (plan)"]
     for name, *_ in CASES:
         d = defaults.get(name)
-        mine = [r for r in rows if r["case"] == name and "us" in r]
+        mine = [r for r in rows if r["case"] == name and "us" in r and r["phase"] != "contiguous-blocks"]
         if not d or not mine:
             continue
         b = min(mine, key=lambda r: r["us"])
@@ -270,6 +270,25 @@ def summary(rows: list[dict], defaults: dict[str, dict]) -> list[str]:
                      f"{b['gb_s']:>7.0f} {b['floor_frac']:>6.0%}  {b['knobs']} (segs {p['segments']}, "
                      f"BN {p['block_n']}, w {p['num_warps']}, st {p['num_stages']}, pf {p['prefetch']}, "
                      f"red {p['reduce_block_s']}/{p['reduce_warps']})")
+    lines.append("best of each group, time / the default's (segments at the default tiles; prefetch levels at any "
+                 "tiles; contiguous = the same launch on a contiguous block table):")
+    groups = {"segments": lambda r: r["phase"] == "segments", "reduce": lambda r: r["phase"] == "reduce",
+              "pf0-tiles": lambda r: r["phase"] in ("tiles", "segments2") and r["plan"]["prefetch"] == 0,
+              "pf1": lambda r: r["plan"]["prefetch"] == 1, "pf2": lambda r: r["plan"]["prefetch"] == 2,
+              "contiguous": lambda r: r["phase"] == "contiguous-blocks"}
+    for name, *_ in CASES:
+        d = defaults.get(name)
+        mine = [r for r in rows if r["case"] == name and "us" in r]
+        if not d or not mine:
+            continue
+        parts = []
+        for g, keep in groups.items():
+            sel = [r for r in mine if keep(r)]
+            if sel:
+                b = min(sel, key=lambda r: r["us"])
+                k = {a: v for a, v in b["knobs"].items() if a != "prefetch"}
+                parts.append(f"{g} {b['us'] / d['us']:.2f}x{' ' + str(k) if k else ''}")
+        lines.append(f"  {name}: " + "; ".join(parts))
     return lines
 
 

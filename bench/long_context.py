@@ -14,10 +14,12 @@ split-KV policy of kernels/paths.split_kv in the same process, on the same engin
 graphs is captured per policy (the segment count is fixed at capture), and the repeats alternate policies
 (legacy, fill, legacy, fill, ...; the order flips every repeat). ``fill:N`` is "fill" with N resident programs
 per SM instead of paths.SPLIT_CTAS_PER_SM (a sweep of the one tunable). Each row reports the segments the
-graph's attention launches with and how many of them the context fills.
+graph's attention launches with and how many of them the context fills. ``--sweep attn_sweep.json`` adds the
+policies "sweep:1x32k" and "sweep:16x8k": "fill" with the decode-attention knobs bench/attn_sweep.py found fastest
+for that case (kernels/paths.set_decode_attention_override; forced segment counts are not carried over).
 
 Usage (repo root, a GPU, the checkpoint of ``python bench/full_size.py build /tmp/q30``):
-  python bench/long_context.py /tmp/q30 OUT.json [--policies legacy,fill,fill:5]
+  python bench/long_context.py /tmp/q30 OUT.json [--policies legacy,fill,fill:5] [--sweep attn_sweep.json]
   ONECARD_EMULATE_CC=70 python bench/long_context.py /tmp/q30 OUT.json   # the pre-sm80 branches on this card
 On the CPU (a smoke run of the same code with tiny contexts, no floor, no graphs, reference kernels):
   python bench/long_context.py --cpu onecard/data/onecard-tiny-coder OUT.json
@@ -88,11 +90,38 @@ def tpot(times: list[list[float]]) -> float:
     return (last - first) / max(steps, 1)
 
 
+# "sweep:CASE" policies: the fill policy with the decode-attention knobs that bench/attn_sweep.py found fastest
+# for CASE (``--sweep attn_sweep.json``); filled by sweep_knobs()
+SWEEP_KNOBS: dict[str, dict] = {}
+SHAPE_FREE = ("segments", "min_seg_tiles")      # forced split counts fit one launch shape only: not carried over
+
+
+def sweep_knobs(path: str, cases=("1x32k", "16x8k")) -> list[str]:
+    """The "sweep:CASE" policies of an attn_sweep.json: per case its fastest point (the contiguous-table control
+    and points off the default's output excluded) without the shape-bound knobs (SHAPE_FREE)."""
+    data = json.loads(Path(path).read_text())
+    specs = []
+    for case in cases:
+        rows = [r for r in data.get("rows", []) if r.get("case") == case and "us" in r
+                and r.get("phase") != "contiguous-blocks" and not set(r.get("knobs", {})) & set(SHAPE_FREE)
+                and r.get("max_diff", 0.0) <= 1e-2]
+        if rows:
+            best = min(rows, key=lambda r: r["us"])
+            SWEEP_KNOBS[case] = dict(best["knobs"])
+            specs.append(f"sweep:{case}")
+    return specs
+
+
 def parse_policy(spec: str) -> tuple[str, int | None]:
-    """"fill" -> ("fill", None); "fill:5" -> ("fill", 5); "legacy" -> ("legacy", None)."""
+    """"fill" -> ("fill", None); "fill:5" -> ("fill", 5); "legacy" -> ("legacy", None); "sweep:CASE" -> ("fill",
+    None) (its knobs: SWEEP_KNOBS[CASE], set by Policies)."""
     from onecard.kernels import paths
 
     name, _, n = spec.partition(":")
+    if name == "sweep":
+        if n not in SWEEP_KNOBS:
+            raise SystemExit(f"--policies: {spec!r}: no knobs for {n!r} (give --sweep attn_sweep.json)")
+        return "fill", None
     if name not in paths.SPLIT_KV_POLICIES or (n and not n.isdigit()):
         raise SystemExit(f"--policies: {spec!r} is not one of {paths.SPLIT_KV_POLICIES} (optionally NAME:N)")
     return name, int(n) if n else None
@@ -112,16 +141,23 @@ class Policies:
         self.core, self.specs, self.graphs = core, specs, {}
         runner = core.runner
         for spec in specs:
-            paths.set_split_kv_policy(*parse_policy(spec))
+            self._set(spec)
             if getattr(runner, "graphs", None) is not None:              # GPU: capture under this policy
                 runner.capture_graphs()
                 self.graphs[spec] = runner.graphs
         paths.set_split_kv_policy(None)
+        paths.set_decode_attention_override()
 
-    def use(self, spec: str) -> None:
+    @staticmethod
+    def _set(spec: str) -> None:
         from onecard.kernels import paths
 
-        paths.set_split_kv_policy(*parse_policy(spec))                  # eager launches decide at launch time
+        paths.set_split_kv_policy(*parse_policy(spec))
+        paths.set_decode_attention_override(**SWEEP_KNOBS.get(spec.partition(":")[2], {})
+                                            if spec.startswith("sweep:") else {})
+
+    def use(self, spec: str) -> None:
+        self._set(spec)                                                 # eager launches decide at launch time
         if spec in self.graphs:
             self.core.runner.graphs = self.graphs[spec]
 
@@ -137,11 +173,12 @@ class Policies:
         dev = runner.device
         cc, sms = paths.capability(dev), paths.device_props(dev.index or 0)[1]
         hkv = int(self.core.config.model.hf_config.get("num_key_value_heads", 4))
-        paths.set_split_kv_policy(*parse_policy(spec))
+        self._set(spec)
         try:
             segs, min_tiles = paths.split_kv(gbs, True, g.max_model_len, hkv, sms, cc)
         finally:
             paths.set_split_kv_policy(None)
+            paths.set_decode_attention_override()
         tiles = -(-ctx // paths.attention_tiles(cc, 16)[0])
         per = max(-(-tiles // segs), min_tiles)
         return {"graph_batch": gbs, "segments": segs, "filled": -(-tiles // per), "tiles_per_segment": per,
@@ -186,6 +223,10 @@ def main(argv: list[str]) -> dict:
     if "--policies" in argv:
         i = argv.index("--policies")
         specs = argv[i + 1].split(",")
+        argv = argv[:i] + argv[i + 2:]
+    if "--sweep" in argv:
+        i = argv.index("--sweep")
+        specs += [sp for sp in sweep_knobs(argv[i + 1]) if sp not in specs]
         argv = argv[:i] + argv[i + 2:]
     for spec in specs:
         parse_policy(spec)

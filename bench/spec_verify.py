@@ -325,10 +325,9 @@ def _measure(core, prompts, new: int, reps: int, ref: dict | None, spec=None, po
 
 
 def e2e_engine(model_dir: str, s: Setup, k: int):
-    """The speculative engine (``ngram``, k drafts), built with steps in flight allowed so that one engine can
-    run both loops: --speculative-config turns async scheduling off by default (config.py), so the flag is set
-    after validation, the runner's graph inputs are guarded as with --async-scheduling, and the runs switch
-    ``core.async_scheduling`` (async only with the speculator detached, as the refusal in config.py requires)."""
+    """The speculative engine (``ngram``, k drafts), built with steps in flight allowed (the GPU default; forced
+    here so that the CPU smoke runs the same loops) so that one engine can run both loops: the runs switch
+    ``core.async_scheduling`` (speculative runs: the default hybrid loop, engine_core.py)."""
     from onecard.config import EngineArgs
     from onecard.core.engine_core import EngineCore
 
@@ -341,15 +340,15 @@ def e2e_engine(model_dir: str, s: Setup, k: int):
     cfg.scheduler.async_scheduling = True
     t0 = time.perf_counter()
     core = EngineCore(cfg)
-    core.async_scheduling = False
     return core, time.perf_counter() - t0
 
 
 def e2e_part(model_dir: str, s: Setup, shape: ModelShape, card: str, parts: set[str],
              alphas: tuple[float, ...] = ALPHAS, table_path: Path | None = None, save=None) -> dict:
-    """Per batch: (a) off, synchronous loop; (b) off, async loop (the GPU default without speculation); (c)
-    teacher-forced drafts at each α with the adaptive policy (and fixed k at the highest α); (d) random prompts,
-    the engine's ngram drafter, the policy. Verify steps replay the engine's own verify graphs (GPU)."""
+    """Per batch: (a) off, synchronous loop; (b) off, async loop (the GPU default); (c) teacher-forced drafts at
+    each α with the adaptive policy (and fixed k at the highest α); (d) random prompts, the engine's ngram
+    drafter, the policy. (c) and (d) run the default loop with speculation: the hybrid async loop (plain steps
+    pipelined, verify steps synchronous). Verify steps replay the engine's own verify graphs (GPU)."""
     if s.device == "cuda":
         torch.cuda.synchronize()
         free0 = torch.cuda.mem_get_info()[0]
@@ -388,9 +387,8 @@ def e2e_part(model_dir: str, s: Setup, shape: ModelShape, card: str, parts: set[
         core.async_scheduling = True
         run(core, prompts, 4)
         asy = _measure(core, prompts, s.e2e_tokens, s.e2e_repeats, ref)
-        core.async_scheduling = False
         row: dict = {"off_sync": sync, "off_async": asy}
-        core.scheduler.speculator = spec
+        core.scheduler.speculator = spec                 # the speculative runs: the hybrid async loop
         runs: list[tuple[str, object, object]] = []
         if "e2e" in parts:
             reference = {tuple(p): ref[i] for i, p in enumerate(prompts)}

@@ -160,9 +160,9 @@ class SpeculativeConfig:
     ``num_speculative_tokens`` (k, the most drafts verified per sequence and step; suffix: defaults to its tree
     depth), ``prompt_lookup_min`` / ``prompt_lookup_max`` (ngram) and ``suffix_decoding_*`` (suffix); the
     method's keys pass through to ``make_drafter`` (core/spec/drafter.py, which checks their values) as
-    ``params``. Methods that need a draft model or heads (eagle, mtp, ...) are refused. Not combined with
-    ``--async-scheduling`` (refused at start, as vLLM did before it supported the pair): a verify step's
-    accepted length must be known before the next step is scheduled."""
+    ``params``. Methods that need a draft model or heads (eagle, mtp, ...) are refused. With
+    ``--async-scheduling`` the engine loop is hybrid (core/engine_core.py): plain steps pipeline, a step with
+    drafts is resolved before the next is scheduled."""
 
     method: str
     num_speculative_tokens: int
@@ -300,12 +300,12 @@ class EngineArgs:
     async_scheduling: bool | None = option(
         None, "--async-scheduling", group=_S, negatable=True,
         help="schedule the next step while the GPU runs this one (hides host time; default: on with a GPU, "
-             "off on the CPU path and with --speculative-config; see default_async_scheduling)")
+             "off on the CPU path; with --speculative-config, verify steps still run one at a time; see "
+             "default_async_scheduling)")
     speculative_config: str | dict | None = option(  # noqa: RUF009 - None default; option() is a field()
         None, "--speculative-config", group=_S, metavar="JSON",
         help='speculative decoding (default off): {"method": "ngram"|"suffix", "num_speculative_tokens": K, '
-             '"prompt_lookup_min": N, "prompt_lookup_max": N, "suffix_decoding_...": ...}; not with '
-             '--async-scheduling')
+             '"prompt_lookup_min": N, "prompt_lookup_max": N, "suffix_decoding_...": ...}')
 
     tensor_parallel_size: int = option(1, "--tensor-parallel-size", "-tp", group=_P, help="must be 1")
     pipeline_parallel_size: int = option(1, "--pipeline-parallel-size", "-pp", group=_P, help="must be 1")
@@ -339,10 +339,7 @@ class EngineArgs:
             raise ConfigError(f"--kv-cache-dtype={self.kv_cache_dtype} is unknown; use one of "
                               f"{', '.join(KV_CACHE_DTYPES)}.")
         self._check_offloading()
-        spec = SpeculativeConfig.parse(self.speculative_config)
-        if spec is not None and self.async_scheduling:                  # asked for both explicitly
-            raise ConfigError("--speculative-config cannot be combined with --async-scheduling: a verify step's "
-                              "accepted length must be known before the next step is scheduled. Drop one of them.")
+        SpeculativeConfig.parse(self.speculative_config)          # a bad JSON or key fails before any download
         if self.quantization not in (None, "gptq", "gptq_marlin", "auto"):
             raise ConfigError(f"--quantization={self.quantization} is not supported; onecard runs gptq (4-bit).")
         if self.dtype != "auto" and normalize_dtype(self.dtype) is None:
@@ -417,15 +414,16 @@ def card_capability(dtype: str, hf_config: dict[str, Any], quantized: bool, devi
     return query_gpu(env).cc
 
 
-def default_async_scheduling(asked: bool | None, device_kind: str, speculative: bool) -> bool:
-    """``--async-scheduling`` / ``--no-async-scheduling`` as given; unset: on with a GPU (as in vLLM >= 0.14),
-    except with speculative decoding (whose verify step must finish before the next is scheduled) and on the CPU
-    path (its forward runs on the host thread, so there is no device time to hide host work behind).
-    Measured (BENCHMARKS.md, H100 80GB HBM3, 2026-12-06, bench/async_ab.py): the same greedy tokens, decode
-    +5.8% at batch 1 and +4.4% at batch 16."""
+def default_async_scheduling(asked: bool | None, device_kind: str) -> bool:
+    """``--async-scheduling`` / ``--no-async-scheduling`` as given; unset: on with a GPU (as in vLLM >= 0.14), off
+    on the CPU path (its forward runs on the host thread, so there is no device time to hide host work behind).
+    With speculative decoding too: the loop is then hybrid (core/engine_core.py), plain steps pipelined and
+    verify steps synchronous, so traffic that drafts nothing keeps the async gain.
+    Measured (BENCHMARKS.md, H100 80GB HBM3, 2026-12-06, bench/async_ab.py, without speculation): the same greedy
+    tokens, decode +5.8% at batch 1 and +4.4% at batch 16."""
     if asked is not None:
         return asked
-    return device_kind == "cuda" and not speculative
+    return device_kind == "cuda"
 
 
 def create_config(args: EngineArgs, meta: CheckpointMeta, device: DeviceSpec, env: Env) -> EngineConfig:
@@ -476,8 +474,7 @@ def create_config(args: EngineArgs, meta: CheckpointMeta, device: DeviceSpec, en
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=batched, max_model_len=max_model_len,
         long_prefill_token_threshold=args.long_prefill_token_threshold,
         enable_chunked_prefill=args.enable_chunked_prefill, max_num_queued_reqs=queued,
-        async_scheduling=default_async_scheduling(args.async_scheduling, device.kind,
-                                                  args.speculative_config is not None))
+        async_scheduling=default_async_scheduling(args.async_scheduling, device.kind))
     return EngineConfig(model=model, cache=cache, scheduler=sched, device=device.kind,
                         enforce_eager=args.enforce_eager, env=env, engine_threads=threads,
                         speculative=SpeculativeConfig.parse(args.speculative_config))

@@ -12,8 +12,12 @@ request that stopped at step n has had one more token computed, which is dropped
 true while a step is in flight.
 With ``config.speculative`` the scheduler drafts through a ``Speculator`` (``drafter``: the config's method
 unless one is given, e.g. a test's; on a GPU a ``SpecPolicy`` with the card's cost model picks each step's draft
-lengths, on the CPU every proposal is verified) and the runner verifies the drafts (sync loop only; config.py refuses the
-pair with async scheduling).
+lengths, on the CPU every proposal is verified) and the runner verifies the drafts. With async scheduling too,
+the loop is hybrid: plain steps pipeline as above; before scheduling on top of a step in flight the speculator
+says whether drafts would be verified if it were resolved (``Scheduler.drain_pays``: a proposal from the tokens
+known now, the policy's side-effect-free peek); if so the step in flight is resolved first and the next step is
+scheduled with fresh drafts from fully known tokens; a step with drafts is always resolved before the next is
+scheduled (its accepted count decides positions); drafts are never scheduled on top of a step in flight.
 The runner is driven through its lifecycle protocol (runner/lifecycle.py: load, precompile, size and allocate
 the KV cache, capture graphs, host tier, then submit/execute); this module decides which stages run (device,
 options). It imports no torch itself: the runner is created through ``runner_factory``.
@@ -136,8 +140,17 @@ class EngineCore:
         return self.scheduler.update(sched, result)
 
     def _step_async(self) -> list[EngineOutput]:
-        sched = self.scheduler.schedule()
+        """One step of the async loop: plain steps pipeline (one in flight), verify steps are synchronous.
+
+        With speculation and a step in flight, ``Scheduler.drain_pays`` decides first (its drafter and policy work
+        overlaps the GPU's step): yes -> resolve the step in flight, then schedule from fully known tokens with
+        fresh drafts; no -> schedule a plain step (no drafts) on top of it. A step that carries drafts is resolved
+        before this returns: its accepted counts decide the next step's positions."""
         outs: list[EngineOutput] = []
+        if self._in_flight is not None and self.scheduler.drain_pays():
+            outs = self._resolve_in_flight()
+        sched = self.scheduler.schedule(drafts=self._in_flight is None)
+        failed: list[EngineOutput] = []
         pending = None
         if sched.is_empty:
             self._drop_ended(sched)
@@ -146,19 +159,24 @@ class EngineCore:
             try:
                 pending = self.runner.submit(sched)
             except Exception as e:  # noqa: BLE001 - as in step()
-                outs = self._fail(sched, e)
+                failed = self._fail(sched, e)
         if self._in_flight is not None:
-            prev, prev_pending = self._in_flight
-            self._in_flight = None
-            try:
-                result = prev_pending.result()
-            except Exception as e:  # noqa: BLE001 - as in step()
-                outs = self._fail(prev, e) + outs
-            else:
-                outs = self.scheduler.update(prev, result) + outs
+            outs += self._resolve_in_flight()
         if pending is not None:
             self._in_flight = (sched, pending)
-        return outs
+            if sched.has_drafts:
+                outs += self._resolve_in_flight()
+        return outs + failed
+
+    def _resolve_in_flight(self) -> list[EngineOutput]:
+        """Wait for the step in flight's samples and update the scheduler with them (its outputs)."""
+        sched, pending = self._in_flight
+        self._in_flight = None
+        try:
+            result = pending.result()
+        except Exception as e:  # noqa: BLE001 - as in step()
+            return self._fail(sched, e)
+        return self.scheduler.update(sched, result)
 
     def _drop_ended(self, sched) -> None:
         """An empty step still lets the runner drop the state of requests that ended (aborts between steps)."""

@@ -38,6 +38,7 @@ class SchedulerOutput:
     kv_to_host: list[tuple[int, int]] = field(default_factory=list)     # (gpu block, host slot): evicted, saved
     kv_from_host: list[tuple[int, int]] = field(default_factory=list)   # (gpu block, host slot): host hits
     kv_transfer_wait: bool = False
+    has_drafts: bool = False          # some request carries drafts: a verify step (resolved before the next schedule)
 
     @property
     def is_empty(self) -> bool:

@@ -28,6 +28,10 @@ Contract:
   frees the blocks beyond (``KVCacheManager.trim``; the prefix cache only ever registers blocks full of known
   tokens), appends the verified tokens one by one with the same stop checks (tokens after a stop are dropped)
   and counts the metrics. Prefill chunks are passed to the drafter (``observe``); ended requests ``finish``.
+  ``schedule(drafts=False)`` schedules no drafts (the async loop, on top of a step in flight); ``drain_pays()``
+  asks the speculator whether the next step would verify drafts once the step in flight is resolved (a
+  proposal from the tokens known now; no state changes but the drafters' indexes and the policy's per-step
+  update when it answers no).
 - ``abort(ids)`` ends requests with ``FinishReason.ABORT`` and frees their blocks. Finished and aborted ids
   come in the next ``SchedulerOutput.finished_request_ids``; ``preempted_request_ids`` are this step's
   preemptions (never scheduled in the same step). Both mean: drop the runner's per-request state (a
@@ -191,7 +195,7 @@ class Scheduler:
         logger.debug("preempted %s (%d tokens)", req.request_id, req.num_tokens)
 
     # ------------------------------------------------------------------ one step
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, drafts: bool = True) -> SchedulerOutput:
         cfg = self.config
         kv = self.kv_cache_manager
         budget = cfg.max_num_batched_tokens
@@ -201,7 +205,7 @@ class Scheduler:
         prefills: list[ScheduledRequest] = []
         preempted: set[str] = set()
         spec = self.speculator
-        step_drafts = self._propose_all() if spec is not None else None
+        step_drafts = self._propose_all() if spec is not None and drafts else None
 
         running = self.running
         i = 0
@@ -265,7 +269,7 @@ class Scheduler:
         decodes.extend(verifies)
         decodes.extend(prefills)
         total = sum(sr.num_new_tokens for sr in decodes)
-        out = SchedulerOutput(decodes, total, finished, preempted)
+        out = SchedulerOutput(decodes, total, finished, preempted, has_drafts=bool(verifies))
         if kv.host is not None:
             t = kv.take_transfers()
             out.kv_to_host, out.kv_from_host, out.kv_transfer_wait = t.to_host, t.from_host, t.wait
@@ -318,21 +322,40 @@ class Scheduler:
         """Drafts for this step's decodes (requests whose next token is their only one to compute), each at most
         what max_tokens, max_model_len and --long-prefill-token-threshold leave room for (a step emits the
         accepted drafts plus one token); the step's budget trims them in ``schedule``."""
+        cands, prefill = self._decode_candidates(stale=False)
+        return self.speculator.propose_step([(req, k) for req, k, _ in cands], prefill) if cands else {}
+
+    def drain_pays(self) -> bool:
+        """With a step in flight (async scheduling): would the next step verify drafts if the step in flight were
+        resolved first? (``Speculator.drain_pays``: proposals from the tokens known now, the policy's peek.)"""
+        if self.speculator is None:
+            return False
+        cands, prefill = self._decode_candidates(stale=True)
+        return self.speculator.drain_pays(cands, prefill) if cands else False
+
+    def _decode_candidates(self, stale: bool) -> tuple[list[tuple[Request, int, int]], int]:
+        """(request, the most drafts it may take, tokens still in flight) for each running request whose next
+        step computes one token, and the prefill tokens of the others. ``stale``: as the requests will be once
+        the step in flight is resolved (its placeholders known); otherwise a request with a placeholder pending
+        gets no drafts (its last token is not known yet)."""
         threshold = self.config.long_prefill_token_threshold
         stop_info, max_len = self._stop_info, self.max_model_len
-        cands: list[tuple[Request, int]] = []
+        cands: list[tuple[Request, int, int]] = []
         prefill = 0
         for req in self.running:
-            known = len(req.all_token_ids)
+            pending = req.num_output_placeholders
+            if pending and not stale:
+                continue                    # scheduled for its placeholder only (nothing of it is prefill)
+            known = len(req.all_token_ids) + pending
             todo = known - req.num_computed_tokens
-            if req.num_output_placeholders or todo != 1:
+            if todo != 1:
                 prefill += min(todo, threshold) if threshold > 0 else max(todo, 0)
                 continue
-            max_k = min(stop_info[req.request_id][3] - len(req.output_token_ids), max_len - known) - 1
+            max_k = min(stop_info[req.request_id][3] - len(req.output_token_ids) - pending, max_len - known) - 1
             if threshold > 0:
                 max_k = min(max_k, threshold - 1)
-            cands.append((req, max(max_k, 0)))
-        return self.speculator.propose_step(cands, prefill) if cands else {}
+            cands.append((req, max(max_k, 0), pending))
+        return cands, prefill
 
     def update(self, scheduler_output: SchedulerOutput, runner_output: RunnerOutput) -> list[EngineOutput]:
         sampled = runner_output.sampled_token_ids

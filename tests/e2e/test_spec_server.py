@@ -1,7 +1,9 @@
 """Speculative decoding over HTTP (tiny random-weight 4-bit Qwen3-MoE on the CPU, engine core in a thread), with
 the official ``openai`` client: a server with ``--speculative-config`` (the real ngram drafter) answers as the
 plain server does, greedy, for JSON-schema outputs (the grammar masks every draft position), forced tool calls
-through the hermes parser, and streamed chat with stop strings; its /metrics carry vLLM's spec-decode series."""
+through the hermes parser, and streamed chat with stop strings; its /metrics carry vLLM's spec-decode series. Each
+with the synchronous engine loop and with async scheduling (the hybrid loop: plain steps pipelined, verify steps
+synchronous)."""
 from __future__ import annotations
 
 import asyncio
@@ -19,18 +21,27 @@ from tests.e2e.test_structured_outputs import ARGS, M9, M14, M16, MSGS, TOOLS
 _SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
 
 
-def _server(model_dir, spec):
-    config = EngineArgs(model=str(model_dir), speculative_config=spec, **ARGS).create_config()
+def _server(model_dir, spec, async_scheduling: bool = False):
+    config = EngineArgs(model=str(model_dir), speculative_config=spec, async_scheduling=async_scheduling,
+                        **ARGS).create_config()
+    assert config.scheduler.async_scheduling is async_scheduling
     settings = settings_from(config, tool_call_parser="hermes", enable_auto_tool_choice=True,
                              structured_outputs_config='{"disable_any_whitespace": true}')
     return start_server(make_state(config, make_core_client(config, single_process=True), settings))
 
 
 @pytest.fixture(scope="module")
-def servers(tiny_moe_gptq_dir):
-    plain, spec = _server(tiny_moe_gptq_dir, None), _server(tiny_moe_gptq_dir, _SPEC)
-    yield plain, spec
+def plain_server(tiny_moe_gptq_dir):
+    plain = _server(tiny_moe_gptq_dir, None)
+    yield plain
     plain.stop()
+
+
+@pytest.fixture(scope="module", params=["sync", "async"])
+def servers(request, tiny_moe_gptq_dir, plain_server):
+    """The plain server and a speculative one, on the synchronous loop or the async hybrid loop."""
+    spec = _server(tiny_moe_gptq_dir, _SPEC, async_scheduling=request.param == "async")
+    yield plain_server, spec
     spec.stop()
 
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from onecard.config import SpeculativeConfig
+from onecard.config import EngineArgs, SpeculativeConfig
+from onecard.core.engine_core import EngineCore
 from onecard.core.spec.speculator import Speculator
 from onecard.protocol import EngineRequest
+from onecard.sampling_params import SamplingParams
 
 
 class OracleDrafter:
@@ -65,6 +67,59 @@ def run(core, requests: dict[str, tuple[list[int], object]]) -> dict[str, dict]:
     kv = core.scheduler.kv_cache_manager
     assert kv.num_free_blocks == kv.num_usable_blocks          # nothing leaked
     return got
+
+
+def assert_same_outputs(got: dict, want: dict) -> None:
+    """``run()`` results equal request by request: tokens, finish, logprobs (values within 1e-4)."""
+    for rid in want:
+        assert got[rid]["tokens"] == want[rid]["tokens"], rid
+        assert got[rid]["finish"] == want[rid]["finish"], rid
+        a, b = got[rid]["logprobs"], want[rid]["logprobs"]
+        assert [(t, r, top) for t, r, _, top in a] == [(t, r, top) for t, r, _, top in b], rid
+        assert all(abs(x[2] - y[2]) < 1e-4 for x, y in zip(a, b)), rid
+
+
+def make_core(path, **kw) -> EngineCore:
+    return EngineCore(EngineArgs(model=str(path), device="cpu", max_model_len=192, **kw).create_config())
+
+
+def spec_prompts() -> list[list[int]]:
+    import torch
+
+    g = torch.Generator().manual_seed(7)
+    rand = [torch.randint(3, 200, (int(k),), generator=g).tolist() for k in (5, 12, 30, 47)]
+    rep = [[11, 12, 13, 14] * 6, [40, 41] * 15 + [42]]        # repetitive (a drafter's easy case)
+    return rand + rep
+
+
+def spec_requests(prompts, greedy_tokens=None, vocab=None) -> dict:
+    sp = SamplingParams(temperature=0.0, max_tokens=18, ignore_eos=True)
+    reqs = {f"g{i}": (p, sp) for i, p in enumerate(prompts)}
+    reqs["lp"] = (prompts[0], SamplingParams(temperature=0.0, max_tokens=15, ignore_eos=True, logprobs=2))
+    reqs["pen"] = (prompts[1], SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, presence_penalty=1.5,
+                                              frequency_penalty=1.0, repetition_penalty=1.8))
+    reqs["max5"] = (prompts[2], SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True))  # inside a draft
+    if greedy_tokens is not None:
+        reqs["stop_id"] = (prompts[3], SamplingParams(temperature=0.0, max_tokens=18,
+                                                      stop_token_ids=[greedy_tokens["g3"][6]]))
+        # every id but 0-2 stops it, and is banned until min_tokens outputs exist: it stops right after them
+        reqs["min_tok"] = (prompts[4], SamplingParams(temperature=0.0, max_tokens=18, min_tokens=7,
+                                                      stop_token_ids=list(range(3, vocab))))
+    return reqs
+
+
+def plain_reference(path) -> tuple[dict, dict, dict, int]:
+    """Outputs of plain decoding (synchronous loop, no speculation) of ``spec_requests``, and the reference
+    continuations an ``OracleDrafter`` proposes from: (requests, outputs, references, vocab)."""
+    core = make_core(path)
+    vocab = int(core.config.model.hf_config["vocab_size"])
+    prompts = spec_prompts()
+    first = run(core, spec_requests(prompts))
+    greedy = {rid: g["tokens"] for rid, g in first.items()}
+    reqs = spec_requests(prompts, greedy, vocab)
+    got = run(core, reqs)
+    ref = {rid: list(reqs[rid][0]) + got[rid]["tokens"] for rid in reqs}
+    return reqs, got, ref, vocab
 
 
 def to_verify_step(core):

@@ -11,53 +11,11 @@ from __future__ import annotations
 
 import pytest
 
-from onecard.config import EngineArgs, SpeculativeConfig
-from onecard.core.engine_core import EngineCore
+from onecard.config import SpeculativeConfig
 from onecard.sampling_params import SamplingParams
-from tests.engine.spec_helpers import OracleDrafter, enable_spec, run
-
-
-def _core(path, **kw) -> EngineCore:
-    return EngineCore(EngineArgs(model=str(path), device="cpu", max_model_len=192, **kw).create_config())
-
-
-def _prompts() -> list[list[int]]:
-    import torch
-
-    g = torch.Generator().manual_seed(7)
-    rand = [torch.randint(3, 200, (int(k),), generator=g).tolist() for k in (5, 12, 30, 47)]
-    rep = [[11, 12, 13, 14] * 6, [40, 41] * 15 + [42]]        # repetitive (a drafter's easy case)
-    return rand + rep
-
-
-def _requests(prompts, greedy_tokens=None, vocab=None) -> dict:
-    sp = SamplingParams(temperature=0.0, max_tokens=18, ignore_eos=True)
-    reqs = {f"g{i}": (p, sp) for i, p in enumerate(prompts)}
-    reqs["lp"] = (prompts[0], SamplingParams(temperature=0.0, max_tokens=15, ignore_eos=True, logprobs=2))
-    reqs["pen"] = (prompts[1], SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, presence_penalty=1.5,
-                                              frequency_penalty=1.0, repetition_penalty=1.8))
-    reqs["max5"] = (prompts[2], SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True))  # inside a draft
-    if greedy_tokens is not None:
-        reqs["stop_id"] = (prompts[3], SamplingParams(temperature=0.0, max_tokens=18,
-                                                      stop_token_ids=[greedy_tokens["g3"][6]]))
-        # every id but 0-2 stops it, and is banned until min_tokens outputs exist: it stops right after them
-        reqs["min_tok"] = (prompts[4], SamplingParams(temperature=0.0, max_tokens=18, min_tokens=7,
-                                                      stop_token_ids=list(range(3, vocab))))
-    return reqs
-
-
-@pytest.fixture(scope="module")
-def plain(tiny_moe_gptq_dir):
-    """Outputs of plain decoding, and the reference continuations the drafter proposes from."""
-    core = _core(tiny_moe_gptq_dir)
-    vocab = int(core.config.model.hf_config["vocab_size"])
-    prompts = _prompts()
-    first = run(core, _requests(prompts))
-    greedy = {rid: g["tokens"] for rid, g in first.items()}
-    reqs = _requests(prompts, greedy, vocab)
-    got = run(core, reqs)
-    ref = {rid: list(reqs[rid][0]) + got[rid]["tokens"] for rid in reqs}
-    return reqs, got, ref, vocab
+from tests.engine.spec_helpers import OracleDrafter, assert_same_outputs, enable_spec, run
+from tests.engine.spec_helpers import make_core as _core
+from tests.engine.spec_helpers import spec_prompts as _prompts
 
 
 @pytest.mark.parametrize("extra", [{}, {"max_num_batched_tokens": 16, "long_prefill_token_threshold": 8,
@@ -68,12 +26,7 @@ def test_greedy_matches_plain_decoding(tiny_moe_gptq_dir, plain, extra):
     drafter = OracleDrafter(ref, vocab)
     spec = enable_spec(core, drafter, k=4)
     got = run(core, reqs)
-    for rid in reqs:
-        assert got[rid]["tokens"] == want[rid]["tokens"], rid
-        assert got[rid]["finish"] == want[rid]["finish"], rid
-        a, b = got[rid]["logprobs"], want[rid]["logprobs"]
-        assert [(t, r, top) for t, r, _, top in a] == [(t, r, top) for t, r, _, top in b], rid
-        assert all(abs(x[2] - y[2]) < 1e-4 for x, y in zip(a, b)), rid
+    assert_same_outputs(got, want)
     # the stops really cut outputs short (inside a verify step), min_tokens held its stop ids back
     assert len(want["stop_id"]["tokens"]) == 7 and len(want["min_tok"]["tokens"]) == 8
     assert len(want["max5"]["tokens"]) == 5 and len(want["lp"]["logprobs"]) == 15
@@ -103,15 +56,18 @@ def test_all_drafts_wrong_and_all_right(tiny_moe_gptq_dir, plain):
             assert st.num_accepted_tokens == 0 and st.num_draft_tokens > 0
 
 
-def test_prefix_cache_holds_only_accepted_tokens(tiny_moe_gptq_dir, plain):
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_prefix_cache_holds_only_accepted_tokens(tiny_moe_gptq_dir, plain, async_scheduling):
     _, _, ref, vocab = plain
-    core = _core(tiny_moe_gptq_dir, block_size=8)
-    enable_spec(core, OracleDrafter(ref, vocab, corrupt_every=2), k=5)
+    core = _core(tiny_moe_gptq_dir, block_size=8, async_scheduling=async_scheduling)   # (async: the hybrid loop)
+    spec = enable_spec(core, OracleDrafter(ref, vocab, corrupt_every=2), k=5)
     sp = SamplingParams(temperature=0.0, max_tokens=26, ignore_eos=True)
     prompt = _prompts()[4]
     got = run(core, {"a": (prompt, sp)})
+    assert 0 < spec.stats().num_accepted_tokens < spec.stats().num_draft_tokens
     kv = core.scheduler.kv_cache_manager
     tokens = prompt + got["a"]["tokens"]
+    assert tokens[:len(ref["g4"])] == ref["g4"]             # (the plain run's 18 tokens)
     cached = {b.token_ids for b in kv.blocks if b.block_hash is not None}
     full = {tuple(tokens[i:i + 8]) for i in range(0, len(tokens) - 7, 8)}
     assert cached and cached <= full              # every cached block holds accepted tokens at a block boundary

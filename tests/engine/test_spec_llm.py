@@ -1,9 +1,10 @@
 """Speculative decoding end to end through the offline ``LLM`` (the server's output side), with the real drafters.
 
-Greedy outputs with ``speculative_config`` (ngram prompt lookup, suffix trees) equal those without it, token for
-token and in text, on a tiny random checkpoint (and the bundled model with ngram), over prompts that make the drafters hit
-(repeated code) and ones that do not; stop strings that end inside a verify step, ``max_tokens`` inside a draft
-and ``n`` > 1 give the same outputs too, and no KV block leaks.
+Greedy outputs with ``speculative_config`` (ngram prompt lookup, suffix trees), on the synchronous loop and with
+async scheduling (the hybrid loop), equal those without it, token for token and in text, on a tiny random
+checkpoint (and the bundled model with ngram), over prompts that make the drafters hit (repeated code) and ones
+that do not; stop strings that end inside a verify step, ``max_tokens`` inside a draft and ``n`` > 1 give the
+same outputs too, and no KV block leaks.
 """
 from __future__ import annotations
 
@@ -19,12 +20,17 @@ _PROMPTS = [_CODE, "import os\nimport sys\nimport re\nimport os\nimport sys\n", 
 _NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
 
 
+_SUFFIX = {"method": "suffix", "num_speculative_tokens": 5}
+
+
 @pytest.fixture(scope="module")
 def tiny(tiny_moe_gptq_dir):
+    """The plain engine, then ngram and suffix speculation on the synchronous loop and on the async hybrid loop."""
     kw = dict(device="cpu", max_model_len=256)
     path = str(tiny_moe_gptq_dir)
-    return LLM(path, **kw), LLM(path, speculative_config=_NGRAM, **kw), LLM(
-        path, speculative_config={"method": "suffix", "num_speculative_tokens": 5}, **kw)
+    return (LLM(path, **kw), LLM(path, speculative_config=_NGRAM, **kw), LLM(path, speculative_config=_SUFFIX, **kw),
+            LLM(path, speculative_config=_NGRAM, async_scheduling=True, **kw),
+            LLM(path, speculative_config=_SUFFIX, async_scheduling=True, **kw))
 
 
 def _outs(llm, prompts, sp):
@@ -49,11 +55,15 @@ def test_greedy_equal_with_drafters(tiny):
 
 def test_greedy_equal_on_the_bundled_model():
     kw = dict(device="cpu", max_model_len=256)
-    _check_equal(LLM(None, **kw), [LLM(None, speculative_config=_NGRAM, **kw)], [_CODE, _PROMPTS[4]], 14)
+    _check_equal(LLM(None, **kw), [LLM(None, speculative_config=_NGRAM, **kw),
+                                   LLM(None, speculative_config=_NGRAM, async_scheduling=True, **kw)],
+                 [_CODE, _PROMPTS[4], _PROMPTS[1]], 14)
 
 
-def test_stops_max_tokens_and_n(tiny):
-    plain, ngram, _ = tiny
+@pytest.mark.parametrize("loop", ["sync", "async"])
+def test_stops_max_tokens_and_n(tiny, loop):
+    plain, ngram = tiny[0], tiny[1 if loop == "sync" else 3]
+    assert ngram.engine.async_scheduling is (loop == "async")
     base = plain.generate(_PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))[0]
     text = base.outputs[0].text
     # stop strings ending at many offsets: some inside verify steps, some at their boundaries

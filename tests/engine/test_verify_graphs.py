@@ -122,14 +122,16 @@ def test_steps_that_are_not_verify_steps_are_left_to_eager(tiny_moe_gptq_dir):
     assert verify_query_len(inputs) is None and graphs.try_run(inputs) is None
 
 
-@pytest.mark.parametrize("k", [2, 4])
-def test_greedy_through_padded_layouts_equals_plain(tiny_moe_gptq_dir, k):
+@pytest.mark.parametrize("k, async_scheduling", [(2, False), (4, False), (4, True)])
+def test_greedy_through_padded_layouts_equals_plain(tiny_moe_gptq_dir, k, async_scheduling):
+    """(async: the hybrid loop, plain steps pipelined through the decode graphs' placeholder inputs.)"""
     prompts = _prompts()
     reqs = {f"g{i}": (p, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))   # batches shrink
             for i, (p, n) in enumerate(zip(prompts, (16, 5, 9, 12)))}
     plain = run(_core(tiny_moe_gptq_dir), reqs)
     ref = {rid: list(reqs[rid][0]) + plain[rid]["tokens"] for rid in reqs}
-    core = _core(tiny_moe_gptq_dir, speculative_config={"method": "ngram", "num_speculative_tokens": k})
+    core = _core(tiny_moe_gptq_dir, speculative_config={"method": "ngram", "num_speculative_tokens": k},
+                 async_scheduling=async_scheduling)
     spec = enable_spec(core, OracleDrafter(ref, int(core.config.model.hf_config["vocab_size"])), k=k)
     graphs = core.runner.graphs = core.runner.graph_runner()
     graphs.capture()

@@ -173,9 +173,10 @@ def test_generated_arguments_follow_the_annotations():
     assert add_serve_arguments(argparse.ArgumentParser()).parse_args(["--port=1"]).port == 1
 
 
-def test_async_scheduling_default_follows_device_and_speculation():
-    """--async-scheduling unset: on for a GPU, off on the CPU path and with --speculative-config; an explicit
-    --no-async-scheduling / --async-scheduling wins (the pure create_config, no GPU needed)."""
+def test_async_scheduling_default_follows_device_not_speculation():
+    """--async-scheduling unset: on for a GPU (with --speculative-config too: the hybrid loop), off on the CPU
+    path; an explicit --no-async-scheduling / --async-scheduling wins, with or without speculation (the pure
+    create_config, no GPU needed)."""
     coder = str(Path(cli.__file__).parent / "data" / "onecard-tiny-coder")
     meta = read_checkpoint_meta(coder, with_tensors=False)
     spec = {"method": "ngram", "num_speculative_tokens": 3}
@@ -185,7 +186,10 @@ def test_async_scheduling_default_follows_device_and_speculation():
 
     assert cfg("cuda").scheduler.async_scheduling is True
     assert cfg("cpu").scheduler.async_scheduling is False
-    assert cfg("cuda", speculative_config=spec).scheduler.async_scheduling is False
+    assert cfg("cuda", speculative_config=spec).scheduler.async_scheduling is True
+    assert cfg("cpu", speculative_config=spec).scheduler.async_scheduling is False
+    assert cfg("cuda", speculative_config=spec, async_scheduling=False).scheduler.async_scheduling is False
+    assert cfg("cpu", speculative_config=spec, async_scheduling=True).scheduler.async_scheduling is True
     assert cfg("cuda", async_scheduling=False).scheduler.async_scheduling is False
     assert cfg("cpu", async_scheduling=True).scheduler.async_scheduling is True
     ns = cli.build_serve_parser().parse_args([coder, "--no-async-scheduling"])

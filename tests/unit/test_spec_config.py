@@ -44,15 +44,18 @@ def test_refusals_name_the_problem(value, words):
     assert all(w in str(e.value) for w in words), str(e.value)
 
 
-def test_cli_flag_and_async_refusal():
-    ns = build_serve_parser().parse_args(["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}',
-                                          "--device", "cpu"])
-    cfg = engine_args_from_namespace(ns).create_config()
+def test_cli_flag_with_and_without_async_scheduling():
+    flag = ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}', "--device", "cpu"]
+    cfg = engine_args_from_namespace(build_serve_parser().parse_args(flag)).create_config()
     assert cfg.speculative.method == "ngram" and cfg.speculative.num_speculative_tokens == 3
+    assert cfg.scheduler.async_scheduling is False                                 # the CPU path's default
     assert EngineArgs(device="cpu").create_config().speculative is None           # off by default
-    with pytest.raises(ConfigError, match="--async-scheduling"):
-        EngineArgs(device="cpu", async_scheduling=True,
-                   speculative_config={"method": "ngram", "num_speculative_tokens": 3}).create_config()
+    # the pair is allowed (the hybrid loop, core/engine_core.py), from the CLI and from EngineArgs
+    cfg = engine_args_from_namespace(build_serve_parser().parse_args([*flag, "--async-scheduling"])).create_config()
+    assert cfg.scheduler.async_scheduling is True and cfg.speculative.method == "ngram"
+    cfg = EngineArgs(device="cpu", async_scheduling=True,
+                     speculative_config={"method": "suffix", "num_speculative_tokens": 3}).create_config()
+    assert cfg.scheduler.async_scheduling is True and cfg.speculative.method == "suffix"
 
 
 class _Resp:

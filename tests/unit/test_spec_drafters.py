@@ -375,3 +375,31 @@ def test_make_drafter_maps_vllm_keys_and_defaults():
         make_drafter("ngram", 0)
     with pytest.raises(ValueError, match="suffix_decoding_min_token_prob"):
         make_drafter("suffix", 2, suffix_decoding_min_token_prob=1.5)
+
+
+@pytest.mark.parametrize("method", ["ngram", "suffix"])
+def test_stale_then_fresh_proposals_equal_fresh_only(method):
+    """The async engine loop proposes from the tokens known while a step is in flight (stale by one token), then,
+    when it drains that step, from the fresh tokens: the fresh draft must be the one a drafter asked only the fresh
+    tokens gives (the calls stay append-only; nothing is indexed twice or out of order), for every request and,
+    for suffix, with the global tree of earlier outputs shared."""
+    def make():
+        if method == "ngram":
+            return NgramDrafter(5, prompt_lookup_min=1, prompt_lookup_max=3)
+        return SuffixDrafter(5, max_tree_depth=8, max_cached_requests=2)
+
+    rng = random.Random(11)
+    both, fresh_only = make(), make()
+    stale_hits = 0
+    for r, seq in enumerate(_sequences(rng, 8, 90)):
+        rid, prompt_len = f"r{r}", len(seq) // 3
+        for d in (both, fresh_only):
+            d.observe(rid, seq[:prompt_len])
+        for n_tok in range(prompt_len + 1, len(seq) + 1):
+            if rng.random() < 0.7:                 # a step was in flight: its token is not known yet
+                stale = both.propose(rid, seq[:n_tok - 1], 6)
+                stale_hits += bool(stale)
+            assert both.propose(rid, seq[:n_tok], 5) == fresh_only.propose(rid, seq[:n_tok], 5), (r, n_tok)
+        for d in (both, fresh_only):
+            d.finish(rid, seq)
+    assert stale_hits > 20

@@ -6,6 +6,7 @@ enumeration of every draft-length assignment for the policy's optimum.
 """
 from __future__ import annotations
 
+import copy
 import importlib.util
 import itertools
 import json
@@ -248,6 +249,65 @@ def test_a_sequence_held_off_drifts_back_to_probing(shape):
         steps += 1
         assert steps < 500
     assert steps > 5                                          # not at once: the evidence fades over steps
+
+
+def _state(p: SpecPolicy) -> dict:
+    """Every field of a policy but the step-time memo and the cost model (caches, not state), evidence copied as
+    numbers."""
+    import dataclasses
+
+    out = {}
+    for f in dataclasses.fields(p):
+        v = getattr(p, f.name)
+        if f.name in ("_times", "_monotone", "cost"):
+            continue
+        if f.name == "_seqs":
+            v = {r: (e.successes, e.trials) for r, e in v.items()}
+        elif f.name == "_global":
+            v = (v.successes, v.trials)
+        out[f.name] = copy.deepcopy(v)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_peek_answers_as_choose_and_changes_nothing(shape, seed):
+    """The async loop's question (would a step verify drafts now?) leaves the policy exactly as it was, while
+    ``choose`` on the same drafts gives the same answer."""
+    rng = random.Random(seed)
+    p = SpecPolicy(6, CostModel.for_card("V100", shape), prior_acceptance=0.6)   # (verify dear: k = 0 is common)
+    ids = [f"r{i}" for i in range(rng.choice((1, 4, 16)))]
+    for _ in range(40):
+        r = rng.choice(ids)
+        k = rng.randrange(1, 7)
+        p.record(r, k, rng.choice((0, k, rng.randrange(k + 1))))
+    for _ in range(8):
+        p.record(ids[0], 6, 0)                    # a sequence the policy holds at k = 0 (its evidence fades)
+    p.choose({r: rng.randrange(7) for r in ids})
+    for _ in range(30):
+        drafts = {r: rng.randrange(7) for r in ids + ["new"]}
+        ctx = {r: rng.randrange(10, 3000) for r in drafts}
+        extra = rng.choice((0, 0, 300))
+        before = _state(p)
+        peeked = p.peek(drafts, ctx, extra)
+        assert _state(p) == before
+        assert p.choose(drafts, ctx, extra) == peeked
+
+
+def test_peek_equals_choose_on_the_same_state(shape):
+    p = SpecPolicy(8, CostModel.for_card("H200", shape), prior_acceptance=0.7)
+    for _ in range(10):
+        p.record("r0", 8, 0)
+    p.record("r1", 4, 4)
+    r0 = (p._seqs["r0"].trials, p._seqs["r0"].successes)
+    last = p.last
+    assert p.peek({"r0": 8}) == {"r0": 0}                          # r0 is held at k = 0 with a draft ...
+    assert p.last is last and (p._seqs["r0"].trials, p._seqs["r0"].successes) == r0
+    assert p.choose({"r0": 8}) == {"r0": 0} and p.last is not last
+    assert p._seqs["r0"].trials < r0[0]                              # ... which choose (not peek) fades
+    drafts, ctx = {"r0": 8, "r1": 8, "r2": 3}, {"r0": 700, "r1": 90, "r2": 4000}
+    want = p.peek(drafts, ctx, 64)
+    assert want["r1"] > 0 and "r2" not in p._seqs
+    assert p.choose(drafts, ctx, 64) == want
 
 
 # ------------------------------------------------------------------ the GPU bench's CPU side: projection

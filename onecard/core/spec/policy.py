@@ -9,6 +9,9 @@ Contract (the engine's side, all of it):
       tokens in the same step) refine the cost; both optional. All k = 0 means: run a plain decode step.
   ``policy.record(req_id, proposed, accepted)`` after verification: ``proposed`` = the k verified, ``accepted`` =
       how many of them matched (0..proposed). ``policy.forget(req_id)`` when the request ends or is preempted.
+  ``policy.peek(drafts, context_lens=None, extra_tokens=0) -> dict[req_id, int]``: what ``choose`` would answer
+      now, with no effect on the policy's state (no idle fading, ``last`` untouched): the async engine loop asks
+      it whether draining the step in flight for a verify step would pay (core/engine_core.py).
   ``policy.acceptance(req_id) -> float``: the per-token acceptance estimate in use; ``policy.last``: the last
       step's ``StepDecision`` (for logs and benches). Deterministic: no clocks, no randomness.
 
@@ -190,6 +193,25 @@ class SpecPolicy:
             self._global.fade(self.global_idle_decay)
         self.last = d
         return ks
+
+    def peek(self, drafts: Mapping[str, Sequence[int] | int], context_lens: Mapping[str, int] | None = None,
+             extra_tokens: int = 0) -> dict[str, int]:
+        """``choose``'s answer for these drafts, leaving the policy as it was: ``choose`` itself runs (one pricing,
+        so the two always agree) and the state it changes (the evidence it fades, ``last``) is put back. The
+        memo of step times is a cache, not state."""
+        seqs = {r: (ev.successes, ev.trials) for r in drafts if (ev := self._seqs.get(r)) is not None}
+        glob, last = (self._global.successes, self._global.trials), self.last
+        try:
+            return self.choose(drafts, context_lens, extra_tokens)
+        finally:
+            for r in drafts:
+                if r in seqs:
+                    ev = self._seqs.setdefault(r, _Evidence())
+                    ev.successes, ev.trials = seqs[r]
+                else:
+                    self._seqs.pop(r, None)
+            self._global.successes, self._global.trials = glob
+            self.last = last
 
     def _choose_padded(self, ids: list[str], caps: list[int], ctx: int) -> dict[str, int]:
         """The choice for a step replayed from a padded verify graph: every sequence runs 1 + max k_i rows, so

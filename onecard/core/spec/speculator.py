@@ -6,7 +6,15 @@ Contract: ``Speculator(config, drafter=None, policy=None)`` holds one ``Drafter`
 proposal is verified in full). ``propose(request, max_k)`` returns
 up to ``max_k`` draft token ids to verify after the request's last token (``[]``: a plain decode step);
 the number asked is ``min(max_k, num_speculative_tokens)``; ``propose_step([(request, max_k), ...])`` does it
-for every decode request of a step (request id -> drafts, only those with some). ``observe(request, num_tokens)`` passes the
+for every decode request of a step (request id -> drafts, only those with some).
+``drain_pays([(request, max_k, ahead), ...], extra_tokens)`` is the async loop's switch (core/engine_core.py): with
+a step in flight whose samples (``ahead`` tokens per request, 0 or 1) are not known yet, would the next step verify
+drafts if that step were resolved first? It proposes from the tokens known now (the stale draft's first ``ahead``
+tokens predict the ones in flight; what is left is what a fresh draft would likely verify) and asks the policy's
+side-effect-free ``peek``; when that says no, ``choose`` runs on the same drafts, so the policy's evidence fades
+for sequences held at k = 0 exactly as in a step of the synchronous loop. Without a policy: any stale draft
+longer than ``ahead``. The drafters' calls stay append-only (the fresh proposal extends the stale one's tokens).
+``observe(request, num_tokens)`` passes the
 drafter a prefill chunk's tokens (its early indexing); ``finish(request, aborted)`` ends the drafter's state
 for a request that ended (``tokens=None`` when aborted). ``record(request, num_drafts, num_accepted)`` counts one
 verify step of one sequence (and tells the policy) into vLLM's spec-decode metrics (``stats()``): drafts (sequences verified with at
@@ -68,6 +76,22 @@ class Speculator:
             ks = self.policy.choose(out, ctx, extra_tokens)
             out = {rid: d[:ks.get(rid, 0)] for rid, d in out.items() if ks.get(rid, 0) > 0}
         return out
+
+    def drain_pays(self, candidates: list[tuple[Request, int, int]], extra_tokens: int = 0) -> bool:
+        drafts: dict[str, list[int]] = {}
+        for req, max_k, ahead in candidates:
+            if ahead and req.num_preemptions and not req.output_token_ids:
+                continue        # (a drafter that finds the prompt's end at its first proposal would misplace it)
+            d = self.propose(req, max_k + ahead)[ahead:] if max_k > 0 else []
+            if d or self.policy is not None:
+                drafts[req.request_id] = d
+        if self.policy is None or not any(drafts.values()):
+            return any(drafts.values())
+        ctx = {req.request_id: req.num_computed_tokens for req, _, _ in candidates}
+        if any(self.policy.peek(drafts, ctx, extra_tokens).values()):
+            return True
+        self.policy.choose(drafts, ctx, extra_tokens)      # this step stays plain: the policy's per-step update
+        return False
 
     def preempted(self, request: Request) -> None:
         if self.policy is not None:

@@ -49,7 +49,19 @@ Measured table (preferred): ``{"cards": {CARD: {"context": 512, "step_s": {BATCH
   replays, eager_step_s the same steps run eagerly). ``onecard/data/spec_verify_tables.json`` ships one (H100). For a batch in the table, T(tokens per seq)
   interpolates the row linearly (extrapolating its last two points); for another batch, the analytic
   relative cost is scaled by the table's / the model's relative cost at the nearest measured batch (log scale).
-  A context other than the table's adds the analytic KV-read difference.
+  Several contexts: the card entry may add ``"contexts": {CTX: {"step_s": {...}, "eager_step_s": {...}}}``
+  (CTX a token count; the top-level ``context``/``step_s``/``eager_step_s`` stay the first measured context, so a
+  reader of one context sees today's table; ``contexts`` may repeat it). T at context C: each measured context c
+  prices the step as above (T_c), then T is linear in C between the two measured contexts around it (for a batch
+  measured at >= 2 contexts only those contexts are used, else every context with its nearest-batch scaling);
+  outside the measured range it extrapolates the nearest two, never below the KV-delta rule from the nearest
+  (T_c + batch x (C − c) x KV bytes per token / bandwidth). A single-context table: T_c + that KV delta (as always).
+  Unsplit guard: a step with more query tokens than sequences (verify, mixed) runs paged attention without a
+  split-KV (kernels/paths.split_kv splits decode-only launches), B x KV heads programs over the whole context.
+  At a context over ``UNSPLIT_GUARD`` x the table's longest measured context the table says nothing true about
+  that, so such a step costs at least T(longest measured) + the extra KV read by B x KV heads programs at
+  ``UNSPLIT_PROGRAM_RATE`` each (capped by the bandwidth): an ASSUMED, deliberately low rate (below). The
+  analytic model (no table) gets the same guard past UNSPLIT_GUARD x FIT_CONTEXT (its fit's 512-token contexts).
 Eager steps (``CostModel.eager``): "none" = every step replayed from a CUDA graph as laid out (what the table's
   step_s and the analytic model describe); "verify" = the engine on a GPU: 1-token decode steps graphed, and verify
   steps graphed where ``verify_graphs`` (runner/graph_shapes.VerifyGraphs, from the engine's config) has a graph for
@@ -178,6 +190,11 @@ class CardSpec:
 H200_T4 = {"copy_bandwidth": 4.26e12, "bytes": {1: 2.11e9, 16: 11.6e9}, "tpot_s": {1: 2.59e-3, 16: 6.49e-3}}
 SM80_FLOP_RATE = 400e12           # assumption: ~40% of dense fp16 tensor-core peak at M <= 144
 HBM_SPEC = {"H200": 4.8e12, "H100": 3.35e12}
+# ASSUMPTION (unmeasured): bytes/s one unsplit paged-attention program (one sequence x one KV head) streams its
+# KV at: an H100's HBM share per SM (3.35 TB/s / 132 SMs); a lone CTA may do better, so this errs expensive.
+UNSPLIT_PROGRAM_RATE = 25e9
+FIT_CONTEXT = 512                 # the contexts of the steps the analytic constants were fitted to (run T4)
+UNSPLIT_GUARD = 2.0               # the unsplit rule prices contexts past this x the table's longest measured one
 V100_RATES = {"bandwidth": 750e9, "fma": 15.7e12, "dequant_ops": 4, "overhead_s": (3.46 - 2.83 + 0.13) * 1e-3}
 
 
@@ -233,11 +250,17 @@ def card_spec(name: str) -> CardSpec:
 
 @dataclass(slots=True)
 class MeasuredTable:
-    """One card's measured verify-step latencies: step_s[batch][tokens per sequence] at ``context``."""
+    """One card's measured verify-step latencies: step_s[batch][tokens per sequence] at ``context``; ``more``:
+    the tables measured at other contexts (each a one-context MeasuredTable)."""
     context: int
     step_s: dict[int, dict[int, float]]
     union_correction: float = 1.0
     eager_s: dict[int, dict[int, float]] | None = None   # the same steps run eagerly (no CUDA graph), if measured
+    more: dict[int, MeasuredTable] = field(default_factory=dict)
+
+    def by_context(self) -> list[MeasuredTable]:
+        """Every measured context's table, shortest context first."""
+        return sorted([self, *self.more.values()], key=lambda x: x.context)
 
     @staticmethod
     def _rows(d: dict[str, Any]) -> dict[int, dict[int, float]]:
@@ -256,9 +279,15 @@ class MeasuredTable:
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> MeasuredTable:
-        eager = MeasuredTable._rows(d["eager_step_s"]) if d.get("eager_step_s") else None
-        return MeasuredTable(int(d.get("context", 512)), MeasuredTable._rows(d["step_s"]),
-                             float(d.get("union_correction") or 1.0), eager)
+        corr = float(d.get("union_correction") or 1.0)
+
+        def one(ctx: int, x: dict[str, Any]) -> MeasuredTable:
+            eager = MeasuredTable._rows(x["eager_step_s"]) if x.get("eager_step_s") else None
+            return MeasuredTable(ctx, MeasuredTable._rows(x["step_s"]), corr, eager)
+
+        first = one(int(d.get("context", 512)), d)
+        first.more = {int(c): one(int(c), x) for c, x in (d.get("contexts") or {}).items() if int(c) != first.context}
+        return first
 
     def interpolate(self, batch: int, tokens_per_seq: float, eager: bool = False) -> float:
         row = (self.eager_s if eager and self.eager_s is not None else self.step_s)[batch]
@@ -386,7 +415,13 @@ class CostModel:
         return t
 
     def _graphed(self, batch: int, tokens: float, context: int) -> float:
-        return self.analytic(batch, tokens, context) if self.table is None else self._from_table(batch, tokens, context)
+        if self.table is not None:
+            return self._from_table(batch, tokens, context)
+        t = self.analytic(batch, tokens, context)
+        if tokens > batch and context > UNSPLIT_GUARD * FIT_CONTEXT:           # the unsplit guard (module doc)
+            t = max(t, self.analytic(batch, tokens, FIT_CONTEXT) + self._unsplit_kv_s(batch, context)
+                    - self._unsplit_kv_s(batch, FIT_CONTEXT))
+        return t
 
     def pads_verify(self, batch: int) -> bool:
         """Are verify steps of ``batch`` sequences replayed from padded graphs (for some query length)?"""
@@ -406,29 +441,53 @@ class CostModel:
             hit = self._cache[key] = self._graphed(batch, batch * q, context)
         return hit
 
+    def _kv_s(self, batch: int, tokens_of_context: float) -> float:
+        """Seconds to read ``batch`` x that many tokens of KV at the card's bandwidth (a split decode launch)."""
+        return batch * tokens_of_context * self.shape.kv_bytes_per_token / self.card.bandwidth
+
+    def _unsplit_kv_s(self, batch: int, context: float) -> float:
+        """Seconds an unsplit paged attention takes to read ``batch`` x ``context`` tokens of KV: B x KV heads
+        programs at UNSPLIT_PROGRAM_RATE each, never faster than the bandwidth (the module doc: an assumption)."""
+        rate = min(self.card.bandwidth, batch * self.shape.kv_heads * UNSPLIT_PROGRAM_RATE)
+        return batch * context * self.shape.kv_bytes_per_token / rate
+
     def _from_table(self, batch: int, tokens: float, context: int) -> float:
         tb = self.table
         assert tb is not None
+        tables = tb.by_context()
+        own = [x for x in tables if batch in x.step_s]
+        use = own if len(own) >= 2 else tables
+        pts = [(x.context, self._at(x, batch, tokens)) for x in use]
+        t = _across_contexts(pts, context, lambda c, v: v + self._kv_s(batch, context - c))
+        top_ctx, top = pts[-1]
+        if tokens > batch and context > UNSPLIT_GUARD * tables[-1].context:     # unsplit attention, unmeasured
+            t = max(t, top + self._unsplit_kv_s(batch, context) - self._unsplit_kv_s(batch, top_ctx))
+        return t
+
+    def _at(self, tb: MeasuredTable, batch: int, tokens: float) -> float:
+        """The step at ``tb``'s own context: its row for ``batch``, or the nearest batch's scaled (module doc)."""
         per_seq = tokens / batch
-        kv_delta = batch * (context - tb.context) * self.shape.kv_bytes_per_token / self.card.bandwidth
         if batch in tb.step_s:
-            return tb.interpolate(batch, per_seq) + kv_delta
+            return tb.interpolate(batch, per_seq)
         near = min(tb.step_s, key=lambda b: abs(math.log(b) - math.log(batch)))
         measured_rel = tb.interpolate(near, per_seq) / tb.interpolate(near, 1)
         model_rel = self.analytic(near, near * per_seq, tb.context) / self.analytic(near, near, tb.context)
         base = tb.interpolate(near, 1) * self.analytic(batch, batch, tb.context) / self.analytic(near, near, tb.context)
         rel = self.analytic(batch, tokens, tb.context) / self.analytic(batch, batch, tb.context)
-        return base * rel * (measured_rel / model_rel) + kv_delta
+        return base * rel * (measured_rel / model_rel)
 
     def _eager_time(self, batch: int, tokens: float, context: int, graphed: float) -> float:
-        """The step run eagerly, given its graphed time (never less than that)."""
-        tb = self.table
-        if tb is None or tb.eager_s is None:
+        """The step run eagerly, given its graphed time (never less than that): from the eager rows of the
+        measured context nearest ``context``."""
+        eager = [x for x in self.table.by_context() if x.eager_s is not None] if self.table is not None else []
+        if not eager:
             return graphed + eager_overhead_s()
         per_seq = tokens / batch
-        if batch in tb.eager_s:
-            kv_delta = batch * (context - tb.context) * self.shape.kv_bytes_per_token / self.card.bandwidth
-            return max(graphed, tb.interpolate(batch, per_seq, eager=True) + kv_delta)
+        exact = [x for x in eager if batch in x.eager_s]
+        if exact:
+            tb = min(exact, key=lambda x: abs(x.context - context))
+            return max(graphed, tb.interpolate(batch, per_seq, eager=True) + self._kv_s(batch, context - tb.context))
+        tb = min(eager, key=lambda x: abs(x.context - context))
         near = min(tb.eager_s, key=lambda b: abs(math.log(b) - math.log(batch)))
         at_near = (tb.interpolate(near, per_seq) if near in tb.step_s
                    else self.analytic(near, near * per_seq, tb.context))
@@ -443,3 +502,17 @@ class CostModel:
     def relative_cost(self, batch: int, k_per_seq: list[int], context: int = 512) -> float:
         """verify_cost over the same batch's plain decode step (k = 0 everywhere)."""
         return self.verify_cost(batch, k_per_seq, context) / self.step_time(batch, batch, context)
+
+
+def _across_contexts(pts: list[tuple[int, float]], x: float, floor) -> float:
+    """Linear in context through ``pts`` ((context, seconds), shortest first) at ``x``; outside them the nearest
+    two extrapolate, never below ``floor(nearest context, its seconds)`` (the KV-delta rule)."""
+    if len(pts) == 1:
+        return floor(*pts[0])
+    if pts[0][0] <= x <= pts[-1][0]:
+        i = next(i for i in range(1, len(pts)) if x <= pts[i][0])
+        (c0, v0), (c1, v1) = pts[i - 1], pts[i]
+        return v0 + (v1 - v0) * (x - c0) / (c1 - c0)
+    (c0, v0), (c1, v1) = pts[:2] if x < pts[0][0] else pts[-2:]
+    near = pts[0] if x < pts[0][0] else pts[-1]
+    return max(v0 + (v1 - v0) * (x - c0) / (c1 - c0), floor(*near))

@@ -7,7 +7,8 @@
 #   specverify: issue 30: verify-step latency vs tokens per sequence (1..9) at batch 1 and 16 (the cost model's
 #          table), the expert union, the projected speed-up (SPEC_ACCEPTANCE=bench/spec_acceptance.py's JSON, if
 #          given), then end-to-end tok/s with the engine's verify graphs: off (sync loop, async loop), teacher-forced
-#          drafts and random prompts with the policy; capture time and memory of the verify graphs
+#          drafts and random prompts with the policy; capture time and memory of the verify graphs;
+#          SPEC_CONTEXTS=512,8192,32768: the table at those KV contexts too (the first at full detail; +60 s, so 610 s with the build)
 #   specasync: issue 30: speculation on the hybrid async loop (the default with --speculative-config): random prompts
 #          with the ngram drafter + policy vs off (async and sync loops), teacher-forced drafts, the loop's drain
 #          decisions (bench/spec_async.py; prices with $OUT/spec_verify.json's table when specverify ran first)
@@ -27,7 +28,7 @@ for p in $parts; do
           timeout 600 python3 bench/api_gpu_memory.py "$OUT/api_gpu_memory.json" ;;
     specverify) log specverify  # two processes (the table, then the engine runs); with the build <= 550 s
           [ -d /tmp/q30 ] || timeout 200 python3 bench/full_size.py build /tmp/q30
-          timeout 150 python3 bench/spec_verify.py /tmp/q30 "$OUT" --parts verify ${SPEC_ACCEPTANCE:+--acceptance "$SPEC_ACCEPTANCE"}
+          timeout $((150${SPEC_CONTEXTS:+ + 60})) python3 bench/spec_verify.py /tmp/q30 "$OUT" --parts verify ${SPEC_ACCEPTANCE:+--acceptance "$SPEC_ACCEPTANCE"} ${SPEC_CONTEXTS:+--contexts "$SPEC_CONTEXTS"}
           timeout 200 python3 bench/spec_verify.py /tmp/q30 "$OUT" --parts e2e,random ${SPEC_ACCEPTANCE:+--acceptance "$SPEC_ACCEPTANCE"} ;;
     specasync) log specasync  # one engine: off (async, sync) vs speculation on the hybrid async loop and the sync one
           [ -d /tmp/q30 ] || timeout 200 python3 bench/full_size.py build /tmp/q30

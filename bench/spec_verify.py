@@ -3,8 +3,9 @@ speed-up on the code-edit workload, and end-to-end tok/s with and without specul
 
 Usage (repo root, a GPU, the checkpoint of ``python bench/full_size.py build /tmp/q30``):
   python bench/spec_verify.py /tmp/q30 OUT_DIR [--acceptance ACC.json] [--parts verify,e2e,random]
+         [--contexts 512,8192,32768]
 CPU smoke of the same code (bundled tiny MoE coder, tiny shapes, no CUDA graphs):
-  python bench/spec_verify.py --device cpu --tiny OUT_DIR
+  python bench/spec_verify.py --device cpu --tiny OUT_DIR [--contexts 32,96]
 Writes OUT_DIR/spec_verify.json (OUT_DIR/spec_e2e.json when the parts lack verify: bench/run_h200.sh runs
 verify and e2e,random as two processes, each under its own timeout). Its "cards" entry is the measured table onecard/core/spec/cost.py reads
 (``CostModel.for_card(name, shape, table_path=OUT_DIR/spec_verify.json)``).
@@ -12,7 +13,7 @@ verify and e2e,random as two processes, each under its own timeout). Its "cards"
 Parts:
   verify  one engine without speculation; for batch B in (1, 16) and tokens per sequence t in 1..9, a verify
           step = one forward of B sequences with t new query tokens each over a 512-token KV context (the
-          chunked-prefill attention path; t = 1 is the decode path), logits at every position and their
+          chunked-prefill attention path, unsplit; t = 1 is the decode path, split-KV), logits at every position and their
           argmax, as the verifier needs: GPU time by CUDA events, median of REPEATS, eager and replayed from a
           CUDA graph captured here (the runner's graphs cover t = 1 only). The table adds the host time of a
           plain decode step (engine TPOT at B minus the graph GPU time at t = 1). The expert union: one
@@ -20,6 +21,10 @@ Parts:
           experts per layer averaged over layers, against E·(1 − (1 − K/E)^n) (random weights and random
           tokens: near-uniform routing, so this checks the formula and the counting, not a trained model's
           locality).
+          ``--contexts`` (default 512): the first context is measured as above (its table keeps the JSON's
+          top-level keys); every further context at t in LONG_TOKENS, REPEATS_LONG repeats, batch 16 only up to
+          BATCH16_MAX_CONTEXT (KV memory), no union pass (routing does not depend on the context), the first
+          context's host time added; the card entry's "contexts" holds every context's rows (cost.py's schema).
   project the projected decode speed-up on the code-edit workload from the table and the acceptance JSON of
           bench/spec_acceptance.py (``--acceptance``): for each method and draft length k, the mean accepted
           length a_k of its histogram, speed-up = (1 + a_k) · T(B, 1) / T(B, 1 + k); and the fitted per-token
@@ -54,6 +59,9 @@ from spec_verify_project import load_acceptance, load_steps_by_draft_len, projec
 from onecard.core.spec.cost import CostModel, MeasuredTable, ModelShape, card_spec, expected_distinct_experts
 
 REPEATS = 7
+REPEATS_LONG = 3                      # contexts after the first (time-bounded: the part runs under run_h200.sh's timeout)
+LONG_TOKENS = (1, 2, 3, 5, 9)         # tokens per sequence measured at contexts after the first
+BATCH16_MAX_CONTEXT = 8192            # batch 16 x a longer context does not fit the KV cache beside the weights
 NEW_TOKENS = 192                      # per request, verify part's engine TPOT
 E2E_TOKENS = 256                      # per request, each end-to-end run
 ALPHAS = (0.8, 0.95)                  # teacher-forced acceptance (+ the edit workload's fitted α, with --acceptance)
@@ -61,16 +69,26 @@ TINY = "onecard/data/onecard-tiny-coder"
 
 
 class Setup:
-    def __init__(self, tiny: bool, device: str):
+    def __init__(self, tiny: bool, device: str, contexts: tuple[int, ...] | None = None):
         self.tiny, self.device = tiny, device
         self.batches = (1, 2) if tiny else (1, 16)
         self.tokens = range(1, 3) if tiny else range(1, 10)
-        self.context = 32 if tiny else 512
+        self.contexts = contexts or ((32,) if tiny else (512,))
+        self.context = self.contexts[0]
+        self.max_model_len = max(512 if device == "cpu" else 4096, max(self.contexts) + 64)
         self.new_tokens = 6 if tiny else NEW_TOKENS
         self.e2e_tokens = 6 if tiny else E2E_TOKENS
         self.k = 2 if tiny else 8
         self.repeats = 1 if tiny else REPEATS
         self.e2e_repeats = 1 if tiny else 3
+
+    def plan(self, ctx: int) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+        """(batches, tokens per sequence, repeats) measured at context ``ctx``."""
+        if ctx == self.context:
+            return tuple(self.batches), tuple(self.tokens), self.repeats
+        batches = tuple(b for b in self.batches if self.tiny or b <= 1 or ctx <= BATCH16_MAX_CONTEXT)
+        tokens = tuple(self.tokens) if self.tiny else LONG_TOKENS
+        return batches, tokens, min(self.repeats, REPEATS_LONG)
 
 
 def engine(model_dir: str, s: Setup, spec: dict | None = None):
@@ -78,10 +96,10 @@ def engine(model_dir: str, s: Setup, spec: dict | None = None):
     from onecard.core.engine_core import EngineCore
 
     if s.device == "cpu":
-        args = {"model": model_dir, "device": "cpu", "max_model_len": 512, "max_num_seqs": 16,
+        args = {"model": model_dir, "device": "cpu", "max_model_len": s.max_model_len, "max_num_seqs": 16,
                 "max_num_batched_tokens": 512, "enable_prefix_caching": False}
     else:
-        args = {"model": model_dir, "quantization": "gptq", "dtype": "float16", "max_model_len": 4096,
+        args = {"model": model_dir, "quantization": "gptq", "dtype": "float16", "max_model_len": s.max_model_len,
                 "max_num_seqs": 16, "max_num_batched_tokens": 8192, "gpu_memory_utilization": 0.85,
                 "enable_prefix_caching": False}
     if spec is not None:
@@ -178,34 +196,57 @@ class UnionCounter:
 
 @torch.inference_mode()
 def verify_part(core, s: Setup, cfg: dict) -> dict:
-    runner = core.runner
-    cuda = runner.device.type == "cuda"
+    """The first context's timings at the top level (today's keys); every context's under "contexts"."""
     shape = ModelShape.from_hf_config(cfg)
     gen = torch.Generator().manual_seed(7)
-    out: dict = {"context": s.context, "eager_s": {}, "graph_s": {}, "graph_errors": {}, "union": {}}
-    for b in s.batches:
+    per = {ctx: _verify_context(core.runner, s, shape, ctx, gen) for ctx in s.contexts}
+    first = per[s.context]
+    return {"context": s.context, **first, "contexts": {c: {k: v for k, v in r.items() if k != "union"}
+                                                         for c, r in per.items()}}
+
+
+def _verify_context(runner, s: Setup, shape: ModelShape, ctx: int, gen: torch.Generator) -> dict:
+    cuda = runner.device.type == "cuda"
+    batches, tokens, repeats = s.plan(ctx)
+    out: dict = {"batches": batches, "tokens": tokens, "repeats": repeats, "eager_s": {}, "graph_s": {},
+                 "graph_errors": {}, "union": {}}
+    for b in batches:
         for key in ("eager_s", "graph_s", "union"):
             out[key][b] = {}
-        for t in s.tokens:
-            step = VerifyStep(runner, b, t, s.context, shape.vocab, gen)
+        for t in tokens:
+            step = VerifyStep(runner, b, t, ctx, shape.vocab, gen)
             step()
-            out["eager_s"][b][t] = _gpu_median(step, s.repeats, cuda)
+            out["eager_s"][b][t] = _gpu_median(step, repeats, cuda)
             if cuda:
                 try:
                     replay = _graph(step)
-                    out["graph_s"][b][t] = _gpu_median(replay, s.repeats, cuda)
+                    out["graph_s"][b][t] = _gpu_median(replay, repeats, cuda)
+                    del replay
                 except Exception as e:
                     out["graph_errors"][f"{b}x{t}"] = repr(e)[:300]
                     torch.cuda.synchronize()
-            if shape.num_experts:
+            if shape.num_experts and ctx == s.context:
                 with UnionCounter() as uc:
                     step()
                 n = b * t
                 out["union"][b][t] = {"tokens": n, "observed": statistics.fmean(uc.layers),
                                       "formula": expected_distinct_experts(n, shape.num_experts, shape.top_k)}
-            print(f"verify B={b} t={t}: eager {out['eager_s'][b][t] * 1e3:.3f} ms"
+            print(f"verify ctx={ctx} B={b} t={t}: eager {out['eager_s'][b][t] * 1e3:.3f} ms"
                   + (f", graph {out['graph_s'][b][t] * 1e3:.3f} ms" if t in out["graph_s"][b] else ""), flush=True)
     return out
+
+
+def card_rows(r: dict, host: dict[int, float]) -> dict:
+    """One context's table rows (cost.py's schema): GPU time + the plain step's host time at that batch; graph
+    replays where every t of a batch has one, else the eager timings."""
+    step_s, eager_s, graphed = {}, {}, True
+    for b, row in r["eager_s"].items():
+        g = r["graph_s"].get(b, {})
+        full = len(g) == len(row)
+        graphed = graphed and full
+        step_s[b] = {t: (g[t] if full else row[t]) + host[b] for t in row}
+        eager_s[b] = {t: row[t] + host[b] for t in row}
+    return {"step_s": step_s, "eager_step_s": eager_s, "timing": "graph" if graphed else "eager"}
 
 
 def union_correction(union: dict, top_k: int) -> float:
@@ -420,6 +461,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--tiny", action="store_true", help="tiny shapes (CPU smoke)")
     ap.add_argument("--acceptance", default=None, help="bench/spec_acceptance.py JSON")
     ap.add_argument("--parts", default="verify,e2e,random")
+    ap.add_argument("--contexts", default=None,
+                    help="verify part: comma-separated KV contexts (default 512; --tiny: 32), the first at full detail")
     a = ap.parse_args(argv)
     if a.out is None and a.model is not None and a.tiny:
         a.model, a.out = None, a.model
@@ -427,7 +470,7 @@ def main(argv: list[str] | None = None) -> dict:
     out_dir = Path(a.out or "/tmp/spec_verify")
     out_dir.mkdir(parents=True, exist_ok=True)
     parts = set(a.parts.split(","))
-    s = Setup(a.tiny, a.device)
+    s = Setup(a.tiny, a.device, tuple(int(c) for c in a.contexts.split(",")) if a.contexts else None)
     cfg = json.loads((Path(model) / "config.json").read_text())
     shape = ModelShape.from_hf_config(cfg)
     card = card_name(a.device)
@@ -438,16 +481,14 @@ def main(argv: list[str] | None = None) -> dict:
         core = engine(model, s, None)
         v = verify_part(core, s, cfg)
         tpot = engine_tpot(core, s, shape.vocab)
-        gpu = {b: (v["graph_s"][b] if len(v["graph_s"].get(b, {})) == len(s.tokens) else v["eager_s"][b])
-               for b in s.batches}
-        host = {b: max(0.0, tpot[b] - gpu[b][1]) for b in s.batches}
-        step_s = {b: {t: gpu[b][t] + host[b] for t in s.tokens} for b in s.batches}
+        host = {b: max(0.0, tpot[b] - v["graph_s"].get(b, {}).get(1, v["eager_s"][b][1])) for b in s.batches}
+        rows = {ctx: card_rows(r, host) for ctx, r in v["contexts"].items()}
         corr = union_correction(v["union"], shape.top_k) if shape.num_experts else 1.0
         res["verify"] = {**v, "engine_tpot_s": tpot, "host_s": host}
-        eager = ({b: {t: v["eager_s"][b][t] + host[b] for t in s.tokens} for b in s.batches}
-                 if all(len(v["eager_s"].get(b, {})) == len(s.tokens) for b in s.batches) else None)
+        first = rows[s.context]
+        step_s, eager = first["step_s"], first["eager_step_s"]
         res["cards"] = {card: {"context": s.context, "step_s": step_s, "eager_step_s": eager, "union_correction": corr,
-                               "timing": "graph" if all(gpu[b] is v["graph_s"].get(b) for b in s.batches) else "eager"}}
+                               "timing": first["timing"], "contexts": rows}}
         table = MeasuredTable.from_json(res["cards"][card])
         model_cost = CostModel(shape, card_spec(card if a.device == "cuda" else "H200"), table)
         res["relative_cost"] = {b: {t: step_s[b][t] / step_s[b][1] for t in s.tokens} for b in s.batches}

@@ -61,7 +61,12 @@ SPLIT_MIN_SEGMENT_TILES = 1           # the shortest segment, in key tiles (ATTN
 ATTN_BLOCK_N, ATTN_WARPS = 64, 4      # attention tiles, sm80+
 ATTN_STAGES = 2                       # attention's Triton num_stages (sm80+: cp.async one key tile ahead)
 ATTN_PREFETCH = 0                     # attention's own prefetch level (kernel PREFETCH; 1, 2: unmeasured, A/B)
-REDUCE_BLOCK_S, REDUCE_WARPS = 32, 4  # split-KV reduce: segments merged per step (at most), warps
+# split-KV reduce: segments merged per step (at most), warps. 128 >= MAX_SEGMENTS: one pass, whatever the count.
+# Measured (BENCHMARKS.md, H100, 2026-12-06, bench/attn_sweep.py + bench/long_context.py --sweep): against 32,
+# the reduce's serial loop of dependent loads goes from 3 passes to 1 at 32k: attention 35.0 -> 32.4 us/launch,
+# decode bs1 32k 256 -> 271 tok/s, 64k 199 -> 211; bs1 512 -0.6% (a 128-wide tile for 9 filled segments),
+# bs16 unchanged (6 segments: 8). No spills at sm70 (tests/kernels/test_aot.py).
+REDUCE_BLOCK_S, REDUCE_WARPS = 128, 4
 # L2 prefetch (layers/l2_prefetch.py): from sm80 (A100 40 MB, H100 50 MB, H200 60 MB of L2; Volta's 6 MB cannot
 # hold a layer's ~10 MB of dense weights beside the experts streaming through), where one layer's prefetch is at
 # most 1 / L2_PREFETCH_L2_SHARE of the card's L2 (sm86 cards have 6 MB: off there too), for decode-sized steps.

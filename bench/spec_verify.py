@@ -56,7 +56,8 @@ from onecard.core.spec.cost import CostModel, MeasuredTable, ModelShape, card_sp
 REPEATS = 7
 NEW_TOKENS = 192                      # per request, verify part's engine TPOT
 E2E_TOKENS = 256                      # per request, each end-to-end run
-ALPHAS = (0.8, 0.95)                  # teacher-forced acceptance (+ the edit workload's fitted α, with --acceptance)
+ALPHAS = (0.0, 0.8, 0.95)              # teacher-forced acceptance (0: every draft wrong, the policy's worst case)
+#                                        (+ the edit workload's fitted α, with --acceptance)
 TINY = "onecard/data/onecard-tiny-coder"
 
 

@@ -23,7 +23,7 @@ import pytest
 
 triton = pytest.importorskip("triton")
 
-MODULES = ["gptq_gemm", "fused_moe", "attention", "norm", "rope", "activation", "prefetch"]
+MODULES = ["gptq_gemm", "fused_moe", "attention", "norm", "rope", "activation"]
 TARGETS = [70, 75, 80, 90]
 
 

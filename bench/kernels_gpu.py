@@ -42,19 +42,6 @@ def bench(fn) -> float:
     return float(triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median"))   # ms
 
 
-def replay_us(graph: torch.cuda.CUDAGraph, replays: int) -> float:
-    """Microseconds per replay of a captured graph, replayed back to back (after one untimed replay)."""
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / replays
-
-
 def bench_graph(fn, copies: int = 20, replays: int = 20) -> float:
     """Microseconds per call of ``fn`` under CUDA-graph replay (nan when it cannot be captured)."""
     try:
@@ -68,7 +55,15 @@ def bench_graph(fn, copies: int = 20, replays: int = 20) -> float:
         with torch.cuda.graph(graph):
             for _ in range(copies):
                 fn()
-        return replay_us(graph, replays) / copies
+        graph.replay()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) * 1e3 / (replays * copies)
     except Exception as e:                             # report, keep benchmarking the rest
         print(f"  (graph capture failed: {type(e).__name__}: {str(e)[:120]})")
         return float("nan")

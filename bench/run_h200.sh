@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU facts, kernel checks, tiny-checkpoint engine checks, the full-size benchmark.
 # Usage (repo root, on the H200): OUT=/some/dir bash bench/run_h200.sh [parts...]
-# parts: l2prefetch specverify specasync apimem probe kernels checks full asyncab kvdtype capab capbisect hosttier loadab nopdl pdl16 emu70 longctx attnsweep gputests startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
+# parts: specverify specasync apimem probe kernels checks full asyncab kvdtype capab capbisect hosttier loadab nopdl pdl16 emu70 longctx attnsweep gputests startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
 #   emu70: the full-size bench with every kernel-path decision on sm70's branch (ONECARD_EMULATE_CC=70): run it
 #          beside `full` in one call for the relative figure (a functional check, not a V100 timing)
 #   specverify: issue 30: verify-step latency vs tokens per sequence (1..9) at batch 1 and 16 (the cost model's
@@ -15,8 +15,6 @@
 #   longctx: decode at batch 1 with 32k and 64k of context, batch 16 with 8k each, vs the bandwidth floor
 #   attnsweep: decode attention alone (CUDA graphs of 48 launches, no checkpoint) at 1x512 / 1x32k / 1x64k /
 #          16x8k (+ fp8_e5m2 1x32k): segments, tiles, stages, block-table prefetch, reduce vs the copy floor (~6 min)
-#   l2prefetch: issue 25 item 2: decode bs1/bs16 with ONECARD_L2_PREFETCH off / l2 / evict_last alternating in one
-#          engine (tokens equal), each step's graph time, and the qkv GEMV cold vs prefetched into L2 (~2-3 min)
 set -u
 export PYTHONPATH="$PWD${EXTRA_PYTHONPATH:+:$EXTRA_PYTHONPATH}" TOKENIZERS_PARALLELISM=false
 OUT="${OUT:-/tmp/onecard_out}"; mkdir -p "$OUT"
@@ -40,9 +38,6 @@ for p in $parts; do
     checks) log checks; timeout 240 python3 bench/gpu_checks.py "$OUT/gpu_checks.json" 2>&1 | grep -v "Loading weights\|Writing" ;;
     full) log build; [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30
           log onecard; timeout 300 python3 bench/full_size.py onecard /tmp/q30 "$OUT/onecard.json" ;;
-    l2prefetch) log l2prefetch  # the next layer's dense weights into L2 during the MoE: off vs on, one engine
-          [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30
-          timeout 300 python3 bench/l2_prefetch.py /tmp/q30 "$OUT/l2_prefetch.json" ;;
     asyncab) log asyncab  # decode with the synchronous loop vs --async-scheduling, alternating, one engine
           [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30
           timeout 300 python3 bench/async_ab.py /tmp/q30 "$OUT/async_ab.json" ;;

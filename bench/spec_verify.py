@@ -64,7 +64,8 @@ LONG_TOKENS = (1, 2, 3, 5, 9)         # tokens per sequence measured at contexts
 BATCH16_MAX_CONTEXT = 8192            # batch 16 x a longer context does not fit the KV cache beside the weights
 NEW_TOKENS = 192                      # per request, verify part's engine TPOT
 E2E_TOKENS = 256                      # per request, each end-to-end run
-ALPHAS = (0.8, 0.95)                  # teacher-forced acceptance (+ the edit workload's fitted α, with --acceptance)
+ALPHAS = (0.0, 0.8, 0.95)              # teacher-forced acceptance (0: every draft wrong, the policy's worst case)
+#                                        (+ the edit workload's fitted α, with --acceptance)
 TINY = "onecard/data/onecard-tiny-coder"
 
 

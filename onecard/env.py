@@ -17,9 +17,6 @@ CAPABILITIES = (70, 75, 80, 86, 89, 90)
 # The split-KV policies of decode attention (kernels/paths.split_kv), the values ONECARD_SPLIT_KV accepts; the
 # first is the default.
 SPLIT_KV_POLICIES = ("fill", "legacy")
-# The L2 prefetch modes (layers/l2_prefetch.py), the values ONECARD_L2_PREFETCH accepts ("0"/"1" too); the first
-# is the default.
-L2_PREFETCH_MODES = ("off", "l2", "evict_last")
 
 
 class ConfigError(ValueError):
@@ -50,11 +47,6 @@ class Env:
     # ONECARD_SPLIT_KV=fill|legacy: the split-KV policy of decode attention (kernels/paths.split_kv); "legacy" is
     # the one before issue 25's tuning, kept for A/B benchmarks (bench/long_context.py).
     split_kv: str = "fill"
-    # ONECARD_L2_PREFETCH=off|on|evict_last (0/1 too): during each decode-sized step's MoE, a side stream streams
-    # the next layer's dense weights into L2 (layers/l2_prefetch.py; sm80+ with room in L2, kernels/paths.py);
-    # "evict_last" marks the lines to be kept over the streaming experts. Off until the GPU A/B
-    # (bench/l2_prefetch.py) says it wins.
-    l2_prefetch: str = "off"
 
     @staticmethod
     def read() -> Env:
@@ -78,7 +70,6 @@ class Env:
             cpu_count=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1),
             emulate_cc=_emulate_cc(e.get("ONECARD_EMULATE_CC", "")),
             split_kv=_split_kv(e.get("ONECARD_SPLIT_KV", "")),
-            l2_prefetch=_l2_prefetch(e.get("ONECARD_L2_PREFETCH", "")),
         )
 
 
@@ -110,13 +101,4 @@ def _split_kv(value: str) -> str:
     if v not in SPLIT_KV_POLICIES:
         raise ConfigError(f"ONECARD_SPLIT_KV={value} is not a split-KV policy; use one of "
                           f"{', '.join(SPLIT_KV_POLICIES)} or leave it unset (fill).")
-    return v
-
-
-def _l2_prefetch(value: str) -> str:
-    v = value.strip().lower()
-    v = {"": "off", "0": "off", "false": "off", "no": "off", "1": "l2", "on": "l2", "true": "l2", "yes": "l2"}.get(v, v)
-    if v not in L2_PREFETCH_MODES:
-        raise ConfigError(f"ONECARD_L2_PREFETCH={value} is not an L2 prefetch mode; use off (0), on (1, l2) or "
-                          "evict_last, or leave it unset (off).")
     return v

@@ -28,8 +28,6 @@ Ops (all tensors on one device; "T" = flattened tokens):
       slot_mapping, k_scale=1.0, v_scale=1.0) -> q_out: qk_norm_rope, then store_kv(k_out, v, ...) (one launch
       on the Triton backend)
   silu_and_mul(x[T,2I]) -> [T,I]   (silu(x[:, :I]) * x[:, I:])
-  l2_prefetch(table[R,2] int64 (address, nbytes), evict_last=False) -> None: bring those bytes into the GPU's
-      L2 (prefetch/table.py builds the table); changes no value (the reference is a no-op)
 """
 from __future__ import annotations
 
@@ -52,7 +50,6 @@ _OPS = {
     "qk_norm_rope": "rope",
     "qk_norm_rope_store": "rope",
     "silu_and_mul": "activation",
-    "l2_prefetch": "prefetch",
 }
 _BACKENDS = ("auto", "ref", "triton")
 
@@ -174,7 +171,3 @@ def qk_norm_rope_store(q, k, v, q_weight, k_weight, positions, cos_sin_cache, ep
 
 def silu_and_mul(x):
     return _impl("silu_and_mul", x.device)(x)
-
-
-def l2_prefetch(table, evict_last=False):
-    return _impl("l2_prefetch", table.device)(table, evict_last)

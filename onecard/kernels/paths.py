@@ -23,9 +23,7 @@ segments and the shortest segment; policy ``ONECARD_SPLIT_KV``, see ``split_kv``
 paged-attention launch: tiles, stages, split, the segment reduce, the kernel's prefetch level; benchmarks and tests
 replace its decode-only knobs through ``set_decode_attention_override``, the one hook), ``use_pdl``
 (programmatic dependent launch: sm90+, decode-sized launches), ``grouped_gemm_dtype`` (bf16 on sm90+ for
-fp16 inputs), ``bf16_allowed`` (the dtype rule: sm80+), ``l2_prefetch_fits`` / ``use_l2_prefetch`` (the
-next layer's dense weights streamed into L2 during a decode step's MoE, ONECARD_L2_PREFETCH: sm80+ where they
-take at most a third of the L2, steps of at most L2_PREFETCH_MAX_TOKENS tokens).
+fp16 inputs), ``bf16_allowed`` (the dtype rule: sm80+).
 """
 from __future__ import annotations
 
@@ -34,7 +32,7 @@ from collections.abc import Iterable
 from typing import Any, ClassVar, NamedTuple
 
 # the values ONECARD_EMULATE_CC and ONECARD_SPLIT_KV accept (their home: env.py, which reads them)
-from onecard.env import CAPABILITIES, L2_PREFETCH_MODES, SPLIT_KV_POLICIES
+from onecard.env import CAPABILITIES, SPLIT_KV_POLICIES
 
 INTERPRETER_CC = 80                   # TRITON_INTERPRET on the CPU counts as sm80 (exercises the tensor-core paths)
 
@@ -61,13 +59,12 @@ SPLIT_MIN_SEGMENT_TILES = 1           # the shortest segment, in key tiles (ATTN
 ATTN_BLOCK_N, ATTN_WARPS = 64, 4      # attention tiles, sm80+
 ATTN_STAGES = 2                       # attention's Triton num_stages (sm80+: cp.async one key tile ahead)
 ATTN_PREFETCH = 0                     # attention's own prefetch level (kernel PREFETCH; 1, 2: unmeasured, A/B)
-REDUCE_BLOCK_S, REDUCE_WARPS = 32, 4  # split-KV reduce: segments merged per step (at most), warps
-# L2 prefetch (layers/l2_prefetch.py): from sm80 (A100 40 MB, H100 50 MB, H200 60 MB of L2; Volta's 6 MB cannot
-# hold a layer's ~10 MB of dense weights beside the experts streaming through), where one layer's prefetch is at
-# most 1 / L2_PREFETCH_L2_SHARE of the card's L2 (sm86 cards have 6 MB: off there too), for decode-sized steps.
-L2_PREFETCH_MIN_CC = 80
-L2_PREFETCH_L2_SHARE = 3
-L2_PREFETCH_MAX_TOKENS = 16
+# split-KV reduce: segments merged per step (at most), warps. 128 >= MAX_SEGMENTS: one pass, whatever the count.
+# Measured (BENCHMARKS.md, H100, 2026-12-06, bench/attn_sweep.py + bench/long_context.py --sweep): against 32,
+# the reduce's serial loop of dependent loads goes from 3 passes to 1 at 32k: attention 35.0 -> 32.4 us/launch,
+# decode bs1 32k 256 -> 271 tok/s, 64k 199 -> 211; bs1 512 -0.6% (a 128-wide tile for 9 filled segments),
+# bs16 unchanged (6 segments: 8). No spills at sm70 (tests/kernels/test_aot.py).
+REDUCE_BLOCK_S, REDUCE_WARPS = 128, 4
 
 OPS = ("dense_gemm", "moe")
 
@@ -383,27 +380,6 @@ def use_pdl(num_tokens: int, cc: int, max_tokens: int) -> bool:
     return 0 < num_tokens <= max_tokens and cc >= PDL_MIN_CC
 
 
-def l2_prefetch_fits(cc: int, l2_bytes: int | None, layer_bytes: int) -> bool:
-    """May a model prefetch ``layer_bytes`` per layer into an L2 of ``l2_bytes`` (None: not a GPU: the path is a
-    no-op there and runs, so the CPU tests exercise it) on capability ``cc``?"""
-    if l2_bytes is None:
-        return True
-    return cc >= L2_PREFETCH_MIN_CC and layer_bytes * L2_PREFETCH_L2_SHARE <= l2_bytes
-
-
-def use_l2_prefetch(num_tokens: int) -> bool:
-    """Prefetch during a step of ``num_tokens`` tokens (decode-sized steps: their GEMVs wait on weight bytes)."""
-    return 0 < num_tokens <= L2_PREFETCH_MAX_TOKENS
-
-
-@functools.cache
-def l2_cache_bytes(index: int) -> int | None:
-    """The L2 size of CUDA device ``index`` (None where torch does not report it); read once."""
-    import torch
-
-    return getattr(torch.cuda.get_device_properties(index), "L2_cache_size", None) or None
-
-
 # ---------------------------------------------------------------- what reads the table
 def token_boundaries(limit: int = 4 * GROUPED_MIN_TOKENS, caps: Iterable[int] = CAPABILITIES) -> list[int]:
     """Every token count T at which some op's path differs from its path at T - 1, on some capability
@@ -451,7 +427,6 @@ def describe(cc: int | None, quantized: bool) -> dict[str, str]:
 __all__ = [
     "CAPABILITIES",
     "DECODE_ATTN_KNOBS",
-    "L2_PREFETCH_MODES",
     "OPS",
     "AttentionLaunch",
     "as_int",
@@ -469,8 +444,6 @@ __all__ = [
     "device_props",
     "emulated_capability",
     "grouped_gemm_dtype",
-    "l2_cache_bytes",
-    "l2_prefetch_fits",
     "next_pow2",
     "per_expert_moe",
     "real_capability",
@@ -485,6 +458,5 @@ __all__ = [
     "token_boundaries",
     "triton_gemm_config",
     "triton_moe_config",
-    "use_l2_prefetch",
     "use_pdl",
 ]

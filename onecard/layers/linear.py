@@ -27,11 +27,6 @@ class Linear(nn.Module):
             return ops.w4a16_gemm(x, self.gptq, self.bias)
         return F.linear(x, self.weight, self.bias)
 
-    def tensors(self) -> list[torch.Tensor]:
-        """The device tensors forward reads, in the order it first reads them (weights, then the bias)."""
-        g = self.gptq
-        t = [self.weight] if g is None else [g.qweight, g.scales, g.qzeros] + ([g.g_idx] if g.g_idx is not None else [])
-        return t + ([self.bias] if self.bias is not None else [])
-
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.tensors())
+        n = self.gptq.nbytes() if self.gptq is not None else self.weight.numel() * self.weight.element_size()
+        return n + (0 if self.bias is None else self.bias.numel() * self.bias.element_size())

@@ -8,13 +8,9 @@ gate/up, stacked experts; see models/weights.py); models/loader.py places them.
 Per layer: RMSNorm(+residual) → qkv → per-head q/k RMSNorm + RoPE, K/V into the cache → paged attention → o_proj →
 RMSNorm(+residual) → MLP (dense SiLU-gated, or sparse MoE: router → softmax → top-k → renormalise → experts; the
 MoE layer calls the norm and the experts as one op, ``norm_moe``, which its batch-1 kernels fuse).
-``enable_l2_prefetch(mode)`` (ONECARD_L2_PREFETCH, the runner calls it once the weights are placed): in decode-sized
-forwards each layer's MLP starts with the prefetch of the next layer's dense weights into L2 on a side stream,
-joined at the end of the forward (layers/l2_prefetch.py).
 """
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -25,7 +21,6 @@ from torch import nn
 from onecard.kernels import dispatch as ops
 from onecard.kernels.attention.metadata import AttentionMetadata
 from onecard.kernels.types import MoEWeight
-from onecard.layers.l2_prefetch import L2Prefetcher
 from onecard.layers.linear import Linear
 from onecard.layers.rotary import rope_cache
 from onecard.models.weights import ExpertProj, ExpertsSpec, LinearSpec, Param, Spec
@@ -118,27 +113,15 @@ class DecoderLayer(nn.Module):
         self.input_layernorm: torch.Tensor | None = None
         self.post_attention_layernorm: torch.Tensor | None = None
 
-    def forward(self, x, residual, positions, cos_sin, kv_cache, md, before_mlp: Callable[[], None] | None = None):
-        """``before_mlp``: called as the MLP's launches are about to be queued (the next layer's L2 prefetch)."""
+    def forward(self, x, residual, positions, cos_sin, kv_cache, md):
         h, residual = ops.rms_norm(x, self.input_layernorm, self.eps, residual)
         h = self.self_attn(h, positions, cos_sin, kv_cache, md)
-        if before_mlp is not None:
-            before_mlp()
         if self.is_moe:                                                   # norm + router + experts: one op
             m = self.mlp
             return ops.norm_moe(h, residual, self.post_attention_layernorm, self.eps, m.gate, m.w_gate, m.w_up,
                                 m.w_down, m.top_k, m.renormalize)
         h, residual = ops.rms_norm(h, self.post_attention_layernorm, self.eps, residual)
         return self.mlp(h), residual
-
-    def dense_tensors(self) -> list[torch.Tensor]:
-        """The weights this layer reads before its experts, in order (what an L2 prefetch brings in): the norms,
-        q/k/v, o_proj and the router (a dense MLP's weights are not in it: an MLP's worth would not fit L2)."""
-        a = self.self_attn
-        qkv = [a.qkv_proj] if a.fuse_qkv else [a.q_proj, a.k_proj, a.v_proj]
-        out = [self.input_layernorm] + [t for lin in qkv for t in lin.tensors()] + [a.q_norm, a.k_norm]
-        out += a.o_proj.tensors() + [self.post_attention_layernorm]
-        return out + ([self.mlp.gate] if self.is_moe else [])
 
 
 def is_moe_layer(c: dict[str, Any], i: int) -> bool:
@@ -179,7 +162,6 @@ class Qwen3ForCausalLM(nn.Module):
         self.cos_sin = rope_cache(c, a.head_dim, max_positions)            # [P, D] fp32
         self.dtype = torch.float32
         self.weights_bytes = 0
-        self.l2_prefetch: L2Prefetcher | None = None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], md: AttentionMetadata,
@@ -188,21 +170,12 @@ class Qwen3ForCausalLM(nn.Module):
         identical layers launch identical kernels, so one of each kind records them all). None: every layer."""
         x = F.embedding(input_ids, self.embed_tokens)                      # [T, H]
         residual = None
-        ids = range(self.num_layers) if layer_ids is None else list(layer_ids)
-        pf = self.l2_prefetch if (self.l2_prefetch is not None and self.l2_prefetch.active(x.shape[0])) else None
-        for j, i in enumerate(ids):
-            # the next layer's dense weights stream into L2 while this layer's MLP runs
-            nxt = functools.partial(pf.start, ids[j + 1]) if (pf is not None and j + 1 < len(ids)) else None
-            x, residual = self.layers[i](x, residual, positions, self.cos_sin, kv_caches[i], md, nxt)
+        pairs = (zip(self.layers, kv_caches) if layer_ids is None
+                 else ((self.layers[i], kv_caches[i]) for i in layer_ids))
+        for layer, kv in pairs:
+            x, residual = layer(x, residual, positions, self.cos_sin, kv, md)
         x, _ = ops.rms_norm(x, self.norm, self.eps, residual)
-        if pf is not None:
-            pf.join()
         return x
-
-    def enable_l2_prefetch(self, mode: str, device: torch.device) -> L2Prefetcher:
-        """Build the per-layer prefetch tables (after the weights are placed; ``mode``: env.L2_PREFETCH_MODES)."""
-        self.l2_prefetch = L2Prefetcher(mode, device, [layer.dense_tensors() for layer in self.layers])
-        return self.l2_prefetch
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()                                # [B, V]

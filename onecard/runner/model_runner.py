@@ -86,8 +86,6 @@ class ModelRunner:
                 self.compile_pool.close()
             raise
         self.load_seconds = time.perf_counter() - t0
-        if config.env.l2_prefetch != "off" and hasattr(self.model, "enable_l2_prefetch"):   # ONECARD_L2_PREFETCH
-            logger.info("%s", self.model.enable_l2_prefetch(config.env.l2_prefetch, self.device).describe())
         self.weights_bytes = int(getattr(self.model, "weights_bytes", 0))
         self.block_size = config.cache.block_size
         self.num_layers = config.model.num_layers

@@ -122,9 +122,19 @@ def test_single_context_table_prices_as_before(shape, tmp_path):
     assert rep.table.more == {} and rep.step_time(16, 80, 900) == one.step_time(16, 80, 900)
 
 
-def test_unsplit_guard_past_twice_the_measured_context(shape):
-    m = CostModel.for_card(_H100, shape, SHIPPED_TABLES)
-    tb = load_table(SHIPPED_TABLES, _H100)
+def _one_context_copy(tmp_path: Path) -> Path:
+    """The shipped H100 table cut to its 512-token rows (a card measured at one context)."""
+    d = json.loads(SHIPPED_TABLES.read_text())
+    entry = {k: v for k, v in d["cards"][_H100].items() if k != "contexts"}
+    path = tmp_path / "one_context.json"
+    path.write_text(json.dumps({**d, "cards": {_H100: entry}}))
+    return path
+
+
+def test_unsplit_guard_past_twice_the_measured_context(shape, tmp_path):
+    one = _one_context_copy(tmp_path)
+    m = CostModel.for_card(_H100, shape, one)
+    tb = load_table(one, _H100)
     assert tb.more == {} and tb.context == 512
     kvb, kvh = shape.kv_bytes_per_token, shape.kv_heads
     for b, t in ((1, 9), (1, 3), (16, 3)):
@@ -143,11 +153,26 @@ def test_unsplit_guard_past_twice_the_measured_context(shape):
 
 
 @pytest.mark.parametrize("alpha", [0.8, 0.95])
-def test_policy_off_at_32k_without_a_long_context_table(shape, alpha):
-    p = SpecPolicy(8, CostModel.for_card(_H100, shape, SHIPPED_TABLES), prior_acceptance=alpha, prior_weight=1e9)
+def test_policy_off_at_32k_without_a_long_context_table(shape, alpha, tmp_path):
+    p = SpecPolicy(8, CostModel.for_card(_H100, shape, _one_context_copy(tmp_path)), prior_acceptance=alpha,
+                   prior_weight=1e9)
     drafts = {"r0": list(range(8))}
     assert p.choose(drafts, {"r0": 512})["r0"] > 0
     assert p.choose(drafts, {"r0": 32768}) == {"r0": 0} and p.last.speedup == 1.0
+
+
+def test_shipped_table_is_measured_at_long_contexts_and_prices_them(shape):
+    """The shipped H100 table holds 8k and 32k rows (unsplit verify attention: 5-13x a decode step there); the
+    policy prices steps with them: at batch 1 it drafts at 512 tokens and stays off at 32k even at α = 0.95."""
+    tb = load_table(SHIPPED_TABLES, _H100)
+    assert tb.context == 512 and {8192, 32768} <= set(tb.more)
+    m = CostModel.for_card(_H100, shape, SHIPPED_TABLES)
+    assert m.step_time(1, 9, 32768) > 5 * m.step_time(1, 1, 32768)
+    for alpha in (0.8, 0.95):
+        p = SpecPolicy(8, m, prior_acceptance=alpha, prior_weight=1e9)
+        drafts = {"r0": list(range(8))}
+        assert p.choose(drafts, {"r0": 512})["r0"] > 0
+        assert p.choose(drafts, {"r0": 32768}) == {"r0": 0}
 
 
 def test_policy_follows_a_measured_32k_table(shape, tmp_path):

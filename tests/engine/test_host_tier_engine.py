@@ -33,8 +33,8 @@ def _run(core: EngineCore, rid: str, prompt: list[int], schedules: list | None =
     if schedules is not None:
         schedule = core.scheduler.schedule
 
-        def recording():
-            so = schedule()
+        def recording(**kw):
+            so = schedule(**kw)
             schedules.append(so)
             return so
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU facts, kernel checks, tiny-checkpoint engine checks, the full-size benchmark.
 # Usage (repo root, on the H200): OUT=/some/dir bash bench/run_h200.sh [parts...]
-# parts: specverify specasync apimem probe kernels checks full asyncab kvdtype capab capbisect hosttier loadab nopdl pdl16 emu70 longctx attnsweep gputests startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
+# parts: specverify apimem probe kernels checks full asyncab kvdtype capab capbisect hosttier loadab nopdl pdl16 emu70 longctx attnsweep gputests startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
 #   emu70: the full-size bench with every kernel-path decision on sm70's branch (ONECARD_EMULATE_CC=70): run it
 #          beside `full` in one call for the relative figure (a functional check, not a V100 timing)
 #   specverify: issue 30: verify-step latency vs tokens per sequence (1..9) at batch 1 and 16 (the cost model's
@@ -9,9 +9,6 @@
 #          given), then end-to-end tok/s with the engine's verify graphs: off (sync loop, async loop), teacher-forced
 #          drafts and random prompts with the policy; capture time and memory of the verify graphs;
 #          SPEC_CONTEXTS=512,8192,32768: the table at those KV contexts too (the first at full detail; +60 s, so 610 s with the build)
-#   specasync: issue 30: speculation on the hybrid async loop (the default with --speculative-config): random prompts
-#          with the ngram drafter + policy vs off (async and sync loops), teacher-forced drafts, the loop's drain
-#          decisions (bench/spec_async.py; prices with $OUT/spec_verify.json's table when specverify ran first)
 #   longctx: decode at batch 1 with 32k and 64k of context, batch 16 with 8k each, vs the bandwidth floor
 #   attnsweep: decode attention alone (CUDA graphs of 48 launches, no checkpoint) at 1x512 / 1x32k / 1x64k /
 #          16x8k (+ fp8_e5m2 1x32k): segments, tiles, stages, block-table prefetch, reduce vs the copy floor (~6 min)
@@ -28,9 +25,6 @@ for p in $parts; do
           [ -d /tmp/q30 ] || timeout 200 python3 bench/full_size.py build /tmp/q30
           timeout $((150${SPEC_CONTEXTS:+ + 60})) python3 bench/spec_verify.py /tmp/q30 "$OUT" --parts verify ${SPEC_ACCEPTANCE:+--acceptance "$SPEC_ACCEPTANCE"} ${SPEC_CONTEXTS:+--contexts "$SPEC_CONTEXTS"}
           timeout 200 python3 bench/spec_verify.py /tmp/q30 "$OUT" --parts e2e,random ${SPEC_ACCEPTANCE:+--acceptance "$SPEC_ACCEPTANCE"} ;;
-    specasync) log specasync  # one engine: off (async, sync) vs speculation on the hybrid async loop and the sync one
-          [ -d /tmp/q30 ] || timeout 200 python3 bench/full_size.py build /tmp/q30
-          timeout 300 python3 bench/spec_async.py /tmp/q30 "$OUT" --table "$OUT/spec_verify.json" ;;
     probe) log probe; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
            python3 -c "import torch,triton,transformers;print(torch.__version__,torch.version.cuda,triton.__version__,transformers.__version__)"
            [ -f onecard/hardware.py ] && timeout 60 python3 -m onecard.cli probe ;;

@@ -109,8 +109,9 @@ class SpecPolicy:
     def global_acceptance(self) -> float:
         return min(MAX_ALPHA, self._global.estimate(self.prior_acceptance, self.prior_weight))
 
-    def acceptance(self, req_id: str) -> float:
-        g = self.global_acceptance()
+    def acceptance(self, req_id: str, prior: float | None = None) -> float:
+        """The per-token acceptance estimate of a request (``prior``: the global one, when the caller has it)."""
+        g = self.global_acceptance() if prior is None else prior
         ev = self._seqs.get(req_id)
         return g if ev is None else min(MAX_ALPHA, ev.estimate(g, self.prior_weight))
 
@@ -150,15 +151,13 @@ class SpecPolicy:
         times, monotone = self._step_times(batch, base_tokens, ctx, sum(caps))
         t_plain = times[0]
         g = self.global_acceptance()
-        w, seqs = self.prior_weight, self._seqs
         # every gain α_i^j in falling order (ties: earlier sequence, then shorter prefix); a sequence's gains
         # fall with j, so any leading run of this list is a set of prefixes
         gains: list[tuple[float, int, int]] = []
         for i, (r, c) in enumerate(zip(ids, caps)):
             if c <= 0:
                 continue
-            ev = seqs.get(r)
-            a = g if ev is None else min(MAX_ALPHA, (ev.successes + w * g) / (ev.trials + w))
+            a = self.acceptance(r, g)
             x = 1.0
             for j in range(1, c + 1):
                 x *= a
@@ -224,12 +223,11 @@ class SpecPolicy:
         ks = dict.fromkeys(ids, 0)
         gain = [0.0] * (top + 1)                  # gain[c]: Σ α_i^c over the sequences with cap_i >= c
         drafted = [0] * (top + 1)                 # drafted[c]: how many sequences have cap_i >= c
-        g, w, seqs = self.global_acceptance(), self.prior_weight, self._seqs
+        g = self.global_acceptance()
         for r, c in zip(ids, caps):
             if c <= 0:
                 continue
-            ev = seqs.get(r)
-            a = g if ev is None else min(MAX_ALPHA, (ev.successes + w * g) / (ev.trials + w))
+            a = self.acceptance(r, g)
             x = 1.0
             for j in range(1, c + 1):
                 x *= a

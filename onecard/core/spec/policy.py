@@ -150,21 +150,9 @@ class SpecPolicy:
         base_tokens = batch + max(0, extra_tokens)
         times, monotone = self._step_times(batch, base_tokens, ctx, sum(caps))
         t_plain = times[0]
-        g = self.global_acceptance()
         # every gain α_i^j in falling order (ties: earlier sequence, then shorter prefix); a sequence's gains
         # fall with j, so any leading run of this list is a set of prefixes
-        gains: list[tuple[float, int, int]] = []
-        for i, (r, c) in enumerate(zip(ids, caps)):
-            if c <= 0:
-                continue
-            a = self.acceptance(r, g)
-            x = 1.0
-            for j in range(1, c + 1):
-                x *= a
-                if x <= 0.0:
-                    break
-                gains.append((-x, i, j))
-        gains.sort()
+        gains = sorted((-x, i, j) for i, j, x in self._gains(ids, caps))
         total = -sum(x for x, _, _ in gains)
         best_m, best_rate, gained = 0, batch / t_plain, 0.0
         best_emitted, best_t = float(batch), t_plain
@@ -182,6 +170,18 @@ class SpecPolicy:
         for _, i, _ in gains[:best_m]:
             ks[ids[i]] += 1
         return self._decided(ks, ids, caps, StepDecision(ks, batch, best_m, best_emitted, best_t, t_plain, speedup))
+
+    def _gains(self, ids: list[str], caps: list[int]):
+        """(sequence index i, position j, α_i^j) for j = 1..cap_i of every sequence with a draft, while α_i^j > 0:
+        what verifying the j-th draft token of sequence i adds to the tokens the step emits."""
+        g = self.global_acceptance()
+        for i, (r, c) in enumerate(zip(ids, caps)):
+            a, x = self.acceptance(r, g), 1.0
+            for j in range(1, c + 1):
+                x *= a
+                if x <= 0.0:
+                    break
+                yield i, j, x
 
     def _decided(self, ks: dict[str, int], ids: list[str], caps: list[int], d: StepDecision) -> dict[str, int]:
         """Fade the evidence of sequences held at k = 0 though they had a draft; keep the decision."""
@@ -223,15 +223,10 @@ class SpecPolicy:
         ks = dict.fromkeys(ids, 0)
         gain = [0.0] * (top + 1)                  # gain[c]: Σ α_i^c over the sequences with cap_i >= c
         drafted = [0] * (top + 1)                 # drafted[c]: how many sequences have cap_i >= c
-        g = self.global_acceptance()
-        for r, c in zip(ids, caps):
-            if c <= 0:
-                continue
-            a = self.acceptance(r, g)
-            x = 1.0
+        for _, j, x in self._gains(ids, caps):
+            gain[j] += x
+        for c in caps:
             for j in range(1, c + 1):
-                x *= a
-                gain[j] += x
                 drafted[j] += 1
         t_plain = cost.step_time(batch, batch, ctx)
         best_c, best_rate, best_emitted, best_t = 0, batch / t_plain, float(batch), t_plain

@@ -3,7 +3,7 @@ speed-up on the code-edit workload, and end-to-end tok/s with and without specul
 
 Usage (repo root, a GPU, the checkpoint of ``python bench/full_size.py build /tmp/q30``):
   python bench/spec_verify.py /tmp/q30 OUT_DIR [--acceptance ACC.json] [--parts verify,e2e,random]
-         [--contexts 512,8192,32768]
+         [--contexts 512,8192,32768] [--split-small-q off|on|ab]
 CPU smoke of the same code (bundled tiny MoE coder, tiny shapes, no CUDA graphs):
   python bench/spec_verify.py --device cpu --tiny OUT_DIR [--contexts 32,96]
 Writes OUT_DIR/spec_verify.json (OUT_DIR/spec_e2e.json when the parts lack verify: bench/run_h200.sh runs
@@ -38,6 +38,10 @@ Parts:
           adaptive policy on this call's measured table, plus fixed k at the highest α; tok/s, the ratio to (b)
           and to (a), tokens equal to (a)'s, acceptance, how many steps replayed a verify graph.
   random  (d) the same engine, the random prompts, its own ngram drafter and the policy (target >= 0.97 x (b)).
+``--split-small-q`` (split-KV of verify steps' attention, kernels/paths.set_small_q_split; off by default):
+"on" runs everything with it on (the table then measures it); "ab" measures the verify part off (the table, as
+today) and then again on, in the same engine, and writes both per context, batch and t under "split_small_q_ab"
+(graph and eager GPU seconds, on / off ratios). The split only applies from paths.SPLIT_MIN_SEQ_LEN keys.
 """
 from __future__ import annotations
 
@@ -57,6 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from spec_verify_project import load_acceptance, load_steps_by_draft_len, project
 
 from onecard.core.spec.cost import CostModel, MeasuredTable, ModelShape, card_spec, expected_distinct_experts
+from onecard.kernels import paths
 
 REPEATS = 7
 REPEATS_LONG = 3                      # contexts after the first (time-bounded: the part runs under run_h200.sh's timeout)
@@ -234,6 +239,32 @@ def _verify_context(runner, s: Setup, shape: ModelShape, ctx: int, gen: torch.Ge
                                       "formula": expected_distinct_experts(n, shape.num_experts, shape.top_k)}
             print(f"verify ctx={ctx} B={b} t={t}: eager {out['eager_s'][b][t] * 1e3:.3f} ms"
                   + (f", graph {out['graph_s'][b][t] * 1e3:.3f} ms" if t in out["graph_s"][b] else ""), flush=True)
+    return out
+
+
+def split_ab(core, s: Setup, cfg: dict, off: dict) -> dict:
+    """The verify part again with split-KV of small-q launches on, at the contexts where it splits (from
+    SPLIT_MIN_SEQ_LEN - 1: a step's bound is ctx + t); per context, batch and t: GPU seconds off and on (graph
+    replay and eager) and on / off."""
+    shape, gen = ModelShape.from_hf_config(cfg), torch.Generator().manual_seed(7)
+    paths.set_small_q_split(True)
+    try:                                                                  # shorter contexts do not split
+        on = {ctx: _verify_context(core.runner, s, shape, ctx, gen) for ctx in s.contexts
+              if ctx + 1 >= paths.SPLIT_MIN_SEQ_LEN}
+    finally:
+        paths.set_small_q_split(False)
+    out: dict = {}
+    for ctx, r_on in on.items():
+        r_off = off["contexts"][ctx]
+        out[ctx] = {kind: {b: {t: {"off": r_off[kind][b][t], "on": r_on[kind][b].get(t),
+                                   "on_over_off": (r_on[kind][b][t] / r_off[kind][b][t]
+                                                   if r_on[kind][b].get(t) else None)}
+                               for t in row} for b, row in r_off[kind].items()}
+                    for kind in ("graph_s", "eager_s")}
+        for b, row in out[ctx]["graph_s"].items():
+            print(f"split-small-q A/B ctx={ctx} B={b}: " + ", ".join(
+                f"t={t} {x['off'] * 1e3:.2f} -> {x['on'] * 1e3:.2f} ms" for t, x in row.items() if x["on"]),
+                flush=True)
     return out
 
 
@@ -462,6 +493,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--tiny", action="store_true", help="tiny shapes (CPU smoke)")
     ap.add_argument("--acceptance", default=None, help="bench/spec_acceptance.py JSON")
     ap.add_argument("--parts", default="verify,e2e,random")
+    ap.add_argument("--split-small-q", choices=("off", "on", "ab"), default="off",
+                    help="split-KV of verify steps: off (the default), on, or the verify part both ways (A/B)")
     ap.add_argument("--contexts", default=None,
                     help="verify part: comma-separated KV contexts (default 512; --tiny: 32), the first at full detail")
     a = ap.parse_args(argv)
@@ -475,12 +508,16 @@ def main(argv: list[str] | None = None) -> dict:
     cfg = json.loads((Path(model) / "config.json").read_text())
     shape = ModelShape.from_hf_config(cfg)
     card = card_name(a.device)
-    res: dict = {"card": card, "model": model, "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+    res: dict = {"card": card, "model": model, "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+                 "split_small_q": a.split_small_q}
+    paths.set_small_q_split(a.split_small_q == "on")                      # for the whole run ("ab": the A/B below)
     t0 = time.perf_counter()
     table = None
     if "verify" in parts:
         core = engine(model, s, None)
         v = verify_part(core, s, cfg)
+        if a.split_small_q == "ab":
+            res["split_small_q_ab"] = split_ab(core, s, cfg, v)
         tpot = engine_tpot(core, s, shape.vocab)
         host = {b: max(0.0, tpot[b] - v["graph_s"].get(b, {}).get(1, v["eager_s"][b][1])) for b in s.batches}
         rows = {ctx: card_rows(r, host) for ctx, r in v["contexts"].items()}

@@ -19,7 +19,8 @@ Paths (``choose(op, tokens, cc)``):
               | grouped (PyTorch grouped GEMM, T >= GROUPED_MIN_TOKENS, sm80+, where the start-up probe found a
               working grouped-GEMM dtype) | per-expert (same T below sm80: one cuBLAS GEMM per expert)
 Other decisions: ``attention_tiles`` (BLOCK_N, warps by capability), ``split_kv`` (split-KV decode attention:
-segments and the shortest segment; policy ``ONECARD_SPLIT_KV``, see ``split_kv``), ``attention_launch`` (the whole
+segments and the shortest segment; policy ``ONECARD_SPLIT_KV``, see ``split_kv``; small-q launches only while
+``small_q_split()``), ``attention_launch`` (the whole
 paged-attention launch: tiles, stages, split, the segment reduce, the kernel's prefetch level; benchmarks and tests
 replace its decode-only knobs through ``set_decode_attention_override``, the one hook), ``use_pdl``
 (programmatic dependent launch: sm90+, decode-sized launches), ``grouped_gemm_dtype`` (bf16 on sm90+ for
@@ -50,6 +51,10 @@ GROUPED_MIN_TOKENS = 256              # fused MoE: dequantize + grouped / per-ex
 SPLIT_MIN_SEQ_LEN = 1024              # attention: split-KV only pays off for long decode contexts
 MAX_SEGMENTS = 128                    # attention: split-KV segments at most (the partials' workspace bound)
 LEGACY_MAX_SEGMENTS = 16              # ... under the "legacy" policy (the one before issue 25's tuning)
+# Split-KV of small-q launches (speculative verify steps: every sequence 1 + k <= SPLIT_MAX_QUERY rows): off by
+# default until measured (bench/spec_verify.py --split-small-q A/Bs it); ``set_small_q_split`` turns it on.
+SPLIT_MAX_QUERY = 16
+SPLIT_SMALL_Q = False
 # Resident decode-attention CTAs per SM that split-KV aims to fill (one wave): sm80+ tiles (64 keys, 4 warps) at
 # the served shape compile for sm90 to 96 registers / 38 KB shared (fp16 KV: 5 fit) and 164 registers / 22 KB
 # (fp8_e5m2 KV: 3 fit), so 3 is one full wave for both; below sm80 (32 keys, 8 warps, 210 registers) 1 fits.
@@ -244,6 +249,7 @@ class _SplitKvPolicy:
 
     name: str | None = None
     ctas_per_sm: int | None = None
+    small_q: bool | None = None       # split small-q launches (None: SPLIT_SMALL_Q)
     override: ClassVar[dict[str, Any]] = {}
 
 
@@ -254,6 +260,18 @@ def set_split_kv_policy(name: str | None, ctas_per_sm: int | None = None) -> Non
     if name is not None and name not in SPLIT_KV_POLICIES:
         raise ValueError(f"split-KV policy {name!r} is not one of {SPLIT_KV_POLICIES}")
     _SplitKvPolicy.name, _SplitKvPolicy.ctas_per_sm = name, ctas_per_sm
+
+
+def set_small_q_split(on: bool | None) -> None:
+    """Split-KV for small-q launches (every sequence at most SPLIT_MAX_QUERY query rows: speculative verify
+    steps) on or off in this process; None: the table's SPLIT_SMALL_Q. CUDA graphs keep the choice they were
+    captured with."""
+    _SplitKvPolicy.small_q = on
+
+
+def small_q_split() -> bool:
+    """Whether launches of at most SPLIT_MAX_QUERY query rows per sequence (not decode-only) are split."""
+    return SPLIT_SMALL_Q if _SplitKvPolicy.small_q is None else _SplitKvPolicy.small_q
 
 
 def set_decode_attention_override(**knobs: Any) -> None:
@@ -301,8 +319,12 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def split_kv(num_seqs: int, decode_only: bool, max_seq_len: int, kv_heads: int, sms: int, cc: int,
-             policy: str | None = None) -> tuple[int, int]:
+             policy: str | None = None, query_blocks: int = 0, block_n: int | None = None) -> tuple[int, int]:
     """(segments, shortest segment in key tiles) of a paged-attention launch; (1, 1): no split.
+    ``query_blocks`` > 0: a small-q launch (not decode-only; attention_launch decides which) with that many query
+    blocks per sequence, split like a decode launch of num_seqs x query_blocks sequences (each q-block program
+    cuts its own key range, up to its last row's position, into the segments); ``block_n``: its key tile
+    (default: the decode tile of ``cc``).
 
     ``max_seq_len`` is an upper bound on every sequence's length (CUDA graphs pass max_model_len): the kernel
     splits each sequence's own key tiles into ceil(tiles / segments)-tile segments (never shorter than the
@@ -320,16 +342,17 @@ def split_kv(num_seqs: int, decode_only: bool, max_seq_len: int, kv_heads: int, 
     GROUP rows at a short bound, and at long contexts a segment is many tiles long.
     Policy "legacy" (issue 25's before, for A/B): ~2 programs per SM rounded up to a power of two, at most
     LEGACY_MAX_SEGMENTS (bs1 at 32k on 132 SMs: 16 segments, 64 programs: half the SMs idle)."""
-    ov = _SplitKvPolicy.override
-    if decode_only and "segments" in ov:                                  # a bench/test's forced split
+    small_q = query_blocks > 0 and not decode_only
+    ov = _SplitKvPolicy.override if decode_only else {}
+    if "segments" in ov:                                                  # a bench/test's forced split
         return max(1, int(ov["segments"])), int(ov.get("min_seg_tiles", SPLIT_MIN_SEGMENT_TILES))
-    if not decode_only or max_seq_len < SPLIT_MIN_SEQ_LEN:
+    if not (decode_only or small_q) or max_seq_len < SPLIT_MIN_SEQ_LEN:
         return 1, 1
-    base = max(1, num_seqs * kv_heads)                                    # programs without a split
+    base = max(1, num_seqs * kv_heads * (query_blocks if small_q else 1))   # programs without a split
     if (policy or split_kv_policy()) == "legacy":
         want = 2 * sms // base
         return max(1, min(LEGACY_MAX_SEGMENTS, 1 if want <= 1 else 1 << (int(want) - 1).bit_length())), 1
-    tiles = _cdiv(max_seq_len, ov.get("block_n") or attention_tiles(cc, 16)[0])   # key tiles of the bound
+    tiles = _cdiv(max_seq_len, ov.get("block_n") or block_n or attention_tiles(cc, 16)[0])   # tiles of the bound
     return _fill_segments(base, tiles, split_kv_ctas_per_sm(cc) * sms), SPLIT_MIN_SEGMENT_TILES
 
 
@@ -358,20 +381,27 @@ class AttentionLaunch(NamedTuple):
     reduce_block_s: int      # segments the reduce merges per step
     reduce_warps: int
     prefetch: int            # 0: none; 1: the next tile's block-table entries; 2: also its K/V, in registers
+    row_reduce: bool = False  # split, not decode-only: the row-wise reduce (any query rows per sequence)
 
 
 def attention_launch(num_seqs: int, decode_only: bool, max_seq_len: int, kv_heads: int, sms: int, cc: int,
-                     block_m: int) -> AttentionLaunch:
+                     block_m: int, max_query_len: int = 1, query_blocks: int = 1) -> AttentionLaunch:
     """The launch of paged attention for programs of ``block_m`` query rows (split_kv's arguments otherwise):
     the table's tiles (attention_tiles, ATTN_STAGES), the split (split_kv) and the reduce (REDUCE_BLOCK_S,
-    REDUCE_WARPS); for a decode-only launch, the knobs ``set_decode_attention_override`` set replace these."""
+    REDUCE_WARPS); for a decode-only launch, the knobs ``set_decode_attention_override`` set replace these.
+    A launch that is not decode-only splits only while ``small_q_split()`` and ``max_query_len`` (the longest
+    sequence's query rows; ``query_blocks`` per sequence) is at most SPLIT_MAX_QUERY: host-known shapes only,
+    so a captured verify graph keeps its split for every context. Such a launch's reduce is row-wise."""
     block_n, warps = attention_tiles(cc, block_m)
-    segs, min_tiles = split_kv(num_seqs, decode_only, max_seq_len, kv_heads, sms, cc)
+    small_q = not decode_only and max_query_len <= SPLIT_MAX_QUERY and small_q_split()
+    segs, min_tiles = split_kv(num_seqs, decode_only, max_seq_len, kv_heads, sms, cc,
+                               query_blocks=max(1, query_blocks) if small_q else 0,
+                               block_n=block_n if small_q else None)
     ov = _SplitKvPolicy.override if decode_only else {}
     bs = min(next_pow2(segs), ov.get("reduce_block_s", REDUCE_BLOCK_S))
     return AttentionLaunch(segs, min_tiles, ov.get("block_n", block_n), ov.get("num_warps", warps),
                            ov.get("num_stages", ATTN_STAGES), bs, ov.get("reduce_warps", REDUCE_WARPS),
-                           int(ov.get("prefetch", ATTN_PREFETCH)))
+                           int(ov.get("prefetch", ATTN_PREFETCH)), segs > 1 and not decode_only)
 
 
 def use_pdl(num_tokens: int, cc: int, max_tokens: int) -> bool:
@@ -449,7 +479,9 @@ __all__ = [
     "real_capability",
     "set_decode_attention_override",
     "set_emulated_capability",
+    "set_small_q_split",
     "set_split_kv_policy",
+    "small_q_split",
     "split_kv",
     "split_kv_ctas_per_sm",
     "split_kv_policy",

@@ -228,32 +228,19 @@ def _splitkv_case(name: str, seed: int) -> float:
 
 def _verify_attn_case(i: int, dt, seed: int) -> float:
     """Triton paged attention over the (b, q) padded layout vs the reference on the unpadded step (real rows)."""
-    import numpy as np
     import torch
     from kernels_testlib import make_paged_batch
+    from splitq_cases import padded_verify
 
     from onecard.kernels.attention import ref
     from onecard.kernels.attention import triton as tk
-    from onecard.kernels.attention.metadata import AttentionMetadata
-    from onecard.runner.cuda_graphs import pad_verify
 
     seq_lens, qlens, b, q, hq, hkv, bs = VERIFY_ATTN[i]
     d = 32
     kc, vc, md, _, _ = make_paged_batch(seq_lens, qlens, hkv, d, bs, dtype=dt, seed=seed)
-    cu = md.query_start_loc.numpy()
-    pos = np.concatenate([np.arange(L - n, L) for L, n in zip(seq_lens, qlens)])
-    p = pad_verify(cu, np.zeros(cu[-1], dtype=np.int64), pos, md.slot_mapping.numpy(), md.seq_lens.numpy(), b, q,
-                   max(seq_lens) + q)
-    n = len(seq_lens)
-    cols = max(md.block_table.shape[1], -(-int(p.seq_lens.max()) // bs))
-    table = torch.zeros(b, cols, dtype=torch.int32)                       # padded sequences: block 0
-    table[:n, :md.block_table.shape[1]] = md.block_table
-    padded = AttentionMetadata(
-        slot_mapping=torch.from_numpy(p.slot_mapping), query_start_loc=torch.arange(b + 1, dtype=torch.int32) * q,
-        seq_lens=torch.from_numpy(p.seq_lens), block_table=table, max_query_len=q, max_seq_len=max(seq_lens) + q)
-    q_real = torch.randn(int(cu[-1]), hq, d).to(dt)
+    padded, rows = padded_verify(md, seq_lens, qlens, b, q, bs, max(seq_lens) + q)
+    q_real = torch.randn(sum(qlens), hq, d).to(dt)
     q_pad = torch.randn(b * q, hq, d).to(dt)                              # pad rows: anything
-    rows = torch.from_numpy(p.rows)
     q_pad[rows] = q_real
     s = 1 / math.sqrt(d)
     out = tk.paged_attention(q_pad, kc, vc, padded, s)[rows]
@@ -267,6 +254,9 @@ def run_case(name: str, seed: int) -> float:
     torch.manual_seed(seed)
     if name.startswith("splitkv"):
         return _splitkv_case(name, seed)
+    if name.startswith("splitq"):
+        from splitq_cases import splitq_case
+        return splitq_case(name, seed)
     if name in FP8_CASES:
         return _fp8_case(name, seed)
     dt = torch.float16 if name.endswith(F16) else torch.float32

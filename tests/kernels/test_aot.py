@@ -181,6 +181,6 @@ def test_pre_sm80_tiles_do_not_spill(compiled):
         or r[2].startswith("segment_reduce"))]
     # attention: decode, prefill, each with an fp16 and an fp8_e5m2 cache, and decode at the kernel's prefetch
     # levels 1 and 2 (fp16; bench/attn_sweep.py's A/B); MoE: decode 1, 16; sorted; the split-KV reduce at each
-    # BLOCK_S (2 .. 128 segments merged per step)
-    assert len(rows) == 2 * 2 + 2 + 4 + 2 + 7, [r[2] for r in rows]
+    # BLOCK_S (2 .. 128 segments merged per step), and its row-wise variant (split small-q launches) at BLOCK_Q 2, 8
+    assert len(rows) == 2 * 2 + 2 + 4 + 2 + 7 + 7 * 2, [r[2] for r in rows]
     assert all(r[6] == 0 for r in rows), [(r[2], r[6]) for r in rows]

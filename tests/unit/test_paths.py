@@ -165,7 +165,7 @@ def test_attention_launch_is_the_table_unless_overridden():
         paths.set_decode_attention_override(block_n=128, num_warps=8, num_stages=3, reduce_block_s=128,
                                             reduce_warps=8, prefetch=2)
         o = launch()
-        assert o[2:] == (128, 8, 3, min(paths.next_pow2(o.segments), 128), 8, 2)
+        assert o[2:8] == (128, 8, 3, min(paths.next_pow2(o.segments), 128), 8, 2)
         tiles = 65536 // 128                                              # fill counts tiles of the new block_n
         assert o.segments == paths._fill_segments(4, tiles, paths.SPLIT_CTAS_PER_SM * 132)
         assert launch(decode_only=False) == prefill                       # prefill launches keep the table
@@ -178,6 +178,47 @@ def test_attention_launch_is_the_table_unless_overridden():
     finally:
         paths.set_decode_attention_override()
     assert launch() == d and paths.decode_attention_override() == {}
+
+
+def test_small_q_split_is_off_by_default_and_splits_exactly_small_q_launches():
+    """Split-KV of small-q launches (verify steps): off by default, so every launch is today's (decode-only split,
+    nothing else); on, exactly the launches that are not decode-only with at most SPLIT_MAX_QUERY rows per sequence
+    and a bound from SPLIT_MIN_SEQ_LEN split, counted as a decode launch of B x q-blocks sequences, with the
+    row-wise reduce; decode-only launches keep their own plan either way."""
+    def launch(decode_only, b, bound, q, qblocks, cc=90):
+        return paths.attention_launch(b, decode_only, bound, 4, 132, cc, 64 if q > 2 else 16, q, qblocks)
+
+    shapes = [(b, bound, q, -(-q // (2 if q <= 2 else 8))) for b in (1, 4, 16) for bound in (512, 8192, 65536)
+              for q in (1, 2, 3, 9, 16, 17, 64)]
+    assert paths.SPLIT_SMALL_Q is False and paths.small_q_split() is False
+    for b, bound, q, qb in shapes:                                        # off: today's plans
+        assert launch(False, b, bound, q, qb) == paths.attention_launch(b, False, bound, 4, 132, 90,
+                                                                        64 if q > 2 else 16)
+        assert launch(False, b, bound, q, qb).segments == 1
+        assert launch(True, b, bound, 1, 1) == paths.attention_launch(b, True, bound, 4, 132, 90, 16)
+    decode = {(b, bound): launch(True, b, bound, 1, 1) for b, bound, _, _ in shapes}
+    try:
+        paths.set_small_q_split(True)
+        assert paths.small_q_split() is True
+        for b, bound, q, qb in shapes:
+            got = launch(False, b, bound, q, qb)
+            small = q <= paths.SPLIT_MAX_QUERY and bound >= paths.SPLIT_MIN_SEQ_LEN
+            want = paths.split_kv(b * qb, True, bound, 4, 132, 90)[0] if small else 1
+            assert got.segments == want and got.row_reduce == (want > 1), (b, bound, q, got)
+            assert launch(True, b, bound, 1, 1) == decode[(b, bound)] and not decode[(b, bound)].row_reduce
+        assert launch(False, 1, 32768, 9, 2).segments > 1                 # the verify step the switch is for
+        assert launch(False, 1, 32768, 17, 3).segments == 1               # a prefill chunk's launch: unsplit
+        # sm70: the fill count uses the launch's own tiles (16 keys for 64-row programs)
+        sm70 = launch(False, 1, 32768, 9, 2, cc=70)
+        assert sm70[2:4] == paths.attention_tiles(70, 64)
+        assert sm70.segments == paths._fill_segments(8, 32768 // 16, paths.SPLIT_CTAS_PER_SM_PRE_AMPERE * 132)
+        paths.set_decode_attention_override(segments=7)                  # decode-only knobs leave small-q alone
+        assert launch(False, 1, 32768, 9, 2).segments == paths._fill_segments(8, 32768 // 64,
+                                                                              paths.SPLIT_CTAS_PER_SM * 132)
+    finally:
+        paths.set_small_q_split(None)
+        paths.set_decode_attention_override()
+    assert paths.small_q_split() is False
 
 
 def test_boundaries_are_where_paths_change():

@@ -8,8 +8,11 @@ online softmax in fp32 (exp2, scale folded in). Split-KV (decode-only batches, k
 num_segments > 1 programs per (sequence, KV head); each sequence's own key tiles are cut into segments of
 max(ceil(tiles / num_segments), min_seg_tiles) tiles (_segment_tiles), each writes (acc, max, sum) partials,
 segments past the sequence's end exit at once, and a reduce kernel merges the filled ones (it derives their
-count from seq_lens with the same helper). The grid depends only on host-known sizes (B, max_query_len,
-segments; num_segments from an upper bound on the lengths, so one CUDA graph serves every context): no syncs.
+count from seq_lens with the same helper). Small-q launches (speculative verify steps, while
+paths.small_q_split(); off by default) split the same way per q-block program, cutting the keys that q-block
+sees; their row-wise reduce finds each row's sequence and q-block and derives the same count. The grid depends
+only on host-known sizes (B, max_query_len, segments; num_segments from an upper bound on the lengths, so one
+CUDA graph serves every context): no syncs.
 FP8 caches (fp8.py): the kernels take their bytes and a KV_FMT constexpr; K/V tiles are decoded to fp16 after
 the load (e5m2: a shift; e4m3: the sm89+ conversion), k_scale is folded into the softmax scale and v_scale
 into the output (or the split-KV partials), so the inner loop gains one conversion per element.
@@ -169,6 +172,28 @@ def _paged_attn_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, qsl_ptr
         tl.store(ml_ptr + base * 2 + 1, l_i, mask=row_ok)
 
 
+@triton.jit
+def _merge_segments(part_ptr, ml_ptr, base, n_seg, offs_d, D: tl.constexpr, BLOCK_S: tl.constexpr):
+    """[D] output of the first ``n_seg`` split-KV partials at rows base.. (partials [.., D], (m, l) [.., 2]),
+    BLOCK_S at a time (online rescale)."""
+    m_run = tl.full([], -1e30, tl.float32)
+    l_run = tl.full([], 0.0, tl.float32)
+    acc = tl.zeros([D], dtype=tl.float32)
+    for s0 in range(0, n_seg, BLOCK_S):
+        offs_s = s0 + tl.arange(0, BLOCK_S)
+        s_ok = offs_s < n_seg
+        m = tl.load(ml_ptr + (base + offs_s) * 2, mask=s_ok, other=-1e30)
+        l = tl.load(ml_ptr + (base + offs_s) * 2 + 1, mask=s_ok, other=0.0)
+        m_new = tl.maximum(m_run, tl.max(m, axis=0))
+        alpha = tl.exp2(m_run - m_new)
+        w = tl.exp2(m - m_new)                                            # [S]
+        part = tl.load(part_ptr + (base + offs_s)[:, None] * D + offs_d[None, :], mask=s_ok[:, None], other=0.0)
+        acc = acc * alpha + tl.sum(part * w[:, None], axis=0)
+        l_run = l_run * alpha + tl.sum(l * w, axis=0)
+        m_run = m_new
+    return acc / tl.maximum(l_run, 1e-30)
+
+
 @triton.jit(do_not_specialize=["num_segments", "block_n", "min_seg_tiles"])  # runtime-varying: one compile
 def _segment_reduce_kernel(part_ptr, ml_ptr, out_ptr, seqlen_ptr, stride_ot, stride_oh, num_segments, block_n,
                            min_seg_tiles, HQ: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr,
@@ -181,6 +206,7 @@ def _segment_reduce_kernel(part_ptr, ml_ptr, out_ptr, seqlen_ptr, stride_ot, str
     n_seg = tl.cdiv(n_tiles, _segment_tiles(n_tiles, num_segments, min_seg_tiles))   # filled segments
     base = (tok * HQ + h) * num_segments
     offs_d = tl.arange(0, D)
+    # the merge of _merge_segments, inline: calling it would change this kernel's PTX (debug-scope labels)
     m_run = tl.full([], -1e30, tl.float32)
     l_run = tl.full([], 0.0, tl.float32)
     acc = tl.zeros([D], dtype=tl.float32)
@@ -200,6 +226,32 @@ def _segment_reduce_kernel(part_ptr, ml_ptr, out_ptr, seqlen_ptr, stride_ot, str
     tl.store(out_ptr + tok * stride_ot + h * stride_oh + offs_d, o.to(out_ptr.dtype.element_ty))
 
 
+@triton.jit(do_not_specialize=["num_segments", "block_n", "min_seg_tiles"])  # runtime-varying: one compile
+def _segment_reduce_rows_kernel(part_ptr, ml_ptr, out_ptr, qsl_ptr, seqlen_ptr, stride_ot, stride_oh, num_segments,
+                                block_n, min_seg_tiles, HQ: tl.constexpr, D: tl.constexpr, BLOCK_Q: tl.constexpr,
+                                BLOCK_S: tl.constexpr, PDL: tl.constexpr):
+    """Merge the filled segments of query row ``q_idx`` of sequence ``seq`` (a split small-q launch: any rows per
+    sequence). Its q-block's program cut keys [0, kv_end) into the segments, so the filled count is derived from
+    that q-block's kv_end as the attention kernel did; a segment that held none of this row's visible keys
+    (causal) left m = -1e30, l = 0, acc = 0, which the merge weighs to nothing."""
+    pdl_enter(PDL)
+    seq = tl.program_id(0)
+    q_idx = tl.program_id(1)
+    h = tl.program_id(2)
+    q_start = tl.load(qsl_ptr + seq)
+    q_len = tl.load(qsl_ptr + seq + 1) - q_start
+    if q_idx >= q_len:
+        return
+    seq_len = tl.load(seqlen_ptr + seq)
+    kv_end = tl.minimum(seq_len, seq_len - q_len + (q_idx // BLOCK_Q + 1) * BLOCK_Q)   # as the kernel's q-block
+    n_tiles = tl.cdiv(kv_end, block_n)
+    n_seg = tl.cdiv(n_tiles, _segment_tiles(n_tiles, num_segments, min_seg_tiles))   # filled segments
+    tok = (q_start + q_idx).to(tl.int64)
+    offs_d = tl.arange(0, D)
+    o = _merge_segments(part_ptr, ml_ptr, (tok * HQ + h) * num_segments, n_seg, offs_d, D, BLOCK_S)
+    tl.store(out_ptr + tok * stride_ot + h * stride_oh + offs_d, o.to(out_ptr.dtype.element_ty))
+
+
 BLOCK_N = paths.ATTN_BLOCK_N
 ATTN_WARPS = paths.ATTN_WARPS
 MAX_SEGMENTS = paths.MAX_SEGMENTS
@@ -214,13 +266,15 @@ def block_q(group_pad: int, max_query_len: int) -> int:
 
 
 def launch_plan(md: AttentionMetadata, hq: int, hkv: int, device: torch.device) -> paths.AttentionLaunch:
-    """Tiles, split and reduce of this launch (paths.attention_launch): a split only for decode-only batches
-    (every row a decode); md.max_seq_len is the bound (max_model_len inside CUDA graphs)."""
+    """Tiles, split and reduce of this launch (paths.attention_launch): a split for decode-only batches (every row
+    a decode) and, while paths.small_q_split(), for small-q ones (verify steps); md.max_seq_len is the bound
+    (max_model_len inside CUDA graphs)."""
     b = md.num_seqs
     decode_only = md.max_query_len == 1 and md.num_decode_tokens >= b
     gp = next_pow2(hq // hkv)
+    bq = block_q(gp, md.max_query_len)
     return paths.attention_launch(b, decode_only, md.max_seq_len, hkv, num_sms(device), compute_capability(device),
-                                  block_q(gp, md.max_query_len) * gp)
+                                  bq * gp, md.max_query_len, triton.cdiv(md.max_query_len, bq))
 
 
 def split_plan(md: AttentionMetadata, hkv: int, device: torch.device, hq: int = 32) -> tuple[int, int]:
@@ -286,7 +340,12 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         out.stride(1), md.block_table.stride(0), k_cache.shape[1], segs, min_tiles, float(v_scale),
         HQ=hq, HKV=hkv, GROUP=group, GROUP_PAD=gp, D=d, BLOCK_Q=bq, BLOCK_N=block_n, PDL=use_pdl, KV_FMT=fmt,
         PREFETCH=plan.prefetch, num_warps=plan.num_warps, num_stages=plan.num_stages, launch_pdl=use_pdl)
-    if segs > 1:
+    if plan.row_reduce:                                                   # small-q: rows found per sequence
+        _segment_reduce_rows_kernel[(b, md.max_query_len, hq)](
+            part, ml, out, md.query_start_loc, md.seq_lens, out.stride(0), out.stride(1), segs, block_n, min_tiles,
+            HQ=hq, D=d, BLOCK_Q=bq, BLOCK_S=plan.reduce_block_s, PDL=use_pdl, num_warps=plan.reduce_warps,
+            launch_pdl=use_pdl)
+    elif segs > 1:
         # decode-only: every sequence's single query row is row i (query_start_loc = arange)
         _segment_reduce_kernel[(md.num_decode_tokens, hq)](
             part, ml, out, md.seq_lens, out.stride(0), out.stride(1), segs, block_n, min_tiles, HQ=hq, D=d,
@@ -338,6 +397,14 @@ def aot_configs() -> list[AotConfig]:
                     "min_seg_tiles": "i32"}
             out.append(AotConfig(_segment_reduce_kernel, signature(args, cx), cx, 4, 1, act_cc,
                                  f"segment_reduce[s={segs},{act}]"))
+            # the row-wise reduce of split small-q launches, at both BLOCK_Q of up to SPLIT_MAX_QUERY rows
+            for bq in sorted({block_q(gp, q) for q in (2, paths.SPLIT_MAX_QUERY)}):
+                cx = {"HQ": hq, "D": d, "BLOCK_Q": bq, "BLOCK_S": segs, "PDL": False}
+                args = {"part_ptr": "*fp32", "ml_ptr": "*fp32", "out_ptr": f"*{act}", "qsl_ptr": "*i32",
+                        "seqlen_ptr": "*i32", "stride_ot": "i32", "stride_oh": "i32", "num_segments": "i32",
+                        "block_n": "i32", "min_seg_tiles": "i32"}
+                out.append(AotConfig(_segment_reduce_rows_kernel, signature(args, cx), cx, paths.REDUCE_WARPS, 1,
+                                     act_cc, f"segment_reduce_rows[bq={bq},s={segs},{act}]"))
     return out
 
 

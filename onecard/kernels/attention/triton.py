@@ -204,25 +204,8 @@ def _segment_reduce_kernel(part_ptr, ml_ptr, out_ptr, seqlen_ptr, stride_ot, str
     h = tl.program_id(1)
     n_tiles = tl.cdiv(tl.load(seqlen_ptr + tok), block_n)
     n_seg = tl.cdiv(n_tiles, _segment_tiles(n_tiles, num_segments, min_seg_tiles))   # filled segments
-    base = (tok * HQ + h) * num_segments
     offs_d = tl.arange(0, D)
-    # the merge of _merge_segments, inline: calling it would change this kernel's PTX (debug-scope labels)
-    m_run = tl.full([], -1e30, tl.float32)
-    l_run = tl.full([], 0.0, tl.float32)
-    acc = tl.zeros([D], dtype=tl.float32)
-    for s0 in range(0, n_seg, BLOCK_S):
-        offs_s = s0 + tl.arange(0, BLOCK_S)
-        s_ok = offs_s < n_seg
-        m = tl.load(ml_ptr + (base + offs_s) * 2, mask=s_ok, other=-1e30)
-        l = tl.load(ml_ptr + (base + offs_s) * 2 + 1, mask=s_ok, other=0.0)
-        m_new = tl.maximum(m_run, tl.max(m, axis=0))
-        alpha = tl.exp2(m_run - m_new)
-        w = tl.exp2(m - m_new)                                            # [S]
-        part = tl.load(part_ptr + (base + offs_s)[:, None] * D + offs_d[None, :], mask=s_ok[:, None], other=0.0)
-        acc = acc * alpha + tl.sum(part * w[:, None], axis=0)
-        l_run = l_run * alpha + tl.sum(l * w, axis=0)
-        m_run = m_new
-    o = acc / tl.maximum(l_run, 1e-30)
+    o = _merge_segments(part_ptr, ml_ptr, (tok * HQ + h) * num_segments, n_seg, offs_d, D, BLOCK_S)
     tl.store(out_ptr + tok * stride_ot + h * stride_oh + offs_d, o.to(out_ptr.dtype.element_ty))
 
 

@@ -131,3 +131,22 @@ def to_verify_step(core):
             return sched
         core.scheduler.update(sched, core.runner.execute(sched))
     raise AssertionError("no pure verify step came")
+
+
+def eager_and_graphed(runner, graphs, inputs, b: int, q: int):
+    """One verify step run eagerly (the runner without graphs), then, from the same KV, replayed through
+    ``graphs``' (b, q) shape, which must serve it exactly once: (eager logits, graphed logits, the KV before the
+    step, the KV the eager step left); the KV ends as the replay left it."""
+    snapshot = [(k.clone(), v.clone()) for k, v in runner.kv_caches]
+    saved, runner.graphs = runner.graphs, None
+    eager = runner.model.compute_logits(runner._forward(inputs))
+    kv_eager = [(k.clone(), v.clone()) for k, v in runner.kv_caches]
+    runner.graphs = saved
+    for (k, v), (k0, v0) in zip(runner.kv_caches, snapshot):
+        k.copy_(k0)
+        v.copy_(v0)
+    before = graphs.replays[(b, q)]
+    hidden = graphs.try_run(inputs)
+    assert hidden is not None and hidden.shape[0] == inputs.input_ids.shape[0]
+    assert graphs.replays[(b, q)] == before + 1
+    return eager, runner.model.compute_logits(hidden), snapshot, kv_eager

@@ -18,7 +18,7 @@ from onecard.core.engine_core import EngineCore
 from onecard.runner.cuda_graphs import pad_verify, verify_query_len
 from onecard.runner.input_batch import build_inputs
 from onecard.sampling_params import SamplingParams
-from tests.engine.spec_helpers import OracleDrafter, enable_spec, run, to_verify_step
+from tests.engine.spec_helpers import OracleDrafter, eager_and_graphed, enable_spec, run, to_verify_step
 
 
 def _core(path, **kw) -> EngineCore:
@@ -85,18 +85,10 @@ def test_padded_verify_step_equals_eager(tiny_moe_gptq_dir):
     for k, v in runner.kv_caches:
         k.flatten(0, 1)[~live] = 0.5
         v.flatten(0, 1)[~live] = -0.5
-    snapshot = [(k.clone(), v.clone()) for k, v in runner.kv_caches]
-    eager = runner.model.compute_logits(runner._forward(inputs))           # runner.graphs is None on the CPU
-    kv_eager = [(k.clone(), v.clone()) for k, v in runner.kv_caches]
-    for (k, v), (k0, v0) in zip(runner.kv_caches, snapshot):
-        k.copy_(k0)
-        v.copy_(v0)
     graphs = runner.graph_runner()
     graphs.capture()
-    hidden = graphs.try_run(inputs)
+    eager, padded, snapshot, kv_eager = eager_and_graphed(runner, graphs, inputs, 4, q)
     assert graphs.replays == {(4, q): 1}
-    assert hidden is not None and hidden.shape[0] == inputs.input_ids.shape[0]
-    padded = runner.model.compute_logits(hidden)
     torch.testing.assert_close(padded, eager, rtol=1e-4, atol=1e-4)
     assert torch.equal(padded.argmax(-1), eager.argmax(-1))
     written = torch.from_numpy(inputs.slot_mapping)

@@ -103,7 +103,7 @@ def test_engine_verify_graph_split_equals_eager_unsplit(tiny_moe_gptq_dir, monke
     from onecard.runner.cuda_graphs import verify_query_len
     from onecard.runner.input_batch import build_inputs
     from onecard.sampling_params import SamplingParams
-    from tests.engine.spec_helpers import OracleDrafter, enable_spec, to_verify_step
+    from tests.engine.spec_helpers import OracleDrafter, eager_and_graphed, enable_spec, to_verify_step
 
     monkeypatch.setattr(paths, "SPLIT_MIN_SEQ_LEN", 64)                 # the tiny model's bound (256) splits
     paths.set_small_q_split(True)
@@ -142,16 +142,6 @@ def test_engine_verify_graph_split_equals_eager_unsplit(tiny_moe_gptq_dir, monke
         assert tk.launch_plan(graph_md, hq, hkv, torch.device("cuda")).row_reduce   # what the capture launched
     finally:
         paths.set_small_q_split(None)
-    snapshot = [(k.clone(), v.clone()) for k, v in runner.kv_caches]
-    runner.graphs = None
-    eager = runner.model.compute_logits(runner._forward(inputs))         # switch off: unsplit
-    runner.graphs = graphs
-    for (k, v), (k0, v0) in zip(runner.kv_caches, snapshot):
-        k.copy_(k0)
-        v.copy_(v0)
-    before = dict(graphs.replays)
-    hidden = graphs.try_run(inputs)
-    assert hidden is not None and graphs.replays[(4, q)] == before.get((4, q), 0) + 1
-    graphed = runner.model.compute_logits(hidden)
+    eager, graphed, _, _ = eager_and_graphed(runner, graphs, inputs, 4, q)         # eager: switch off, unsplit
     torch.testing.assert_close(graphed, eager, rtol=2e-2, atol=2e-2)
     assert torch.equal(graphed.argmax(-1), eager.argmax(-1))

@@ -32,7 +32,7 @@ def test_graphed_verify_step_equals_eager(tiny_moe_gptq_dir):
     from onecard.runner.cuda_graphs import verify_query_len
     from onecard.runner.input_batch import build_inputs
     from onecard.sampling_params import SamplingParams
-    from tests.engine.spec_helpers import OracleDrafter, enable_spec, to_verify_step
+    from tests.engine.spec_helpers import OracleDrafter, eager_and_graphed, enable_spec, to_verify_step
 
     core = _core(tiny_moe_gptq_dir)
     runner = core.runner
@@ -49,17 +49,7 @@ def test_graphed_verify_step_equals_eager(tiny_moe_gptq_dir):
     inputs = build_inputs(sched, runner.block_size, {}, None)
     q = verify_query_len(inputs)
     assert q is not None and np.diff(inputs.query_start_loc).min() < q
-    snapshot = [(k.clone(), v.clone()) for k, v in runner.kv_caches]
-    runner.graphs = None
-    eager = runner.model.compute_logits(runner._forward(inputs))
-    runner.graphs = graphs
-    for (k, v), (k0, v0) in zip(runner.kv_caches, snapshot):
-        k.copy_(k0)
-        v.copy_(v0)
-    before = dict(graphs.replays)
-    hidden = graphs.try_run(inputs)
-    assert hidden is not None and graphs.replays[(4, q)] == before.get((4, q), 0) + 1
-    graphed = runner.model.compute_logits(hidden)
+    eager, graphed, _, _ = eager_and_graphed(runner, graphs, inputs, 4, q)
     torch.testing.assert_close(graphed, eager, rtol=2e-2, atol=2e-2)
     assert torch.equal(graphed.argmax(-1), eager.argmax(-1))
 

@@ -98,3 +98,30 @@ def metric(url: str, name: str) -> float:
     if not seen:
         raise KeyError(name)
     return total
+
+
+def collect_chat_stream(stream):
+    """Fold an OpenAI chat-completions stream (the official client's chunks) into (content, reasoning, calls by
+    index {"id", "name", "arguments"}, finish_reason), checking OpenAI's protocol on the way."""
+    content, reasoning, calls, finish = "", "", {}, None
+    for chunk in stream:
+        if not chunk.choices:
+            continue
+        ch = chunk.choices[0]
+        d = ch.delta
+        content += d.content or ""
+        extra = d.model_extra or {}
+        if extra.get("reasoning_content"):
+            assert extra["reasoning"] == extra["reasoning_content"]
+            reasoning += extra["reasoning_content"]
+        for tc in d.tool_calls or []:
+            if tc.index not in calls:
+                # the first delta of a call carries id, type and name, and arguments ""
+                assert tc.id and tc.type == "function" and tc.function.name
+                calls[tc.index] = {"id": tc.id, "name": tc.function.name, "arguments": tc.function.arguments or ""}
+            else:
+                assert tc.id is None and not tc.function.name
+                calls[tc.index]["arguments"] += tc.function.arguments or ""
+        if ch.finish_reason:
+            finish = ch.finish_reason
+    return content, reasoning, calls, finish

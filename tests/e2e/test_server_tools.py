@@ -12,7 +12,7 @@ import pytest
 
 from onecard import parsers
 from onecard.server.launch import make_state, settings_from
-from tests.e2e.harness import scripted_engine_config, start_server, wait_health
+from tests.e2e.harness import collect_chat_stream, scripted_engine_config, start_server, wait_health
 from tests.e2e.scripted import Script, ScriptedCoreClient
 
 TOOLS = [{"type": "function", "function": {
@@ -85,32 +85,6 @@ def _chat(client, trigger, stream, **kw):
                                           tools=TOOLS, max_tokens=200, stream=stream, **kw)
 
 
-def _collect_stream(stream):
-    """Fold chunks into (content, reasoning, calls by index, finish_reason), checking OpenAI's protocol."""
-    content, reasoning, calls, finish = "", "", {}, None
-    for chunk in stream:
-        if not chunk.choices:
-            continue
-        ch = chunk.choices[0]
-        d = ch.delta
-        content += d.content or ""
-        extra = d.model_extra or {}
-        if extra.get("reasoning_content"):
-            assert extra["reasoning"] == extra["reasoning_content"]
-            reasoning += extra["reasoning_content"]
-        for tc in d.tool_calls or []:
-            if tc.index not in calls:
-                # the first delta of a call carries id, type and name, and arguments ""
-                assert tc.id and tc.type == "function" and tc.function.name
-                calls[tc.index] = {"id": tc.id, "name": tc.function.name, "arguments": tc.function.arguments or ""}
-            else:
-                assert tc.id is None and not tc.function.name
-                calls[tc.index]["arguments"] += tc.function.arguments or ""
-        if ch.finish_reason:
-            finish = ch.finish_reason
-    return content, reasoning, calls, finish
-
-
 @pytest.mark.parametrize("trigger,text", [("HERMES", HERMES), ("XMLTWO", XML_TWO)])
 def test_tool_calls_whole_and_streamed(client, trigger, text):
     expected = parsers.get_tool_parser("hermes").parse(text, TOOLS)
@@ -123,7 +97,7 @@ def test_tool_calls_whole_and_streamed(client, trigger, text):
         [(c.name, json.loads(c.arguments_json)) for c in expected.tool_calls]
     assert all(c.id and c.type == "function" for c in msg.tool_calls)
 
-    content, reasoning, calls, finish = _collect_stream(_chat(client, trigger, True))
+    content, reasoning, calls, finish = collect_chat_stream(_chat(client, trigger, True))
     assert finish == "tool_calls" and reasoning == ""
     assert (content or None) == expected.content
     assert [(calls[i]["name"], json.loads(calls[i]["arguments"])) for i in sorted(calls)] == \
@@ -137,7 +111,7 @@ def test_reasoning_split_whole_and_streamed(client):
     exp_reasoning, exp_content = parsers.get_reasoning_parser("qwen3").parse(THINK, False)
     assert msg.content == exp_content == "The answer is 42."
     assert msg.model_extra["reasoning_content"] == msg.model_extra["reasoning"] == exp_reasoning
-    content, reasoning, _, finish = _collect_stream(client.chat.completions.create(
+    content, reasoning, _, finish = collect_chat_stream(client.chat.completions.create(
         model="reasoning", messages=[{"role": "user", "content": "THINK"}], max_tokens=200, stream=True))
     assert (content, reasoning, finish) == (exp_content, exp_reasoning, "stop")
 
@@ -161,7 +135,7 @@ def test_malformed_call_comes_back_as_content(client):
     assert r.choices[0].finish_reason == "stop"
     assert not r.choices[0].message.tool_calls
     assert "get_weather" in r.choices[0].message.content
-    content, _, calls, finish = _collect_stream(_chat(client, "MALFORMED", True))
+    content, _, calls, finish = collect_chat_stream(_chat(client, "MALFORMED", True))
     assert not calls and finish == "stop" and content == r.choices[0].message.content
 
 
@@ -170,7 +144,7 @@ def test_named_tool_choice_parses_the_call(client):
     r = _chat(client, "NAMED", False, tool_choice=choice)
     calls = r.choices[0].message.tool_calls
     assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [("get_weather", {"city": "Rome"})]
-    _, _, scalls, finish = _collect_stream(_chat(client, "NAMED", True, tool_choice=choice))
+    _, _, scalls, finish = collect_chat_stream(_chat(client, "NAMED", True, tool_choice=choice))
     assert finish == "tool_calls"
     assert [(c["name"], json.loads(c["arguments"])) for c in scalls.values()] == [("get_weather", {"city": "Rome"})]
 
@@ -196,5 +170,5 @@ def test_parallel_tool_calls_false_keeps_the_first_call(client):
     r = _chat(client, "XMLTWO", False, parallel_tool_calls=False)
     assert [c.function.name for c in r.choices[0].message.tool_calls] == ["get_weather"]
     assert json.loads(r.choices[0].message.tool_calls[0].function.arguments)["city"] == "Paris"
-    _, _, calls, finish = _collect_stream(_chat(client, "XMLTWO", True, parallel_tool_calls=False))
+    _, _, calls, finish = collect_chat_stream(_chat(client, "XMLTWO", True, parallel_tool_calls=False))
     assert list(calls) == [0] and finish == "tool_calls"

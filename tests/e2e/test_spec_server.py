@@ -15,7 +15,7 @@ import pytest
 from onecard.config import EngineArgs
 from onecard.frontend.core_client import make_core_client
 from onecard.server.launch import make_state, settings_from
-from tests.e2e.harness import metric, start_server
+from tests.e2e.harness import collect_chat_stream, metric, start_server
 from tests.e2e.test_structured_outputs import ARGS, M9, M14, M16, MSGS, TOOLS
 
 _SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
@@ -115,15 +115,7 @@ def test_streamed_tool_calls_equal_the_plain_server(servers):
           "temperature": 0, "max_tokens": 110}
     whole = openai.OpenAI(base_url=plain.base_url, api_key="x", max_retries=0).chat.completions.create(**kw)
     want = [(t.function.name, json.loads(t.function.arguments)) for t in whole.choices[0].message.tool_calls]
-    calls: dict[int, list[str]] = {}
-    finish = None
     sc = openai.OpenAI(base_url=spec.base_url, api_key="x", max_retries=0)
-    for chunk in sc.chat.completions.create(stream=True, **kw):
-        for c in chunk.choices:
-            for tc in c.delta.tool_calls or []:
-                name_args = calls.setdefault(tc.index, ["", ""])
-                name_args[0] += tc.function.name or ""
-                name_args[1] += tc.function.arguments or ""
-            finish = c.finish_reason or finish
-    assert [(n, json.loads(a)) for _, (n, a) in sorted(calls.items())] == want
+    _, _, calls, finish = collect_chat_stream(sc.chat.completions.create(stream=True, **kw))
+    assert [(calls[i]["name"], json.loads(calls[i]["arguments"])) for i in sorted(calls)] == want
     assert finish == whole.choices[0].finish_reason == "tool_calls"

@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field
 from onecard.config import EngineArgs
 from onecard.frontend.core_client import make_core_client
 from onecard.server.launch import make_state, settings_from
-from tests.e2e.harness import metric, start_server
+from tests.e2e.harness import collect_chat_stream, metric, start_server
 
 ARGS = {"served_model_name": ["coder"], "max_model_len": 512, "device": "cpu", "seed": 0, "max_num_seqs": 64}
 MSGS = [{"role": "user", "content": "Reply in JSON."}]
@@ -269,17 +269,9 @@ def test_tool_choice_required_and_named(server, client, fmt):
             kw = {"model": "coder", "messages": [{"role": "user", "content": "call"}], "tools": TOOLS,
                   "tool_choice": choice, "temperature": 1.0, "seed": 11, "max_tokens": 110}
             whole = client.chat.completions.create(**kw).choices[0]
-            calls: dict[int, list[str]] = {}
-            finish = None
-            for chunk in client.chat.completions.create(stream=True, **kw):
-                for c in chunk.choices:
-                    for tc in c.delta.tool_calls or []:
-                        name_args = calls.setdefault(tc.index, ["", ""])
-                        name_args[0] += tc.function.name or ""
-                        name_args[1] += tc.function.arguments or ""
-                    finish = c.finish_reason or finish
+            _, _, calls, finish = collect_chat_stream(client.chat.completions.create(stream=True, **kw))
             assert finish == "tool_calls" == whole.finish_reason
-            assert [(n, json.loads(a)) for _, (n, a) in sorted(calls.items())] == [
+            assert [(calls[i]["name"], json.loads(calls[i]["arguments"])) for i in sorted(calls)] == [
                 (t.function.name, json.loads(t.function.arguments)) for t in whole.message.tool_calls]
     finally:
         server.state.settings.options.tool_call_parser = "hermes"

@@ -150,3 +150,24 @@ def eager_and_graphed(runner, graphs, inputs, b: int, q: int):
     assert hidden is not None and hidden.shape[0] == inputs.input_ids.shape[0]
     assert graphs.replays[(b, q)] == before + 1
     return eager, runner.model.compute_logits(hidden), snapshot, kv_eager
+
+
+def verify_step_inputs(core, prompts: list[list[int]]):
+    """Requests for ``prompts`` with oracle drafts (k = 4; request 1's max_tokens leaves room for one draft
+    only), stepped until a pure verify step comes: (its ModelInputs, q = 1 + its longest draft), some of its
+    sequences shorter than q (asserted: the padded layout has pad rows)."""
+    import numpy as np
+
+    from onecard.runner.cuda_graphs import verify_query_len
+    from onecard.runner.input_batch import build_inputs
+
+    vocab = int(core.config.model.hf_config["vocab_size"])
+    ref = {f"r{i}": list(p) + [(7 * j + i) % vocab for j in range(40)] for i, p in enumerate(prompts)}
+    enable_spec(core, OracleDrafter(ref, vocab), k=4)
+    for i, p in enumerate(prompts):
+        sp = SamplingParams(temperature=0.0, max_tokens=3 if i == 1 else 30, ignore_eos=True)
+        core.add_request(EngineRequest(f"r{i}", p, sp, 0.0, []))
+    inputs = build_inputs(to_verify_step(core), core.runner.block_size, {}, None)
+    q = verify_query_len(inputs)
+    assert q is not None and np.diff(inputs.query_start_loc).min() < q
+    return inputs, q

@@ -18,7 +18,13 @@ from onecard.core.engine_core import EngineCore
 from onecard.runner.cuda_graphs import pad_verify, verify_query_len
 from onecard.runner.input_batch import build_inputs
 from onecard.sampling_params import SamplingParams
-from tests.engine.spec_helpers import OracleDrafter, eager_and_graphed, enable_spec, run, to_verify_step
+from tests.engine.spec_helpers import (
+    OracleDrafter,
+    eager_and_graphed,
+    enable_spec,
+    run,
+    verify_step_inputs,
+)
 
 
 def _core(path, **kw) -> EngineCore:
@@ -61,20 +67,8 @@ def test_pad_verify_layout_invariants():
 def test_padded_verify_step_equals_eager(tiny_moe_gptq_dir):
     core = _core(tiny_moe_gptq_dir, speculative_config={"method": "ngram", "num_speculative_tokens": 4})
     runner = core.runner
-    vocab = int(core.config.model.hf_config["vocab_size"])
-    prompts = _prompts()[:3]                                    # 3 sequences: the b = 4 graph pads one more
-    ref = {f"r{i}": list(p) + [(7 * j + i) % vocab for j in range(40)] for i, p in enumerate(prompts)}
-    enable_spec(core, OracleDrafter(ref, vocab), k=4)
-    from onecard.protocol import EngineRequest
-
-    for i, p in enumerate(prompts):                             # r1: max_tokens leaves room for 1 draft only
-        sp = SamplingParams(temperature=0.0, max_tokens=3 if i == 1 else 30, ignore_eos=True)
-        core.add_request(EngineRequest(f"r{i}", p, sp, 0.0, []))
-    sched = to_verify_step(core)
-    inputs = build_inputs(sched, runner.block_size, {}, None)
-    q = verify_query_len(inputs)
-    q_lens = np.diff(inputs.query_start_loc)
-    assert q is not None and q_lens.min() < q and len(q_lens) == 3     # rows and a sequence are padded
+    inputs, q = verify_step_inputs(core, _prompts()[:3])        # 3 sequences: the b = 4 graph pads one more
+    assert len(inputs.seq_lens) == 3                            # rows (asserted there) and a sequence are padded
     # every slot outside the step's sequences holds a sentinel, so that any write there shows (a pad row's K and
     # V may well be zero: token 0's embedding is)
     bsz = runner.block_size

@@ -11,7 +11,6 @@ import math
 import os
 import sys
 
-import numpy as np
 import pytest
 import torch
 
@@ -99,11 +98,10 @@ def test_engine_verify_graph_split_equals_eager_unsplit(tiny_moe_gptq_dir, monke
     from onecard.config import EngineArgs
     from onecard.core.engine_core import EngineCore
     from onecard.kernels import paths
-    from onecard.protocol import EngineRequest
-    from onecard.runner.cuda_graphs import verify_query_len
-    from onecard.runner.input_batch import build_inputs
-    from onecard.sampling_params import SamplingParams
-    from tests.engine.spec_helpers import OracleDrafter, eager_and_graphed, enable_spec, to_verify_step
+    from tests.engine.spec_helpers import (
+        eager_and_graphed,
+        verify_step_inputs,
+    )
 
     monkeypatch.setattr(paths, "SPLIT_MIN_SEQ_LEN", 64)                 # the tiny model's bound (256) splits
     paths.set_small_q_split(True)
@@ -119,18 +117,9 @@ def test_engine_verify_graph_split_equals_eager_unsplit(tiny_moe_gptq_dir, monke
     assert graphs is not None and graphs.capture_stats["verify_graphs"] > 0
     cfg = core.config.model.hf_config
     hq, hkv = int(cfg["num_attention_heads"]), int(cfg["num_key_value_heads"])
-    vocab = int(cfg["vocab_size"])
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(3, 200, (int(n),), generator=g).tolist() for n in (70, 17, 90)]
-    ref = {f"r{i}": list(p) + [(7 * j + i) % vocab for j in range(40)] for i, p in enumerate(prompts)}
-    enable_spec(core, OracleDrafter(ref, vocab), k=4)
-    for i, p in enumerate(prompts):
-        sp = SamplingParams(temperature=0.0, max_tokens=3 if i == 1 else 30, ignore_eos=True)
-        core.add_request(EngineRequest(f"r{i}", p, sp, 0.0, []))
-    sched = to_verify_step(core)
-    inputs = build_inputs(sched, runner.block_size, {}, None)
-    q = verify_query_len(inputs)
-    assert q is not None and np.diff(inputs.query_start_loc).min() < q
+    inputs, q = verify_step_inputs(core, prompts)
     from onecard.kernels.attention import triton as tk
     from onecard.kernels.attention.metadata import AttentionMetadata
     graph_md = AttentionMetadata(slot_mapping=torch.zeros(4 * q, dtype=torch.long),

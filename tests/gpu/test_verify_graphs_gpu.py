@@ -3,7 +3,6 @@ GPTQ MoE checkpoint (fp16, Triton kernels): a graphed verify step (padded rows a
 eager step's logits and greedy tokens, and greedy output with speculation on (verify graphs) equals off."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
@@ -28,27 +27,16 @@ def _prompts() -> list[list[int]]:
 
 
 def test_graphed_verify_step_equals_eager(tiny_moe_gptq_dir):
-    from onecard.protocol import EngineRequest
-    from onecard.runner.cuda_graphs import verify_query_len
-    from onecard.runner.input_batch import build_inputs
-    from onecard.sampling_params import SamplingParams
-    from tests.engine.spec_helpers import OracleDrafter, eager_and_graphed, enable_spec, to_verify_step
+    from tests.engine.spec_helpers import (
+        eager_and_graphed,
+        verify_step_inputs,
+    )
 
     core = _core(tiny_moe_gptq_dir)
     runner = core.runner
     graphs = runner.graphs
     assert graphs is not None and graphs.capture_stats["verify_graphs"] == len(graphs.verify_shapes) > 0
-    vocab = int(core.config.model.hf_config["vocab_size"])
-    prompts = _prompts()[:3]
-    ref = {f"r{i}": list(p) + [(7 * j + i) % vocab for j in range(40)] for i, p in enumerate(prompts)}
-    enable_spec(core, OracleDrafter(ref, vocab), k=4)
-    for i, p in enumerate(prompts):
-        sp = SamplingParams(temperature=0.0, max_tokens=3 if i == 1 else 30, ignore_eos=True)
-        core.add_request(EngineRequest(f"r{i}", p, sp, 0.0, []))
-    sched = to_verify_step(core)
-    inputs = build_inputs(sched, runner.block_size, {}, None)
-    q = verify_query_len(inputs)
-    assert q is not None and np.diff(inputs.query_start_loc).min() < q
+    inputs, q = verify_step_inputs(core, _prompts()[:3])
     eager, graphed, _, _ = eager_and_graphed(runner, graphs, inputs, 4, q)
     torch.testing.assert_close(graphed, eager, rtol=2e-2, atol=2e-2)
     assert torch.equal(graphed.argmax(-1), eager.argmax(-1))

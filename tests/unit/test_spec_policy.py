@@ -293,6 +293,37 @@ def test_peek_answers_as_choose_and_changes_nothing(shape, seed):
         assert p.choose(drafts, ctx, extra) == peeked
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_peek_keep_plain_is_choose_when_plain_and_peek_when_drafting(shape, seed):
+    """``peek(keep_plain=True)`` (the async loop's one pricing per step): a plain answer leaves the policy as
+    ``choose`` would (its per-step fading), a drafting answer leaves it as it was."""
+    import copy
+
+    rng = random.Random(seed)
+    p = SpecPolicy(6, CostModel.for_card("V100", shape), prior_acceptance=0.6)
+    ids = [f"r{i}" for i in range(rng.choice((1, 4, 16)))]
+    for _ in range(40):
+        r = rng.choice(ids)
+        k = rng.randrange(1, 7)
+        p.record(r, k, rng.choice((0, k, rng.randrange(k + 1))))
+    seen = set()
+    for step in range(31):
+        if step == 30:                            # last: every draft rejected so far, so the answer is plain
+            for r in ids:
+                for _ in range(10):
+                    p.record(r, 6, 0)
+        drafts = {r: rng.randrange(1, 7) for r in ids}
+        ctx = {r: rng.randrange(10, 3000) for r in drafts}
+        before = _state(p)
+        twin = copy.deepcopy(p)
+        ks = p.peek(drafts, ctx, 0, keep_plain=True)
+        assert twin.choose(drafts, ctx, 0) == ks
+        plain = not any(ks.values())
+        seen.add(plain)
+        assert _state(p) == (_state(twin) if plain else before)
+    assert True in seen                           # the plain branch ran (and matched choose above)
+
+
 def test_peek_equals_choose_on_the_same_state(shape):
     p = SpecPolicy(8, CostModel.for_card("H200", shape), prior_acceptance=0.7)
     for _ in range(10):

@@ -194,23 +194,27 @@ class SpecPolicy:
         return ks
 
     def peek(self, drafts: Mapping[str, Sequence[int] | int], context_lens: Mapping[str, int] | None = None,
-             extra_tokens: int = 0) -> dict[str, int]:
+             extra_tokens: int = 0, keep_plain: bool = False) -> dict[str, int]:
         """``choose``'s answer for these drafts, leaving the policy as it was: ``choose`` itself runs (one pricing,
         so the two always agree) and the state it changes (the evidence it fades, ``last``) is put back. The
-        memo of step times is a cache, not state."""
+        memo of step times is a cache, not state. ``keep_plain``: when the answer drafts nothing, keep those
+        changes (the per-step update ``choose`` gives a plain step) instead of pricing the step a second time."""
         seqs = {r: (ev.successes, ev.trials) for r in drafts if (ev := self._seqs.get(r)) is not None}
         glob, last = (self._global.successes, self._global.trials), self.last
+        ks: dict[str, int] = {}
         try:
-            return self.choose(drafts, context_lens, extra_tokens)
+            ks = self.choose(drafts, context_lens, extra_tokens)
+            return ks
         finally:
-            for r in drafts:
-                if r in seqs:
-                    ev = self._seqs.setdefault(r, _Evidence())
-                    ev.successes, ev.trials = seqs[r]
-                else:
-                    self._seqs.pop(r, None)
-            self._global.successes, self._global.trials = glob
-            self.last = last
+            if not (keep_plain and ks and not any(ks.values())):
+                for r in drafts:
+                    if r in seqs:
+                        ev = self._seqs.setdefault(r, _Evidence())
+                        ev.successes, ev.trials = seqs[r]
+                    else:
+                        self._seqs.pop(r, None)
+                self._global.successes, self._global.trials = glob
+                self.last = last
 
     def _choose_padded(self, ids: list[str], caps: list[int], ctx: int) -> dict[str, int]:
         """The choice for a step replayed from a padded verify graph: every sequence runs 1 + max k_i rows, so

@@ -88,10 +88,9 @@ class Speculator:
         if self.policy is None or not any(drafts.values()):
             return any(drafts.values())
         ctx = {req.request_id: req.num_computed_tokens for req, _, _ in candidates}
-        if any(self.policy.peek(drafts, ctx, extra_tokens).values()):
-            return True
-        self.policy.choose(drafts, ctx, extra_tokens)      # this step stays plain: the policy's per-step update
-        return False
+        # a plain answer keeps choose's per-step update (this step stays plain); a drafting one is put back: the
+        # step is scheduled with fresh drafts after the drain, and choose runs on those
+        return any(self.policy.peek(drafts, ctx, extra_tokens, keep_plain=True).values())
 
     def preempted(self, request: Request) -> None:
         if self.policy is not None:

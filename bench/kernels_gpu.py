@@ -2,7 +2,7 @@
 error) and timing: triton.testing.do_bench median ("triton us", includes Python launch overhead) and CUDA-graph
 replay ("graph us": the op captured in a torch.cuda.CUDAGraph, 20 copies per graph, timed with events over
 replays; what the served model sees), with achieved GB/s from the graph time. Prints a table; writes JSON to
-$OUT/kernels_gpu.json when OUT is set.  Usage: python bench/kernels_gpu.py [--quick]
+$OUT/kernels_gpu.json when OUT is set.  Usage: python bench/kernels_gpu.py [--quick] [--only SUBSTRING]
 """
 from __future__ import annotations
 
@@ -70,6 +70,7 @@ def bench_graph(fn, copies: int = 20, replays: int = 20) -> float:
 
 
 def cases(quick: bool):
+    from onecard.kernels import paths
     from onecard.kernels.triton_common import set_pdl
 
     set_pdl(int(os.environ.get("ONECARD_PDL_MAX_TOKENS", "1")))          # as the runner does from Env
@@ -119,6 +120,16 @@ def cases(quick: bool):
                lambda x=x, r=r: torch.cat(moe_r.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True)),
                TOPK * per_expert + E * H * 2)
         if t == 1:
+            def one_launch(x=x, r=r):                    # fused_moe/block1.py: the block as one launch
+                paths.set_moe_block1(True)
+                try:
+                    return torch.cat(moe_t.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True))
+                finally:
+                    paths.set_moe_block1(None)
+            yield ("norm_moe T=1 one launch (block1)", one_launch,
+                   lambda x=x, r=r: torch.cat(moe_r.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True)),
+                   TOPK * per_expert + E * H * 2)
+
             def chain(x=x, r=r):
                 h, res = n_t.rms_norm(x, nw, 1e-6, r)
                 return torch.cat([moe_t.fused_moe(h, moe_t.moe_router(h, wr), wg, wu, wd, TOPK, True), res])
@@ -195,9 +206,12 @@ def cases(quick: bool):
 
 def main() -> None:
     quick = "--quick" in sys.argv
+    only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else ""
     rows = []
     print(f"{'op':40s} {'rel_err':>9s} {'triton us':>10s} {'graph us':>9s} {'ref us':>10s} {'GB/s':>8s}")
     for name, tri, rf, nbytes in cases(quick):
+        if only not in name:
+            continue
         err = rel(tri(), rf())
         t_ms, r_ms = bench(tri), bench(rf)
         g_us = bench_graph(tri)

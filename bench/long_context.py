@@ -17,6 +17,9 @@ per SM instead of paths.SPLIT_CTAS_PER_SM (a sweep of the one tunable). Each row
 graph's attention launches with and how many of them the context fills. ``--sweep attn_sweep.json`` adds the
 policies "sweep:1x32k" and "sweep:16x8k": "fill" with the decode-attention knobs bench/attn_sweep.py found fastest
 for that case (kernels/paths.set_decode_attention_override; forced segment counts are not carried over).
+Policy "moeblock" (issue 25 item 2) is "fill" with the batch-1 MoE block as one launch (fused_moe/block1.py,
+kernels/paths.set_moe_block1); every row reports whether its greedy tokens equal the first policy's.
+``--scenarios 1x512,1x32768`` keeps only those (batch x context) scenarios.
 
 Usage (repo root, a GPU, the checkpoint of ``python bench/full_size.py build /tmp/q30``):
   python bench/long_context.py /tmp/q30 OUT.json [--policies legacy,fill,fill:5] [--sweep attn_sweep.json]
@@ -59,8 +62,9 @@ def engine(model_dir: str, max_ctx: int, cpu: bool):
     return EngineCore(EngineArgs(**args).create_config())
 
 
-def run(core, prompts: list[list[int]], new: int) -> list[list[float]]:
-    """Greedy ``new`` tokens for each prompt; each request's token arrival times (s after adding)."""
+def run(core, prompts: list[list[int]], new: int, tokens: list[list[int]] | None = None) -> list[list[float]]:
+    """Greedy ``new`` tokens for each prompt; each request's token arrival times (s after adding). ``tokens``:
+    a list to append each request's generated ids to."""
     from onecard.protocol import EngineRequest
     from onecard.sampling_params import SamplingParams
 
@@ -71,6 +75,7 @@ def run(core, prompts: list[list[int]], new: int) -> list[list[float]]:
         ids.append(f"lc{time.time_ns()}-{i}")
         core.add_request(EngineRequest(ids[-1], p, sp, time.monotonic(), []))
     times: dict[str, list[float]] = {}
+    toks: dict[str, list[int]] = {}
     cuda = core.runner.device.type == "cuda"
     while core.has_unfinished():
         outs = core.step()
@@ -79,6 +84,9 @@ def run(core, prompts: list[list[int]], new: int) -> list[list[float]]:
         now = time.perf_counter() - t0
         for o in outs:
             times.setdefault(o.request_id, []).extend([now] * len(o.new_token_ids))
+            toks.setdefault(o.request_id, []).extend(o.new_token_ids)
+    if tokens is not None:
+        tokens.extend(toks[i] for i in ids)
     return [times[i] for i in ids]
 
 
@@ -118,6 +126,8 @@ def parse_policy(spec: str) -> tuple[str, int | None]:
     from onecard.kernels import paths
 
     name, _, n = spec.partition(":")
+    if name == "moeblock":
+        return "fill", None
     if name == "sweep":
         if n not in SWEEP_KNOBS:
             raise SystemExit(f"--policies: {spec!r}: no knobs for {n!r} (give --sweep attn_sweep.json)")
@@ -146,6 +156,7 @@ class Policies:
                 runner.capture_graphs()
                 self.graphs[spec] = runner.graphs
         paths.set_split_kv_policy(None)
+        paths.set_moe_block1(None)
         paths.set_decode_attention_override()
 
     @staticmethod
@@ -153,6 +164,7 @@ class Policies:
         from onecard.kernels import paths
 
         paths.set_split_kv_policy(*parse_policy(spec))
+        paths.set_moe_block1(True if spec == "moeblock" else None)
         paths.set_decode_attention_override(**SWEEP_KNOBS.get(spec.partition(":")[2], {})
                                             if spec.startswith("sweep:") else {})
 
@@ -192,10 +204,11 @@ def scenario(core, pol: Policies, bs: int, ctx: int, new: int, vocab: int, bw: f
     run(core, prompts, 2)                                                 # prefill once: the prefix cache keeps it
     prefill_s = time.perf_counter() - t0
     runs: dict[str, list[float]] = {s: [] for s in pol.specs}
+    tokens: dict[str, list[list[int]]] = {s: [] for s in pol.specs}
     for rep in range(DECODE_REPEATS):                                     # alternate, the order flipped each time
         for spec in (pol.specs if rep % 2 == 0 else pol.specs[::-1]):
             pol.use(spec)
-            runs[spec].append(tpot(run(core, prompts, new)))
+            runs[spec].append(tpot(run(core, prompts, new, tokens[spec] if rep == 0 else None)))
     res = {"batch": bs, "context": ctx, "new_tokens": new, "first_prefill_s": prefill_s,
            "kv_gb_per_step": bs * ctx * KV_BYTES_PER_TOKEN / 1e9, "policies": {}}
     b = step_bytes(bs, ctx + new // 2) if bw is not None else None       # the context grows during the run
@@ -204,7 +217,9 @@ def scenario(core, pol: Policies, bs: int, ctx: int, new: int, vocab: int, bw: f
     for spec, r in runs.items():
         med = statistics.median(r)
         row = {"tpot_ms": med * 1e3, "tok_s": bs / med, "tok_s_min": bs / max(r), "tok_s_max": bs / min(r),
-               "tpot_ms_runs": [x * 1e3 for x in r], "split": pol.segments(spec, bs, ctx + new // 2)}
+               "tpot_ms_runs": [x * 1e3 for x in r], "split": pol.segments(spec, bs, ctx + new // 2),
+               # greedy tokens of the first repeat equal to the first policy's (fp32 atomics may differ in order)
+               "tokens_equal_first_policy": tokens[spec] == tokens[pol.specs[0]]}
         if b is not None:
             row["floor_fraction"] = (b / bw) / med
         res["policies"][spec] = row
@@ -228,10 +243,17 @@ def main(argv: list[str]) -> dict:
         i = argv.index("--sweep")
         specs += [sp for sp in sweep_knobs(argv[i + 1]) if sp not in specs]
         argv = argv[:i] + argv[i + 2:]
+    only = None
+    if "--scenarios" in argv:                                             # e.g. 1x512,1x32768,16x512
+        i = argv.index("--scenarios")
+        only = {tuple(int(v) for v in sc.split("x")) for sc in argv[i + 1].split(",")}
+        argv = argv[:i] + argv[i + 2:]
     for spec in specs:
         parse_policy(spec)
     model_dir, out = [a for a in argv if a != "--cpu"][:2]
     scen = CPU_SCENARIOS if cpu else SCENARIOS
+    if only is not None:
+        scen = tuple(sc for sc in scen if sc in only)
     new = 8 if cpu else NEW_TOKENS
     t0 = time.perf_counter()
     core = engine(model_dir, max(c for _, c in scen), cpu)

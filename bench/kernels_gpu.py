@@ -25,6 +25,13 @@ H, HQ, HKV, D, E, TOPK, I, G = 2048, 32, 4, 128, 128, 8, 768, 128
 DEV = torch.device("cuda")
 
 
+# fused_moe/block1.py's variants timed beside the three-launch norm_moe (label, block1.set_variant knobs)
+BLOCK1_VARIANTS = [("one launch", {}), ("one launch ps8", {"per_sm": 8}), ("2 launches", {"route_in": False}),
+                   ("2 launches ps8", {"route_in": False, "per_sm": 8}),
+                   ("2 launches noticket", {"route_in": False, "ticket": False}),
+                   ("one launch noticket", {"ticket": False})]
+
+
 def rand_gptq(k: int, n: int, experts: int | None = None) -> GPTQWeight:
     lead = () if experts is None else (experts,)
     return GPTQWeight(
@@ -78,6 +85,7 @@ def cases(quick: bool):
     from onecard.kernels.activation import triton as act_t
     from onecard.kernels.attention import ref as at_r
     from onecard.kernels.attention import triton as at_t
+    from onecard.kernels.fused_moe import block1
     from onecard.kernels.fused_moe import ref as moe_r
     from onecard.kernels.fused_moe import triton as moe_t
     from onecard.kernels.gptq_gemm import ref as g_r
@@ -120,15 +128,20 @@ def cases(quick: bool):
                lambda x=x, r=r: torch.cat(moe_r.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True)),
                TOPK * per_expert + E * H * 2)
         if t == 1:
-            def one_launch(x=x, r=r):                    # fused_moe/block1.py: the block as one launch
-                paths.set_moe_block1(True)
-                try:
-                    return torch.cat(moe_t.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True))
-                finally:
-                    paths.set_moe_block1(None)
-            yield ("norm_moe T=1 one launch (block1)", one_launch,
-                   lambda x=x, r=r: torch.cat(moe_r.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True)),
-                   TOPK * per_expert + E * H * 2)
+            # fused_moe/block1.py: the block as one launch, and its design variants (block1.set_variant); those
+            # whose roles come from program ids last (they rely on in-order dispatch)
+            for label, knobs in BLOCK1_VARIANTS:
+                def one_launch(x=x, r=r, knobs=knobs):
+                    paths.set_moe_block1(True)
+                    block1.set_variant(**knobs)
+                    try:
+                        return torch.cat(moe_t.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True))
+                    finally:
+                        paths.set_moe_block1(None)
+                        block1.set_variant()
+                yield (f"norm_moe T=1 block1 {label}", one_launch,
+                       lambda x=x, r=r: torch.cat(moe_r.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True)),
+                       TOPK * per_expert + E * H * 2)
 
             def chain(x=x, r=r):
                 h, res = n_t.rms_norm(x, nw, 1e-6, r)

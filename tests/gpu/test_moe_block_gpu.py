@@ -24,7 +24,9 @@ def _gptq(k: int, n: int, dev):
                       g_idx=None, group_size=G, in_features=k, out_features=n)
 
 
-def test_one_launch_block_in_a_graph_equals_the_reference():
+@pytest.mark.parametrize("variant", [{}, {"route_in": False}, {"ticket": False}, {"route_in": False, "ticket": False}],
+                         ids=["one-launch", "route-launch", "no-ticket", "route-launch-no-ticket"])
+def test_one_launch_block_in_a_graph_equals_the_reference(variant):
     from onecard.kernels import paths, workspace
     from onecard.kernels.fused_moe import block1, ref
     from onecard.kernels.fused_moe import triton as tk
@@ -41,6 +43,7 @@ def test_one_launch_block_in_a_graph_equals_the_reference():
     assert block1.supported(xs[0], gate, TOPK, wg, wu, wd)
     want = [torch.cat(ref.norm_moe(x, r, nw, 1e-6, gate, wg, wu, wd, TOPK, True)).float() for x, r in zip(xs, rs)]
     paths.set_moe_block1(True)
+    block1.set_variant(**variant)
     try:
         eager = [torch.cat(tk.norm_moe(x, r, nw, 1e-6, gate, wg, wu, wd, TOPK, True)).float()
                  for x, r in zip(xs, rs)]
@@ -52,6 +55,7 @@ def test_one_launch_block_in_a_graph_equals_the_reference():
                 outs.append(torch.cat([o, res.float()]))
     finally:
         paths.set_moe_block1(None)
+        block1.set_variant()
     rel = lambda a, b: float((a.double() - b.double()).norm() / b.double().norm())
     assert max(rel(a, b) for a, b in zip(eager, want)) < 1e-2
     worst = 0.0

@@ -39,12 +39,15 @@ MOE = [(1, 64, 32, 8, 2, True, False), (3, 72, 40, 6, 3, False, False), (17, 128
 # of E; no residual; E not a power of two) and T > 1 (RMSNorm + router + fused_moe)
 NORM_MOE = [(1, 64, 32, 8, 2, True, True), (1, 200, 48, 6, 3, False, True), (1, 128, 40, 16, 4, True, False),
             (3, 64, 32, 8, 2, True, True)]
-# (H, I, E, top_k, renormalize, residual?): the batch-1 MoE block in one launch (fused_moe/block1.py, g128 GPTQ):
-# one K split per gate/up program; down split 2 ways with a partial last split (I 192) fed by a ragged column tile
-# count; gate/up programs of 4 tiles (their loads one tile ahead); 4 down splits; no residual, E not a power of 2.
-# Each case calls twice: the second call finds the state its first left (it must be all zero again).
-MOE_BLOCK = [(256, 128, 8, 2, True, True), (256, 192, 16, 4, False, True), (1024, 256, 8, 4, True, True),
-             (256, 512, 8, 2, True, True), (384, 256, 6, 3, False, False)]
+# (H, I, E, top_k, renormalize, residual?, block1.set_variant knobs): the batch-1 MoE block in one launch
+# (fused_moe/block1.py, g128 GPTQ): one K split per gate/up program; down split 2 ways with a partial last split
+# (I 192) fed by a ragged column tile count; gate/up programs of 4 tiles (their loads one tile ahead); 4 down
+# splits; no residual, E not a power of 2; the variants: routing from batch1's launch, roles from program ids,
+# another split target. Each case calls twice: the second call finds the state its first left (all zero again).
+MOE_BLOCK = [(256, 128, 8, 2, True, True, {}), (256, 192, 16, 4, False, True, {"route_in": False}),
+             (1024, 256, 8, 4, True, True, {"ticket": False}),
+             (256, 512, 8, 2, True, True, {"route_in": False, "ticket": False, "per_sm": 8}),
+             (384, 256, 6, 3, False, False, {})]
 # (seq_lens, query_lens, Hq, Hkv, block_size, num_decode_tokens): prefill, chunk over prefix, split-KV decode
 ATTN = [([5, 9, 1], [5, 9, 1], 8, 2, 4, 0), ([7, 70, 33], [1, 4, 1], 6, 2, 16, 1),
         ([130, 2100], [1, 1], 4, 1, 16, 2), ([17], [17], 4, 4, 8, 0)]
@@ -109,7 +112,7 @@ def _moe_block_case(i: int, dt, seed: int) -> float | str:
     from onecard.kernels.fused_moe import block1, ref
     from onecard.kernels.fused_moe import triton as tk
 
-    h, inter, e, top_k, renorm, has_res = MOE_BLOCK[i]
+    h, inter, e, top_k, renorm, has_res, variant = MOE_BLOCK[i]
     x, res = torch.randn(1, h).to(dt), (torch.randn(1, h).to(dt) if has_res else None)
     nw, gate = (1 + 0.1 * torch.randn(h)).to(dt), (torch.randn(e, h) / math.sqrt(h)).to(dt)
     ws = [random_gptq(h, inter, 128, experts=e, seed=seed + 1)[0], random_gptq(h, inter, 128, experts=e, seed=seed + 2)[0],
@@ -119,6 +122,7 @@ def _moe_block_case(i: int, dt, seed: int) -> float | str:
         return "error: block1.supported refused the case"
     state = workspace.counters(torch.device("cpu"), "moe_block", workspace.REGION_SIZE)
     paths.set_moe_block1(True)
+    block1.set_variant(**variant)
     try:
         worst = 0.0
         for _ in range(2):
@@ -131,6 +135,7 @@ def _moe_block_case(i: int, dt, seed: int) -> float | str:
         return worst
     finally:
         paths.set_moe_block1(None)
+        block1.set_variant()
 
 
 def _fp8_case(name: str, seed: int) -> float:

@@ -77,6 +77,15 @@ def _poll(ptr, at_least):
 
 
 @triton.jit
+def _expert(ptr, POLL: tl.constexpr):
+    """active[slot] (expert + 1): polled until published in this grid (POLL), else written by the launch
+    before (complete after the PDL wait; from L2)."""
+    if POLL:
+        return _poll(ptr, 1)
+    return tl.load(ptr, cache_modifier=".cg")
+
+
+@triton.jit
 def _cg_row(row_ptr, r, j: tl.constexpr, r_mask):
     """gemv_tile_mac INPUT: inputs 8r + j of hn, read from L2 (written by other programs of this grid)."""
     return tl.load(row_ptr + r * 8 + j, mask=r_mask, other=0.0, cache_modifier=".cg").to(tl.float32)
@@ -99,22 +108,29 @@ def _gated_partials(src, r, j: tl.constexpr, r_mask):
 @triton.jit(do_not_specialize=["s1", "per1", "s2", "per2"])
 def _moe_block_kernel(x_ptr, res_ptr, nw_ptr, gate_ptr, h_ptr, res_out_ptr, logits_ptr, topk_w_ptr,
                       qg_ptr, zg_ptr, sg_ptr, qu_ptr, zu_ptr, su_ptr, qd_ptr, zd_ptr, sd_ptr,
-                      part_ptr, out32_ptr, state_ptr,
+                      part_ptr, out32_ptr, state_ptr, active_ptr,
                       H, E, I, group1, groups1, group2, groups2, eps, tiles1, s1, per1, tiles2, s2, per2,
                       TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_E: tl.constexpr,
                       BLOCK_S1: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K8: tl.constexpr,
-                      RENORM: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr):
+                      RENORM: tl.constexpr, HAS_RES: tl.constexpr, ROUTE_IN: tl.constexpr, TICKET: tl.constexpr,
+                      PDL: tl.constexpr):
+    """ROUTE_IN: the route role is in this grid (its first E programs), active_ptr in the state, polled; else
+    batch1's norm-route launch just before wrote hn, the routing and active (read after the PDL wait).
+    TICKET: roles from an atomic ticket (deadlock-free in any dispatch order), else from the program id."""
+    n_route = E if ROUTE_IN else 0
     p1 = TOP_K * s1 * 2 * tiles1                                          # gate/up programs
-    total = E + p1 + TOP_K * s2 * tiles2
-    tid = tl.atomic_add(state_ptr, 1, sem="relaxed")                      # the ticket: this program's role
-    if tid == total - 1:
-        tl.atomic_xchg(state_ptr, 0, sem="relaxed")                       # every other ticket is taken
+    if TICKET:
+        total = n_route + p1 + TOP_K * s2 * tiles2
+        tid = tl.atomic_add(state_ptr, 1, sem="relaxed")                  # the ticket: this program's role
+        if tid == total - 1:
+            tl.atomic_xchg(state_ptr, 0, sem="relaxed")                   # every other ticket is taken
+    else:
+        tid = tl.program_id(0)
     cnt_ptr = state_ptr + 1
-    active_ptr = state_ptr + 2
-    ready_ptr = active_ptr + TOP_K
+    ready_ptr = state_ptr + 2 + TOP_K
     done_ptr = ready_ptr + TOP_K * s2
     slot_done_ptr = done_ptr + TOP_K * s2
-    if tid < E:
+    if tid < n_route:
         # ---- route: batch1's norm-route share, then the last arriver publishes the routing
         offs = tl.arange(0, BLOCK_H)
         m = offs < H
@@ -130,12 +146,15 @@ def _moe_block_kernel(x_ptr, res_ptr, nw_ptr, gate_ptr, h_ptr, res_out_ptr, logi
             tl.debug_barrier()
             tl.atomic_xchg(active_ptr + offs_k, ids + 1, mask=k_mask, sem="release")
     else:
-        if PDL:
-            gdc_launch_dependents()
+        if ROUTE_IN:
+            if PDL:
+                gdc_launch_dependents()
+        else:
+            pdl_enter(PDL)
         offs_r = tl.arange(0, BLOCK_K8)
-        if tid < E + p1:
+        if tid < n_route + p1:
             # ---- gate/up: (slot, split, mat, column tile) -> partial sums of hn @ W_mat[e][:, tile]
-            q = tid - E
+            q = tid - n_route
             per_slot = s1 * 2 * tiles1
             slot = q // per_slot
             rem = q - slot * per_slot
@@ -143,7 +162,7 @@ def _moe_block_kernel(x_ptr, res_ptr, nw_ptr, gate_ptr, h_ptr, res_out_ptr, logi
             nt = rem - split * 2 * tiles1
             mat = nt // tiles1
             tile = nt - mat * tiles1
-            e = (_poll(active_ptr + slot, 1) - 1).to(tl.int64)
+            e = (_expert(active_ptr + slot, ROUTE_IN) - 1).to(tl.int64)
             if mat == 0:
                 q_ptr, z_ptr, s_ptr = qg_ptr, zg_ptr, sg_ptr
             else:
@@ -174,13 +193,13 @@ def _moe_block_kernel(x_ptr, res_ptr, nw_ptr, gate_ptr, h_ptr, res_out_ptr, logi
             tl.atomic_add(ready_ptr + slot * s2 + j2, 1, sem="release")
         else:
             # ---- down: (slot, split, column tile) -> out32[tile] += w_slot * (silu(g) * u) @ Wd[e][K split, tile]
-            q = tid - E - p1
+            q = tid - n_route - p1
             per_slot = s2 * tiles2
             slot = q // per_slot
             rem = q - slot * per_slot
             split = rem // tiles2
             tile = rem - split * tiles2
-            e = (_poll(active_ptr + slot, 1) - 1).to(tl.int64)
+            e = (_expert(active_ptr + slot, ROUTE_IN) - 1).to(tl.int64)
             k8 = I // 8
             q_ptr = qd_ptr + e * k8 * H
             z_ptr = zd_ptr + e * groups2 * (H // 8)
@@ -209,14 +228,30 @@ def _moe_block_kernel(x_ptr, res_ptr, nw_ptr, gate_ptr, h_ptr, res_out_ptr, logi
             # bookkeeping: the last down program of (slot, split) resets its counters, the last split the slot
             if last_arrival(done_ptr + slot * s2 + split, tiles2):
                 tl.atomic_xchg(ready_ptr + slot * s2 + split, 0, sem="relaxed")
-                if last_arrival(slot_done_ptr + slot, s2):
-                    tl.atomic_xchg(active_ptr + slot, 0, sem="relaxed")
+                if ROUTE_IN:  # noqa: SIM102  (a constexpr: the inner if is a launch-time branch)
+                    if last_arrival(slot_done_ptr + slot, s2):
+                        tl.atomic_xchg(active_ptr + slot, 0, sem="relaxed")
+
+
+class _Variant:
+    """The design knobs (benchmarks A/B them: ``set_variant``): route in the grid (else batch1's norm-route launch
+    first), roles from tickets (else program ids), programs per SM the splits aim at (None: decode1's)."""
+
+    route_in = True
+    ticket = True
+    per_sm: int | None = None
+
+
+def set_variant(route_in: bool = True, ticket: bool = True, per_sm: int | None = None) -> None:
+    """For benchmarks: the knobs of every later launch (no argument: the defaults)."""
+    _Variant.route_in, _Variant.ticket, _Variant.per_sm = route_in, ticket, per_sm
 
 
 def _geometry(h: int, inter: int, top_k: int, device: torch.device) -> tuple[int, int, int, int, int, int]:
     """-> (tiles1, s1, per1, tiles2, s2, per2): column tiles and K splits of the two stages, as stages.moe_stages
-    chooses them (the decode1 split target)."""
+    chooses them (the decode1 split target unless the variant sets one)."""
     _, bn, bk8, _, _, per_sm = DECODE_CONFIGS[CONFIG]
+    per_sm = _Variant.per_sm or per_sm
     tiles1 = triton.cdiv(inter, bn)
     s1, per1 = _split(2 * tiles1 * top_k, triton.cdiv(h // 8, bk8), device, per_sm)
     tiles2 = triton.cdiv(h, bn)
@@ -253,15 +288,26 @@ def norm_moe(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.
     part = torch.empty(s1, top_k, 2 * n1, dtype=torch.float32, device=dev)   # [S1, k, 2I] gate | up partials
     out32 = torch.empty(1, h, dtype=torch.float32, device=dev)
     state = workspace.counters(dev, "moe_block", state_words(top_k, s2))
-    grid = e + top_k * (s1 * 2 * tiles1 + s2 * tiles2)
+    route_in, ticket = _Variant.route_in, _Variant.ticket
     use_pdl = pdl(dev, 1)
+    if route_in:
+        active = state[2:2 + top_k]
+    else:                                       # batch1's norm-route launch: hn, residual_out, routing, out32 zeros
+        active = torch.empty(top_k, dtype=torch.int32, device=dev)
+        ids = torch.empty(top_k, dtype=torch.int32, device=dev)
+        batch1._norm_route_kernel[(e,)](
+            x, residual if residual is not None else x, norm_weight, gate, hn, res_out, logits, topk_w, ids, active,
+            out32, out32, workspace.counters(dev, "router", 1), h, e, 0, eps, TOP_K=top_k,
+            BLOCK_K=next_pow2(top_k), BLOCK_H=next_pow2(h), BLOCK_E=next_pow2(e), RENORM=renormalize,
+            HAS_RES=residual is not None, PDL=use_pdl, num_warps=batch1.NORM_ROUTE_WARPS, launch_pdl=use_pdl)
+    grid = (e if route_in else 0) + top_k * (s1 * 2 * tiles1 + s2 * tiles2)
     _moe_block_kernel[(grid,)](
         x, residual if residual is not None else x, norm_weight, gate, hn, res_out, logits, topk_w,
-        qg, zg, sg, qu, zu, su, qd, zd, sd, part, out32, state,
+        qg, zg, sg, qu, zu, su, qd, zd, sd, part, out32, state, active,
         h, e, n1, gs1, ng1, gs2, ng2, eps, tiles1, s1, per1, tiles2, s2, per2,
         TOP_K=top_k, BLOCK_K=next_pow2(top_k), BLOCK_H=next_pow2(h), BLOCK_E=next_pow2(e),
         BLOCK_S1=next_pow2(s1), BLOCK_N=bn, BLOCK_K8=bk8, RENORM=renormalize, HAS_RES=residual is not None,
-        PDL=use_pdl, num_warps=warps, num_stages=stages, launch_pdl=use_pdl)
+        ROUTE_IN=route_in, TICKET=ticket, PDL=use_pdl, num_warps=warps, num_stages=stages, launch_pdl=use_pdl)
     return out32, res_out
 
 
@@ -271,12 +317,12 @@ def aot_configs(act: str, min_cc: int, block_s1: int = 8) -> list[AotConfig]:
     out: list[AotConfig] = []
     for renorm in (True, False):
         cx = dict(TOP_K=8, BLOCK_K=8, BLOCK_H=2048, BLOCK_E=128, BLOCK_S1=block_s1, BLOCK_N=bn, BLOCK_K8=bk8,
-                  RENORM=renorm, HAS_RES=True, PDL=False)
+                  RENORM=renorm, HAS_RES=True, ROUTE_IN=True, TICKET=True, PDL=False)
         args = dict(x_ptr=f"*{act}", res_ptr=f"*{act}", nw_ptr=f"*{act}", gate_ptr=f"*{act}", h_ptr=f"*{act}",
                     res_out_ptr=f"*{act}", logits_ptr=f"*{act}", topk_w_ptr="*fp32",
                     qg_ptr="*i32", zg_ptr="*i32", sg_ptr="*fp16", qu_ptr="*i32", zu_ptr="*i32", su_ptr="*fp16",
                     qd_ptr="*i32", zd_ptr="*i32", sd_ptr="*fp16", part_ptr="*fp32", out32_ptr="*fp32",
-                    state_ptr="*i32", H="i32", E="i32", I="i32", group1="i32", groups1="i32", group2="i32",
+                    state_ptr="*i32", active_ptr="*i32", H="i32", E="i32", I="i32", group1="i32", groups1="i32", group2="i32",
                     groups2="i32", eps="fp32", tiles1="i32", s1="i32", per1="i32", tiles2="i32", s2="i32",
                     per2="i32")
         out.append(AotConfig(_moe_block_kernel, signature(args, cx), cx, warps, stages, min_cc,
@@ -284,4 +330,4 @@ def aot_configs(act: str, min_cc: int, block_s1: int = 8) -> list[AotConfig]:
     return out
 
 
-__all__ = ["aot_configs", "norm_moe", "state_words", "supported"]
+__all__ = ["aot_configs", "norm_moe", "set_variant", "state_words", "supported"]

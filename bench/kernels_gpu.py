@@ -2,7 +2,7 @@
 error) and timing: triton.testing.do_bench median ("triton us", includes Python launch overhead) and CUDA-graph
 replay ("graph us": the op captured in a torch.cuda.CUDAGraph, 20 copies per graph, timed with events over
 replays; what the served model sees), with achieved GB/s from the graph time. Prints a table; writes JSON to
-$OUT/kernels_gpu.json when OUT is set.  Usage: python bench/kernels_gpu.py [--quick] [--only SUBSTRING]
+$OUT/kernels_gpu.json when OUT is set.  Usage: python bench/kernels_gpu.py [--quick]
 """
 from __future__ import annotations
 
@@ -23,13 +23,6 @@ from onecard.kernels.types import GPTQWeight
 
 H, HQ, HKV, D, E, TOPK, I, G = 2048, 32, 4, 128, 128, 8, 768, 128
 DEV = torch.device("cuda")
-
-
-# fused_moe/block1.py's variants timed beside the three-launch norm_moe (label, block1.set_variant knobs)
-BLOCK1_VARIANTS = [("one launch", {}), ("one launch ps8", {"per_sm": 8}), ("2 launches", {"route_in": False}),
-                   ("2 launches ps8", {"route_in": False, "per_sm": 8}),
-                   ("2 launches noticket", {"route_in": False, "ticket": False}),
-                   ("one launch noticket", {"ticket": False})]
 
 
 def rand_gptq(k: int, n: int, experts: int | None = None) -> GPTQWeight:
@@ -77,7 +70,6 @@ def bench_graph(fn, copies: int = 20, replays: int = 20) -> float:
 
 
 def cases(quick: bool):
-    from onecard.kernels import paths
     from onecard.kernels.triton_common import set_pdl
 
     set_pdl(int(os.environ.get("ONECARD_PDL_MAX_TOKENS", "1")))          # as the runner does from Env
@@ -85,7 +77,6 @@ def cases(quick: bool):
     from onecard.kernels.activation import triton as act_t
     from onecard.kernels.attention import ref as at_r
     from onecard.kernels.attention import triton as at_t
-    from onecard.kernels.fused_moe import block1
     from onecard.kernels.fused_moe import ref as moe_r
     from onecard.kernels.fused_moe import triton as moe_t
     from onecard.kernels.gptq_gemm import ref as g_r
@@ -128,21 +119,6 @@ def cases(quick: bool):
                lambda x=x, r=r: torch.cat(moe_r.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True)),
                TOPK * per_expert + E * H * 2)
         if t == 1:
-            # fused_moe/block1.py: the block as one launch, and its design variants (block1.set_variant); those
-            # whose roles come from program ids last (they rely on in-order dispatch)
-            for label, knobs in BLOCK1_VARIANTS:
-                def one_launch(x=x, r=r, knobs=knobs):
-                    paths.set_moe_block1(True)
-                    block1.set_variant(**knobs)
-                    try:
-                        return torch.cat(moe_t.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True))
-                    finally:
-                        paths.set_moe_block1(None)
-                        block1.set_variant()
-                yield (f"norm_moe T=1 block1 {label}", one_launch,
-                       lambda x=x, r=r: torch.cat(moe_r.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True)),
-                       TOPK * per_expert + E * H * 2)
-
             def chain(x=x, r=r):
                 h, res = n_t.rms_norm(x, nw, 1e-6, r)
                 return torch.cat([moe_t.fused_moe(h, moe_t.moe_router(h, wr), wg, wu, wd, TOPK, True), res])
@@ -219,12 +195,9 @@ def cases(quick: bool):
 
 def main() -> None:
     quick = "--quick" in sys.argv
-    only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else ""
     rows = []
     print(f"{'op':40s} {'rel_err':>9s} {'triton us':>10s} {'graph us':>9s} {'ref us':>10s} {'GB/s':>8s}")
     for name, tri, rf, nbytes in cases(quick):
-        if only not in name:
-            continue
         err = rel(tri(), rf())
         t_ms, r_ms = bench(tri), bench(rf)
         g_us = bench_graph(tri)

@@ -17,9 +17,7 @@ per SM instead of paths.SPLIT_CTAS_PER_SM (a sweep of the one tunable). Each row
 graph's attention launches with and how many of them the context fills. ``--sweep attn_sweep.json`` adds the
 policies "sweep:1x32k" and "sweep:16x8k": "fill" with the decode-attention knobs bench/attn_sweep.py found fastest
 for that case (kernels/paths.set_decode_attention_override; forced segment counts are not carried over).
-Policy "moeblock" (issue 25 item 2) is "fill" with the batch-1 MoE block as one launch (fused_moe/block1.py,
-kernels/paths.set_moe_block1), "moeblock:KNOBS" one of its design variants (``moe_block_variant``); every row
-reports whether its greedy tokens equal the first policy's.
+Every row reports whether its greedy tokens equal the first policy's.
 ``--scenarios 1x512,1x32768`` keeps only those (batch x context) scenarios.
 
 Usage (repo root, a GPU, the checkpoint of ``python bench/full_size.py build /tmp/q30``):
@@ -127,9 +125,6 @@ def parse_policy(spec: str) -> tuple[str, int | None]:
     from onecard.kernels import paths
 
     name, _, n = spec.partition(":")
-    if name == "moeblock":
-        moe_block_variant(spec)
-        return "fill", None
     if name == "sweep":
         if n not in SWEEP_KNOBS:
             raise SystemExit(f"--policies: {spec!r}: no knobs for {n!r} (give --sweep attn_sweep.json)")
@@ -137,22 +132,6 @@ def parse_policy(spec: str) -> tuple[str, int | None]:
     if name not in paths.SPLIT_KV_POLICIES or (n and not n.isdigit()):
         raise SystemExit(f"--policies: {spec!r} is not one of {paths.SPLIT_KV_POLICIES} (optionally NAME:N)")
     return name, int(n) if n else None
-
-
-def moe_block_variant(spec: str) -> dict:
-    """"moeblock" -> {} (block1's defaults); "moeblock:noroute-noticket-ps8" -> block1.set_variant's knobs
-    (noroute: batch1's norm-route launch first; noticket: roles from program ids; psN: N programs per SM)."""
-    knobs: dict = {}
-    for word in filter(None, spec.partition(":")[2].split("-")):
-        if word == "noroute":
-            knobs["route_in"] = False
-        elif word == "noticket":
-            knobs["ticket"] = False
-        elif word.startswith("ps") and word[2:].isdigit():
-            knobs["per_sm"] = int(word[2:])
-        else:
-            raise SystemExit(f"--policies: {spec!r}: {word!r} is not noroute, noticket or psN")
-    return knobs
 
 
 def main_policy(specs: list[str]) -> str:
@@ -174,18 +153,13 @@ class Policies:
                 runner.capture_graphs()
                 self.graphs[spec] = runner.graphs
         paths.set_split_kv_policy(None)
-        paths.set_moe_block1(None)
         paths.set_decode_attention_override()
 
     @staticmethod
     def _set(spec: str) -> None:
         from onecard.kernels import paths
-        from onecard.kernels.fused_moe import block1
 
         paths.set_split_kv_policy(*parse_policy(spec))
-        block_on = spec.partition(":")[0] == "moeblock"
-        paths.set_moe_block1(True if block_on else None)
-        block1.set_variant(**(moe_block_variant(spec) if block_on else {}))
         paths.set_decode_attention_override(**SWEEP_KNOBS.get(spec.partition(":")[2], {})
                                             if spec.startswith("sweep:") else {})
 

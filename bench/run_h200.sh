@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU facts, kernel checks, tiny-checkpoint engine checks, the full-size benchmark.
 # Usage (repo root, on the H200): OUT=/some/dir bash bench/run_h200.sh [parts...]
-# parts: moeblock specverify apimem probe kernels checks full asyncab kvdtype capab capbisect hosttier loadab nopdl pdl16 emu70 longctx attnsweep gputests startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
+# parts: specverify apimem probe kernels checks full asyncab kvdtype capab capbisect hosttier loadab nopdl pdl16 emu70 longctx attnsweep gputests startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
 #   emu70: the full-size bench with every kernel-path decision on sm70's branch (ONECARD_EMULATE_CC=70): run it
 #          beside `full` in one call for the relative figure (a functional check, not a V100 timing)
 #   specverify: issue 30: verify-step latency vs tokens per sequence (1..9) at batch 1 and 16 (the cost model's
@@ -73,21 +73,6 @@ for p in $parts; do
           timeout 330 python3 bench/long_context.py /tmp/q30 "$OUT/long_context.json" \
               --policies "${LONGCTX_POLICIES:-legacy,fill,fill:5}" \
               $([ -f "$OUT/attn_sweep.json" ] && echo --sweep "$OUT/attn_sweep.json") ;;
-    moeblock) log moe_block  # issue 25 item 2: the batch-1 MoE block in one launch (fused_moe/block1.py) and its
-          # design variants: races (a graph of 48 launches replayed 50 times vs the reference, per variant), the
-          # block alone in a graph (three launches vs the variants), then the full model at 512 tokens, fill vs the
-          # variants alternating (MOEBLOCK_POLICIES; those with roles from program ids in a second process) (~5 min)
-          timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_moe_block_gpu.py > "$OUT/moe_block_test.txt" 2>&1
-          rc=$?; tail -8 "$OUT/moe_block_test.txt"
-          timeout 150 python3 bench/kernels_gpu.py --only "norm_moe T=1"
-          if [ $rc = 0 ]; then
-            [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30
-            timeout 200 python3 bench/long_context.py /tmp/q30 "$OUT/moe_block.json" \
-                --policies "${MOEBLOCK_POLICIES:-fill,moeblock,moeblock:noroute,moeblock:noroute-ps8,moeblock:ps8}" \
-                --scenarios "${MOEBLOCK_SCENARIOS:-1x512}" | tail -12
-            timeout 150 python3 bench/long_context.py /tmp/q30 "$OUT/moe_block_noticket.json" \
-                --policies fill,moeblock:noroute-noticket,moeblock:noticket --scenarios 1x512 | tail -6
-          fi ;;
     attnsweep) log attn_sweep  # issue 25 item 3: one call of <= 400 s; JSON + a short table
           timeout 390 python3 bench/attn_sweep.py "$OUT/attn_sweep.json" --budget "${ATTN_BUDGET:-320}" ;;
     gputests) log gputests; timeout 590 python3 -m pytest -x -q -p no:cacheprovider tests/gpu 2>&1 | tail -15 ;;

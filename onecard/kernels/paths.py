@@ -55,10 +55,6 @@ LEGACY_MAX_SEGMENTS = 16              # ... under the "legacy" policy (the one b
 # default until measured (bench/spec_verify.py --split-small-q A/Bs it); ``set_small_q_split`` turns it on.
 SPLIT_MAX_QUERY = 16
 SPLIT_SMALL_Q = False
-# The batch-1 MoE block in one launch (fused_moe/block1.py: norm-route, gate/up and down as roles of one grid,
-# chained by flags) instead of three (batch1.py): off until the full model measures it faster
-# (bench/long_context.py --policies fill,moeblock); ``set_moe_block1`` turns it on.
-MOE_BLOCK1 = False
 # Resident decode-attention CTAs per SM that split-KV aims to fill (one wave): sm80+ tiles (64 keys, 4 warps) at
 # the served shape compile for sm90 to 96 registers / 38 KB shared (fp16 KV: 5 fit) and 164 registers / 22 KB
 # (fp8_e5m2 KV: 3 fit), so 3 is one full wave for both; below sm80 (32 keys, 8 warps, 210 registers) 1 fits.
@@ -273,23 +269,6 @@ def set_small_q_split(on: bool | None) -> None:
     _SplitKvPolicy.small_q = on
 
 
-class _MoeBlock:
-    """Set by ``set_moe_block1`` (tests, benches); None: the table's MOE_BLOCK1. Serving never sets it."""
-
-    on: bool | None = None
-
-
-def set_moe_block1(on: bool | None) -> None:
-    """The batch-1 MoE block in one launch (fused_moe/block1.py) on or off in this process; None: the table's
-    MOE_BLOCK1. CUDA graphs keep the choice they were captured with."""
-    _MoeBlock.on = on
-
-
-def moe_block1() -> bool:
-    """Whether a batch-1 MoE block (where block1.supported) runs as one launch."""
-    return MOE_BLOCK1 if _MoeBlock.on is None else _MoeBlock.on
-
-
 def small_q_split() -> bool:
     """Whether launches of at most SPLIT_MAX_QUERY query rows per sequence (not decode-only) are split."""
     return SPLIT_SMALL_Q if _SplitKvPolicy.small_q is None else _SplitKvPolicy.small_q
@@ -495,13 +474,11 @@ __all__ = [
     "device_props",
     "emulated_capability",
     "grouped_gemm_dtype",
-    "moe_block1",
     "next_pow2",
     "per_expert_moe",
     "real_capability",
     "set_decode_attention_override",
     "set_emulated_capability",
-    "set_moe_block1",
     "set_small_q_split",
     "set_split_kv_policy",
     "small_q_split",

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 # region -> first counter; each region is REGION_SIZE int32 words
-REGIONS = {"gemm": 0, "moe": 1, "attention": 2, "router": 3, "moe_block": 4}
+REGIONS = {"gemm": 0, "moe": 1, "attention": 2, "router": 3}
 REGION_SIZE = 1 << 14
 
 _COUNTERS: dict[str, torch.Tensor] = {}

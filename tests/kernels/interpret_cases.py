@@ -39,15 +39,6 @@ MOE = [(1, 64, 32, 8, 2, True, False), (3, 72, 40, 6, 3, False, False), (17, 128
 # of E; no residual; E not a power of two) and T > 1 (RMSNorm + router + fused_moe)
 NORM_MOE = [(1, 64, 32, 8, 2, True, True), (1, 200, 48, 6, 3, False, True), (1, 128, 40, 16, 4, True, False),
             (3, 64, 32, 8, 2, True, True)]
-# (H, I, E, top_k, renormalize, residual?, block1.set_variant knobs): the batch-1 MoE block in one launch
-# (fused_moe/block1.py, g128 GPTQ): one K split per gate/up program; down split 2 ways with a partial last split
-# (I 192) fed by a ragged column tile count; gate/up programs of 4 tiles (their loads one tile ahead); 4 down
-# splits; no residual, E not a power of 2; the variants: routing from batch1's launch, roles from program ids,
-# another split target. Each case calls twice: the second call finds the state its first left (all zero again).
-MOE_BLOCK = [(256, 128, 8, 2, True, True, {}), (256, 192, 16, 4, False, True, {"route_in": False}),
-             (1024, 256, 8, 4, True, True, {"ticket": False}),
-             (256, 512, 8, 2, True, True, {"route_in": False, "ticket": False, "per_sm": 8}),
-             (384, 256, 6, 3, False, False, {})]
 # (seq_lens, query_lens, Hq, Hkv, block_size, num_decode_tokens): prefill, chunk over prefix, split-KV decode
 ATTN = [([5, 9, 1], [5, 9, 1], 8, 2, 4, 0), ([7, 70, 33], [1, 4, 1], 6, 2, 16, 1),
         ([130, 2100], [1, 1], 4, 1, 16, 2), ([17], [17], 4, 4, 8, 0)]
@@ -87,7 +78,6 @@ CASES = ([f"gemm{i}-{dt}" for i in range(len(GEMM)) for dt in (F32, F16)] + ["de
          + [f"moe{i}-{w}-{dt}" for i in range(len(MOE)) for w in ("float", "gptq") for dt in (F32, F16)]
          + [f"router{i}-{dt}" for i in range(len(ROUTER)) for dt in (F32, F16)]
          + [f"norm_moe{i}-{w}-{dt}" for i in range(len(NORM_MOE)) for w in ("float", "gptq") for dt in (F32, F16)]
-         + [f"moeblock{i}-fp32" for i in range(len(MOE_BLOCK))] + [f"moeblock{i}-fp16" for i in (1, 2)]
          + [f"attn{i}-{dt}" for i in range(len(ATTN)) for dt in (F32, F16)]
          + [f"attn{i}-sm70-{dt}" for i in range(len(ATTN)) for dt in (F32, F16)]   # the tiles used below sm80
          + [f"store_kv-{dt}" for dt in (F32, F16)]
@@ -100,42 +90,6 @@ CASES = ([f"gemm{i}-{dt}" for i in range(len(GEMM)) for dt in (F32, F16)] + ["de
 
 def _rel(out, ref) -> float:
     return float((out.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
-
-
-def _moe_block_case(i: int, dt, seed: int) -> float | str:
-    """fused_moe/block1.py through the op (paths.set_moe_block1) against ref.norm_moe, twice; its zeroed state
-    (tickets, arrival counters, the published routing) must be zero again after each call."""
-    import torch
-    from kernels_testlib import random_gptq
-
-    from onecard.kernels import paths, workspace
-    from onecard.kernels.fused_moe import block1, ref
-    from onecard.kernels.fused_moe import triton as tk
-
-    h, inter, e, top_k, renorm, has_res, variant = MOE_BLOCK[i]
-    x, res = torch.randn(1, h).to(dt), (torch.randn(1, h).to(dt) if has_res else None)
-    nw, gate = (1 + 0.1 * torch.randn(h)).to(dt), (torch.randn(e, h) / math.sqrt(h)).to(dt)
-    ws = [random_gptq(h, inter, 128, experts=e, seed=seed + 1)[0], random_gptq(h, inter, 128, experts=e, seed=seed + 2)[0],
-          random_gptq(inter, h, 128, experts=e, seed=seed + 3)[0]]
-    args = (nw, 1e-6, gate, *ws, top_k, renorm)
-    if not block1.supported(x, gate, top_k, *ws):
-        return "error: block1.supported refused the case"
-    state = workspace.counters(torch.device("cpu"), "moe_block", workspace.REGION_SIZE)
-    paths.set_moe_block1(True)
-    block1.set_variant(**variant)
-    try:
-        worst = 0.0
-        for _ in range(2):
-            (o1, r1), (o2, r2) = tk.norm_moe(x, res, *args), ref.norm_moe(x, res, *args)
-            if o1.dtype != torch.float32:
-                return f"error: {o1.dtype} out, not the one-launch block's float32"
-            if int(state.count_nonzero()):
-                return f"error: state not zero after the call: {state.nonzero().flatten().tolist()[:8]}"
-            worst = max(worst, _rel(o1, o2), _rel(r1, r2))
-        return worst
-    finally:
-        paths.set_moe_block1(None)
-        block1.set_variant()
 
 
 def _fp8_case(name: str, seed: int) -> float:
@@ -320,8 +274,6 @@ def run_case(name: str, seed: int) -> float:
         from onecard.kernels.gptq_gemm import triton as tk
         w, _ = random_gptq(64, 24, 16, desc_act=True, seed=seed)
         return _rel(tk.dequantize(w, torch.float32), ref.dequantize_gptq(w))
-    if kind.startswith("moeblock"):
-        return _moe_block_case(int(kind[8:]), dt, seed)
     if kind.startswith("moe"):
         from onecard.kernels.fused_moe import ref
         from onecard.kernels.fused_moe import triton as tk

@@ -52,37 +52,6 @@ def _zero_share(ptr, n, part, parts, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def norm_route_share(x_ptr, res_ptr, nw, g, h_ptr, res_out_ptr, logits_ptr, out32_ptr, e, H, E, eps, offs, m,
-                     BLOCK_H: tl.constexpr, HAS_RES: tl.constexpr):
-    """Program e's share of the batch-1 RMSNorm + router, after its PDL wait (also block1.py's route role):
-    the row's residual add and RMS (every program, from L2), its 1/E share of the normalised row hn and of
-    residual_out, its logit (hn rounded to the model dtype, as F.linear sees it, times the expert's router row g
-    [BH]; nw [BH] the norm weight; both as loaded, computed with in fp32) and its share of zeros in the fp32 MoE
-    output out32 [H]."""
-    r = residual_add(x_ptr, res_ptr, 0, H, H, offs, m, res_out_ptr.dtype.element_ty, HAS_RES)  # [1, H]: row 0
-    hf = r.to(tl.float32)
-    rstd = inv_rms(hf, H, eps)
-    hn = (hf * rstd * nw.to(tl.float32)).to(h_ptr.dtype.element_ty)      # [BH] as rms_norm returns it
-    chunk = tl.cdiv(H, E)
-    mine = m & (offs >= e * chunk) & (offs < e * chunk + chunk)
-    tl.store(h_ptr + offs, hn, mask=mine)
-    if HAS_RES:
-        tl.store(res_out_ptr + offs, r, mask=mine)
-    logit = tl.sum(hn.to(tl.float32) * g.to(tl.float32), axis=0)
-    tl.store(logits_ptr + e, logit.to(logits_ptr.dtype.element_ty))
-    _zero_share(out32_ptr, H, e, E, BLOCK_H)
-
-
-@triton.jit
-def route_of_logits(logits_ptr, E, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr,
-                    RENORM: tl.constexpr):
-    """The last arriver's routing: (weights, expert ids, lanes) of the E logits the programs stored (read from L2)."""
-    offs_e = tl.arange(0, BLOCK_E)
-    lg = tl.load(logits_ptr + offs_e, mask=offs_e < E, other=-float("inf"), cache_modifier=".cg")
-    return topk_of(lg.to(tl.float32), offs_e, E, TOP_K, BLOCK_K, BLOCK_E, RENORM)
-
-
-@triton.jit
 def _norm_route_kernel(x_ptr, res_ptr, nw_ptr, gate_ptr, h_ptr, res_out_ptr, logits_ptr, topk_w_ptr, ids_ptr,
                        active_ptr, gu_ptr, out32_ptr, cnt_ptr, H, E, GU_N, eps,
                        TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_E: tl.constexpr,
@@ -93,11 +62,23 @@ def _norm_route_kernel(x_ptr, res_ptr, nw_ptr, gate_ptr, h_ptr, res_out_ptr, log
     g = tl.load(gate_ptr + e.to(tl.int64) * H + offs, mask=m, other=0.0).to(tl.float32)   # weights: before
     nw = tl.load(nw_ptr + offs, mask=m, other=0.0).to(tl.float32)                         # the wait
     pdl_enter(PDL)
-    norm_route_share(x_ptr, res_ptr, nw, g, h_ptr, res_out_ptr, logits_ptr, out32_ptr, e, H, E, eps, offs, m,
-                     BLOCK_H, HAS_RES)
+    r = residual_add(x_ptr, res_ptr, 0, H, H, offs, m, res_out_ptr.dtype.element_ty, HAS_RES)  # [1, H]: row 0
+    hf = r.to(tl.float32)
+    rstd = inv_rms(hf, H, eps)
+    hn = (hf * rstd * nw).to(h_ptr.dtype.element_ty)                      # [BH] as rms_norm returns it
+    chunk = tl.cdiv(H, E)
+    mine = m & (offs >= e * chunk) & (offs < e * chunk + chunk)
+    tl.store(h_ptr + offs, hn, mask=mine)
+    if HAS_RES:
+        tl.store(res_out_ptr + offs, r, mask=mine)
+    logit = tl.sum(hn.to(tl.float32) * g, axis=0)
+    tl.store(logits_ptr + e, logit.to(logits_ptr.dtype.element_ty))
     _zero_share(gu_ptr, GU_N, e, E, BLOCK_H)
+    _zero_share(out32_ptr, H, e, E, BLOCK_H)
     if last_arrival(cnt_ptr, E):
-        vals, ids, offs_k = route_of_logits(logits_ptr, E, TOP_K, BLOCK_K, BLOCK_E, RENORM)
+        offs_e = tl.arange(0, BLOCK_E)
+        lg = tl.load(logits_ptr + offs_e, mask=offs_e < E, other=-float("inf"), cache_modifier=".cg")
+        vals, ids, offs_k = topk_of(lg.to(tl.float32), offs_e, E, TOP_K, BLOCK_K, BLOCK_E, RENORM)
         k_mask = offs_k < TOP_K
         tl.store(topk_w_ptr + offs_k, vals, mask=k_mask)
         tl.store(ids_ptr + offs_k, ids, mask=k_mask)

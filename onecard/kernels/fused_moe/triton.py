@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from onecard.kernels import paths
-from onecard.kernels.fused_moe import batch1, block1
+from onecard.kernels.fused_moe import batch1
 from onecard.kernels.fused_moe.decode import (
     DECODE_MAX_TOKENS,
     decode_aot_configs,
@@ -252,10 +252,7 @@ def fused_moe(x: torch.Tensor, router_logits: torch.Tensor, w_gate: MoEWeight, w
 def norm_moe(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
              gate: torch.Tensor, w_gate: MoEWeight, w_up: MoEWeight, w_down: MoEWeight, top_k: int,
              renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Batch 1: block1.norm_moe (one launch, while paths.moe_block1()) or batch1.norm_moe (three launches), fp32
-    out; otherwise RMSNorm, router and fused_moe here."""
-    if paths.moe_block1() and block1.supported(x, gate, top_k, w_gate, w_up, w_down):
-        return block1.norm_moe(x, residual, norm_weight, eps, gate, w_gate, w_up, w_down, top_k, renormalize)
+    """Batch 1: batch1.norm_moe (three launches, fp32 out); otherwise RMSNorm, router and fused_moe here."""
     if batch1.supported(x, gate, top_k):
         return batch1.norm_moe(x, residual, norm_weight, eps, gate, w_gate, w_up, w_down, top_k, renormalize)
     from onecard.kernels.norm.triton import rms_norm
@@ -273,7 +270,7 @@ def aot_configs() -> list[AotConfig]:
             cx = dict(TOP_K=8, BLOCK_K=8, BLOCK_E=128, RENORM=renorm)
             args = dict(logits_ptr=f"*{act}", w_ptr="*fp32", ids_ptr="*i32", E="i32", stride_t="i32")
             out.append(AotConfig(_route_kernel, signature(args, cx), cx, 4, 1, min_cc, f"route[{renorm},{act}]"))
-        out += decode_aot_configs(act, min_cc) + batch1.aot_configs(act, min_cc) + block1.aot_configs(act, min_cc)
+        out += decode_aot_configs(act, min_cc) + batch1.aot_configs(act, min_cc)
         for name, (bm, bn1, bn2, bk8, warps, stages) in _CONFIGS.items():
             for float_w in (False, True):
                 for gated, bn in ((True, bn1), (False, bn2)):

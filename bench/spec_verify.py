@@ -38,7 +38,7 @@ Parts:
           adaptive policy on this call's measured table, plus fixed k at the highest α; tok/s, the ratio to (b)
           and to (a), tokens equal to (a)'s, acceptance, how many steps replayed a verify graph.
   random  (d) the same engine, the random prompts, its own ngram drafter and the policy (target >= 0.97 x (b)).
-``--split-small-q`` (split-KV of verify steps' attention, kernels/paths.set_small_q_split; off by default):
+``--split-small-q`` (split-KV of verify steps' attention, kernels/paths.set_small_q_split; on by default since its A/B):
 "on" runs everything with it on (the table then measures it); "ab" measures the verify part off (the table, as
 today) and then again on, in the same engine, and writes both per context, batch and t under "split_small_q_ab"
 (graph and eager GPU seconds, on / off ratios). The split only applies from paths.SPLIT_MIN_SEQ_LEN keys.
@@ -493,7 +493,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--tiny", action="store_true", help="tiny shapes (CPU smoke)")
     ap.add_argument("--acceptance", default=None, help="bench/spec_acceptance.py JSON")
     ap.add_argument("--parts", default="verify,e2e,random")
-    ap.add_argument("--split-small-q", choices=("off", "on", "ab"), default="off",
+    ap.add_argument("--split-small-q", choices=("off", "on", "ab"), default="on",
                     help="split-KV of verify steps: off (the default), on, or the verify part both ways (A/B)")
     ap.add_argument("--contexts", default=None,
                     help="verify part: comma-separated KV contexts (default 512; --tiny: 32), the first at full detail")

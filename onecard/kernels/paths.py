@@ -51,10 +51,12 @@ GROUPED_MIN_TOKENS = 256              # fused MoE: dequantize + grouped / per-ex
 SPLIT_MIN_SEQ_LEN = 1024              # attention: split-KV only pays off for long decode contexts
 MAX_SEGMENTS = 128                    # attention: split-KV segments at most (the partials' workspace bound)
 LEGACY_MAX_SEGMENTS = 16              # ... under the "legacy" policy (the one before issue 25's tuning)
-# Split-KV of small-q launches (speculative verify steps: every sequence 1 + k <= SPLIT_MAX_QUERY rows): off by
-# default until measured (bench/spec_verify.py --split-small-q A/Bs it); ``set_small_q_split`` turns it on.
+# Split-KV of small-q launches (speculative verify steps: every sequence 1 + k <= SPLIT_MAX_QUERY rows). Measured
+# (BENCHMARKS.md, H100, 2026-12-06, bench/spec_verify.py --split-small-q ab, graphed verify steps, ms off -> on):
+# batch 1 at 32k t=2..9 47-54 -> 5.4-7.4, at 8k 14-16 -> 4.2-5.7; batch 16 at 8k t=2 31.3 -> 23.2, t=9 52.8 -> 51.4;
+# decode (t=1) unchanged. ``set_small_q_split`` turns it off (A/Bs).
 SPLIT_MAX_QUERY = 16
-SPLIT_SMALL_Q = False
+SPLIT_SMALL_Q = True
 # Resident decode-attention CTAs per SM that split-KV aims to fill (one wave): sm80+ tiles (64 keys, 4 warps) at
 # the served shape compile for sm90 to 96 registers / 38 KB shared (fp16 KV: 5 fit) and 164 registers / 22 KB
 # (fp8_e5m2 KV: 3 fit), so 3 is one full wave for both; below sm80 (32 keys, 8 warps, 210 registers) 1 fits.

@@ -1,4 +1,4 @@
-"""GPU-only: split-KV of small-q launches (speculative verify steps; paths.set_small_q_split, off by default).
+"""GPU-only: split-KV of small-q launches (speculative verify steps; paths.set_small_q_split, on by default).
 (1) At the served shape (32 query / 4 KV heads, D 128, 16-token blocks), one CUDA graph of a verify step in the
 padded (b, q) layout (runner/cuda_graphs.pad_verify), captured with the switch on at the runner's bound, replayed
 over other contexts (1 to 40k keys, ragged real rows) equals the unsplit launch on the same buffers and the float32

@@ -149,8 +149,8 @@ def test_split_kv_policy_switch(monkeypatch):
 def test_attention_launch_is_the_table_unless_overridden():
     """paths.attention_launch: the table's tiles, stages, split and reduce; the bench/test override replaces the
     knobs of decode-only launches only, and clearing it restores the table."""
-    def launch(decode_only=True, b=1, bound=65536, cc=90):
-        return paths.attention_launch(b, decode_only, bound, 4, 132, cc, 16)
+    def launch(decode_only=True, b=1, bound=65536, cc=90):       # not decode-only: a 512-row prefill chunk
+        return paths.attention_launch(b, decode_only, bound, 4, 132, cc, 16, 1 if decode_only else 512, 32)
 
     d = launch()
     segs = paths.split_kv(1, True, 65536, 4, 132, 90)[0]
@@ -180,24 +180,25 @@ def test_attention_launch_is_the_table_unless_overridden():
     assert launch() == d and paths.decode_attention_override() == {}
 
 
-def test_small_q_split_is_off_by_default_and_splits_exactly_small_q_launches():
-    """Split-KV of small-q launches (verify steps): off by default, so every launch is today's (decode-only split,
-    nothing else); on, exactly the launches that are not decode-only with at most SPLIT_MAX_QUERY rows per sequence
-    and a bound from SPLIT_MIN_SEQ_LEN split, counted as a decode launch of B x q-blocks sequences, with the
-    row-wise reduce; decode-only launches keep their own plan either way."""
+def test_small_q_split_is_on_by_default_and_splits_exactly_small_q_launches():
+    """Split-KV of small-q launches (verify steps): on by default (since the H100 A/B); off, every launch is the
+    earlier plan (decode-only split, nothing else); on, exactly the launches that are not decode-only with at most
+    SPLIT_MAX_QUERY rows per sequence and a bound from SPLIT_MIN_SEQ_LEN split, counted as a decode launch of B x
+    q-blocks sequences, with the row-wise reduce; decode-only launches keep their own plan either way."""
     def launch(decode_only, b, bound, q, qblocks, cc=90):
         return paths.attention_launch(b, decode_only, bound, 4, 132, cc, 64 if q > 2 else 16, q, qblocks)
 
     shapes = [(b, bound, q, -(-q // (2 if q <= 2 else 8))) for b in (1, 4, 16) for bound in (512, 8192, 65536)
               for q in (1, 2, 3, 9, 16, 17, 64)]
-    assert paths.SPLIT_SMALL_Q is False and paths.small_q_split() is False
-    for b, bound, q, qb in shapes:                                        # off: today's plans
-        assert launch(False, b, bound, q, qb) == paths.attention_launch(b, False, bound, 4, 132, 90,
-                                                                        64 if q > 2 else 16)
-        assert launch(False, b, bound, q, qb).segments == 1
-        assert launch(True, b, bound, 1, 1) == paths.attention_launch(b, True, bound, 4, 132, 90, 16)
-    decode = {(b, bound): launch(True, b, bound, 1, 1) for b, bound, _, _ in shapes}
+    assert paths.SPLIT_SMALL_Q is True and paths.small_q_split() is True
     try:
+        paths.set_small_q_split(False)
+        for b, bound, q, qb in shapes:                                        # off: the earlier plans
+            assert launch(False, b, bound, q, qb) == paths.attention_launch(b, False, bound, 4, 132, 90,
+                                                                            64 if q > 2 else 16)
+            assert launch(False, b, bound, q, qb).segments == 1
+            assert launch(True, b, bound, 1, 1) == paths.attention_launch(b, True, bound, 4, 132, 90, 16)
+        decode = {(b, bound): launch(True, b, bound, 1, 1) for b, bound, _, _ in shapes}
         paths.set_small_q_split(True)
         assert paths.small_q_split() is True
         for b, bound, q, qb in shapes:
@@ -218,7 +219,7 @@ def test_small_q_split_is_off_by_default_and_splits_exactly_small_q_launches():
     finally:
         paths.set_small_q_split(None)
         paths.set_decode_attention_override()
-    assert paths.small_q_split() is False
+    assert paths.small_q_split() is True
 
 
 def test_boundaries_are_where_paths_change():

@@ -131,7 +131,17 @@ def _one_context_copy(tmp_path: Path) -> Path:
     return path
 
 
-def test_unsplit_guard_past_twice_the_measured_context(shape, tmp_path):
+@pytest.fixture
+def unsplit_verify():
+    """Verify steps' attention without split-KV (paths.set_small_q_split(False)), as before the H100 A/B."""
+    from onecard.kernels import paths
+
+    paths.set_small_q_split(False)
+    yield
+    paths.set_small_q_split(None)
+
+
+def test_unsplit_guard_past_twice_the_measured_context(shape, tmp_path, unsplit_verify):
     one = _one_context_copy(tmp_path)
     m = CostModel.for_card(_H100, shape, one)
     tb = load_table(one, _H100)
@@ -152,8 +162,24 @@ def test_unsplit_guard_past_twice_the_measured_context(shape, tmp_path):
     assert a.step_time(1, 9, 1024) == a.analytic(1, 9, 1024) and a.step_time(1, 1, 32768) == a.analytic(1, 1, 32768)
 
 
+def test_split_verify_steps_skip_the_guard(shape, tmp_path):
+    """With small-q split-KV (the default) a verify step (<= SPLIT_MAX_QUERY rows per sequence) is priced like a
+    decode step past the table (its row + the KV delta); a step of more rows per sequence keeps the guard."""
+    from onecard.kernels import paths
+
+    assert paths.small_q_split()
+    one = _one_context_copy(tmp_path)
+    m = CostModel.for_card(_H100, shape, one)
+    tb = load_table(one, _H100)
+    for b, t in ((1, 9), (16, 3)):
+        assert m.step_time(b, b * t, 32768) == pytest.approx(tb.interpolate(b, t) + _kv_s(m, b, 32768 - 512),
+                                                             rel=1e-12)
+    big = paths.SPLIT_MAX_QUERY + 1
+    assert m.step_time(1, big, 32768) > tb.interpolate(1, big) + _kv_s(m, 1, 32768 - 512)
+
+
 @pytest.mark.parametrize("alpha", [0.8, 0.95])
-def test_policy_off_at_32k_without_a_long_context_table(shape, alpha, tmp_path):
+def test_policy_off_at_32k_without_a_long_context_table(shape, alpha, tmp_path, unsplit_verify):
     p = SpecPolicy(8, CostModel.for_card(_H100, shape, _one_context_copy(tmp_path)), prior_acceptance=alpha,
                    prior_weight=1e9)
     drafts = {"r0": list(range(8))}
@@ -162,17 +188,20 @@ def test_policy_off_at_32k_without_a_long_context_table(shape, alpha, tmp_path):
 
 
 def test_shipped_table_is_measured_at_long_contexts_and_prices_them(shape):
-    """The shipped H100 table holds 8k and 32k rows (unsplit verify attention: 5-13x a decode step there); the
-    policy prices steps with them: at batch 1 it drafts at 512 tokens and stays off at 32k even at α = 0.95."""
+    """The shipped H100 table holds 8k and 32k rows, measured with split-KV verify attention (a verify step of 9
+    rows at 32k: 2x a decode step, was 13x unsplit); the policy prices steps with them: at batch 1 it drafts at
+    512 and at 32k tokens of context at α = 0.8 and 0.95, and stays off at α = 0.3."""
     tb = load_table(SHIPPED_TABLES, _H100)
     assert tb.context == 512 and {8192, 32768} <= set(tb.more)
     m = CostModel.for_card(_H100, shape, SHIPPED_TABLES)
-    assert m.step_time(1, 9, 32768) > 5 * m.step_time(1, 1, 32768)
+    assert 1.2 * m.step_time(1, 1, 32768) < m.step_time(1, 9, 32768) < 2.5 * m.step_time(1, 1, 32768)
+    drafts = {"r0": list(range(8))}
     for alpha in (0.8, 0.95):
         p = SpecPolicy(8, m, prior_acceptance=alpha, prior_weight=1e9)
-        drafts = {"r0": list(range(8))}
         assert p.choose(drafts, {"r0": 512})["r0"] > 0
-        assert p.choose(drafts, {"r0": 32768}) == {"r0": 0}
+        assert p.choose(drafts, {"r0": 32768})["r0"] > 0
+    p = SpecPolicy(8, m, prior_acceptance=0.3, prior_weight=1e9)
+    assert p.choose(drafts, {"r0": 32768}) == {"r0": 0}
 
 
 def test_policy_follows_a_measured_32k_table(shape, tmp_path):

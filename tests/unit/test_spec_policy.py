@@ -310,7 +310,7 @@ def test_peek_keep_plain_is_choose_when_plain_and_peek_when_drafting(shape, seed
     for step in range(31):
         if step == 30:                            # last: every draft rejected so far, so the answer is plain
             for r in ids:
-                for _ in range(10):
+                for _ in range(40):
                     p.record(r, 6, 0)
         drafts = {r: rng.randrange(1, 7) for r in ids}
         ctx = {r: rng.randrange(10, 3000) for r in drafts}

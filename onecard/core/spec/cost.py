@@ -56,8 +56,9 @@ Measured table (preferred): ``{"cards": {CARD: {"context": 512, "step_s": {BATCH
   measured at >= 2 contexts only those contexts are used, else every context with its nearest-batch scaling);
   outside the measured range it extrapolates the nearest two, never below the KV-delta rule from the nearest
   (T_c + batch x (C − c) x KV bytes per token / bandwidth). A single-context table: T_c + that KV delta (as always).
-  Unsplit guard: a step with more query tokens than sequences (verify, mixed) runs paged attention without a
-  split-KV (kernels/paths.split_kv splits decode-only launches), B x KV heads programs over the whole context.
+  Unsplit guard: a step with more query tokens than sequences runs paged attention without a split-KV, B x KV
+  heads programs over the whole context, unless it is a small-q step (verify) while kernels/paths.small_q_split()
+  (on by default since the H100 A/B: ``_unsplit``).
   At a context over ``UNSPLIT_GUARD`` x the table's longest measured context the table says nothing true about
   that, so such a step costs at least T(longest measured) + the extra KV read by B x KV heads programs at
   ``UNSPLIT_PROGRAM_RATE`` each (capped by the bandwidth): an ASSUMED, deliberately low rate (below). The
@@ -91,6 +92,15 @@ from onecard.runner.graph_shapes import VerifyGraphs
 
 SHIPPED_TABLES = Path(__file__).resolve().parents[2] / "data" / "spec_verify_tables.json"
 EAGER_MODES = ("none", "verify", "all")
+
+
+def _unsplit(batch: int, tokens: float) -> bool:
+    """Does a step of ``tokens`` query tokens over ``batch`` sequences run its paged attention without split-KV?
+    Decode-only steps split; so do small-q steps (verify: every sequence <= paths.SPLIT_MAX_QUERY rows) while
+    paths.small_q_split(); other steps with more tokens than sequences (mixed prefill) do not."""
+    if tokens <= batch:
+        return False
+    return not (paths.small_q_split() and tokens <= batch * paths.SPLIT_MAX_QUERY)
 
 
 def expected_distinct_experts(n: float, num_experts: int, top_k: int) -> float:
@@ -418,7 +428,7 @@ class CostModel:
         if self.table is not None:
             return self._from_table(batch, tokens, context)
         t = self.analytic(batch, tokens, context)
-        if tokens > batch and context > UNSPLIT_GUARD * FIT_CONTEXT:           # the unsplit guard (module doc)
+        if _unsplit(batch, tokens) and context > UNSPLIT_GUARD * FIT_CONTEXT:   # the unsplit guard (module doc)
             t = max(t, self.analytic(batch, tokens, FIT_CONTEXT) + self._unsplit_kv_s(batch, context)
                     - self._unsplit_kv_s(batch, FIT_CONTEXT))
         return t
@@ -460,7 +470,7 @@ class CostModel:
         pts = [(x.context, self._at(x, batch, tokens)) for x in use]
         t = _across_contexts(pts, context, lambda c, v: v + self._kv_s(batch, context - c))
         top_ctx, top = pts[-1]
-        if tokens > batch and context > UNSPLIT_GUARD * tables[-1].context:     # unsplit attention, unmeasured
+        if _unsplit(batch, tokens) and context > UNSPLIT_GUARD * tables[-1].context:   # unsplit, unmeasured
             t = max(t, top + self._unsplit_kv_s(batch, context) - self._unsplit_kv_s(batch, top_ctx))
         return t
 

@@ -494,7 +494,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--acceptance", default=None, help="bench/spec_acceptance.py JSON")
     ap.add_argument("--parts", default="verify,e2e,random")
     ap.add_argument("--split-small-q", choices=("off", "on", "ab"), default="on",
-                    help="split-KV of verify steps: off (the default), on, or the verify part both ways (A/B)")
+                    help="split-KV of verify steps: off, on (the default: the serving one), or the verify part both ways (A/B)")
     ap.add_argument("--contexts", default=None,
                     help="verify part: comma-separated KV contexts (default 512; --tiny: 32), the first at full detail")
     a = ap.parse_args(argv)

@@ -2,7 +2,8 @@
 error) and timing: triton.testing.do_bench median ("triton us", includes Python launch overhead) and CUDA-graph
 replay ("graph us": the op captured in a torch.cuda.CUDAGraph, 20 copies per graph, timed with events over
 replays; what the served model sees), with achieved GB/s from the graph time. Prints a table; writes JSON to
-$OUT/kernels_gpu.json when OUT is set.  Usage: python bench/kernels_gpu.py [--quick]
+$OUT/kernels_gpu.json when OUT is set.  Usage: python bench/kernels_gpu.py [--quick] [--only SUB1,SUB2]
+(--only: the ops whose name contains one of the comma-separated substrings)
 """
 from __future__ import annotations
 
@@ -195,9 +196,12 @@ def cases(quick: bool):
 
 def main() -> None:
     quick = "--quick" in sys.argv
+    only = sys.argv[sys.argv.index("--only") + 1].split(",") if "--only" in sys.argv else [""]
     rows = []
     print(f"{'op':40s} {'rel_err':>9s} {'triton us':>10s} {'graph us':>9s} {'ref us':>10s} {'GB/s':>8s}")
     for name, tri, rf, nbytes in cases(quick):
+        if not any(sub in name for sub in only):
+            continue
         err = rel(tri(), rf())
         t_ms, r_ms = bench(tri), bench(rf)
         g_us = bench_graph(tri)

@@ -68,19 +68,41 @@ def row_input(row_ptr, r, j: tl.constexpr, r_mask):
 
 
 @triton.jit
+def unit_bits(n):
+    """The bits of fp32 1.0 (0x3F800000) for runtime ints n >= 0 (a tensor), as values the compiler cannot fold:
+    kept in registers, so unit_nibble's and-or is ONE LOP3 (its mask the one immediate operand; with two
+    immediates ptxas emits two LOP3s)."""
+    return 0x3F800000 + (n >> 31)
+
+
+@triton.jit
+def unit_nibble(q, j: tl.constexpr, one_bits):
+    """Nibble j of every int32 in q as the fp32 1 + n/16, exact: the nibble shifted into mantissa bits 19-22 of
+    1.0 (``one_bits``: unit_bits), with no int->float conversion and no offset to subtract (a shift and a LOP3)."""
+    S: tl.constexpr = 19 - 4 * j
+    if S >= 0:
+        t = q << S
+    else:
+        t = q >> (-S)
+    return ((t & 0x00780000) | one_bits).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def gemv_tile_mac(acc, q, s_u, z_u, src, r, r_mask, INPUT: tl.constexpr, BLOCK_K8: tl.constexpr,
                   BLOCK_N: tl.constexpr):
     """Batch-1 multiply-accumulate of one K tile in one group: acc [BK8, BN] fp32 += x_(8r+j) * w_(8r+j),
     row sums left to the caller (once, after its K loop). The inputs x [BK8] come from ``INPUT(src, r, j,
     r_mask)``, a @triton.jit function: row_input (src: the row's pointer), or one that computes the row from
     what src holds (fused MoE stage 2: silu(gate) * up); masked rows must be exact zeros.
-    The scale and zero are applied once per tile: sum_j (q_j - z) s x_j = s * (sum_j q_j x_j - z * sum_j x_j),
-    so the inner loop is shift, or, subtract, FMA per weight (nibbles: no int->float conversions)."""
-    nx = tl.zeros((BLOCK_K8, BLOCK_N), dtype=tl.float32)                 # sum_j ((2**23 + n_j) - 2**23) x_j
+    The scale and zero are applied once per tile: with u_j = 1 + n_j/16 (unit_nibble),
+    sum_j (n_j - z) s x_j = s * (16 sum_j u_j x_j - (16 + z) sum_j x_j), so the inner loop is a shift, a LOP3
+    and an FMA per weight (the sum of u_j x_j, u_j in [1, 2), loses at most a bit or two to the subtraction)."""
+    ux = tl.zeros((BLOCK_K8, BLOCK_N), dtype=tl.float32)                 # sum_j u_j x_j
     xs = tl.zeros((BLOCK_K8,), dtype=tl.float32)                          # sum_j x_j
+    one_bits = unit_bits(r)[:, None]                                      # rows r >= 0: 1.0's bits, per row
     for j in tl.static_range(8):
         xv = INPUT(src, r, j, r_mask)
-        nx += (nibbles(q, j, tl.float32) - 8388608.0) * xv[:, None]
+        ux += unit_nibble(q, j, one_bits) * xv[:, None]
         xs += xv
-    acc += nx * s_u[None, :] - xs[:, None] * (z_u * s_u)[None, :]
+    acc += ux * (16.0 * s_u)[None, :] - xs[:, None] * ((16.0 + z_u) * s_u)[None, :]
     return acc

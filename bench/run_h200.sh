@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU facts, kernel checks, tiny-checkpoint engine checks, the full-size benchmark.
 # Usage (repo root, on the H200): OUT=/some/dir bash bench/run_h200.sh [parts...]
-# parts: dequantab specverify apimem probe kernels checks full asyncab kvdtype capab capbisect hosttier loadab nopdl pdl16 emu70 longctx attnsweep gputests startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
+# parts: ab specverify apimem probe kernels checks full asyncab kvdtype capab capbisect hosttier loadab nopdl pdl16 emu70 longctx attnsweep gputests startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
 #   emu70: the full-size bench with every kernel-path decision on sm70's branch (ONECARD_EMULATE_CC=70): run it
 #          beside `full` in one call for the relative figure (a functional check, not a V100 timing)
 #   specverify: issue 30: verify-step latency vs tokens per sequence (1..9) at batch 1 and 16 (the cost model's
@@ -73,22 +73,24 @@ for p in $parts; do
           timeout 330 python3 bench/long_context.py /tmp/q30 "$OUT/long_context.json" \
               --policies "${LONGCTX_POLICIES:-legacy,fill,fill:5}" \
               $([ -f "$OUT/attn_sweep.json" ] && echo --sweep "$OUT/attn_sweep.json") ;;
-    dequantab) log dequantab  # A/B of gptq_gemm/int4.py: the previous one carried as .ab/int4_old.py, in a copy of
-          # the tree (/tmp/base), against this tree; the batch-1 kernels alone (graph replay), then the full model
-          # at batch 1, 512 tokens (one process per tree and repeat, alternating: base, new, base, new) (~4 min)
-          rm -rf /tmp/base && mkdir -p /tmp/base && cp -r onecard bench tests /tmp/base/ \
-            && cp .ab/int4_old.py /tmp/base/onecard/kernels/gptq_gemm/int4.py
+    ab) log ab  # A/B of source files: AB_SWAP="PATH:.ab/OLD ..." (e.g. onecard/kernels/gptq_gemm/int4.py:.ab/int4_old.py,
+          # issue 25's dequant A/B) puts each OLD file at PATH in a copy of the tree (/tmp/base); then the batch-1
+          # kernels alone (graph replay) in both trees and the full model at batch 1, 512 tokens, one process per
+          # tree and repeat, alternating base, new, base, new (~4 min)
+          rm -rf /tmp/base && mkdir -p /tmp/base && cp -r onecard bench tests /tmp/base/
+          for sw in ${AB_SWAP:?AB_SWAP=PATH:.ab/OLD ...}; do cp "${sw#*:}" "/tmp/base/${sw%%:*}"; done
           [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30 > /dev/null
           for tree in /tmp/base "$PWD"; do
             echo "--- kernels, $tree"
             (cd "$tree" && PYTHONPATH="$tree${EXTRA_PYTHONPATH:+:$EXTRA_PYTHONPATH}" timeout 120 python3 bench/kernels_gpu.py \
-              --quick --only "M=1,fused_moe T=1,norm_moe T=1")
+              --quick --only "${AB_KERNELS:-M=1,fused_moe T=1,norm_moe T=1}")
           done
           i=0
           for tree in /tmp/base "$PWD" /tmp/base "$PWD"; do
             i=$((i + 1)); tag=$([ "$tree" = /tmp/base ] && echo base || echo new)
             (cd "$tree" && PYTHONPATH="$tree${EXTRA_PYTHONPATH:+:$EXTRA_PYTHONPATH}" timeout 120 python3 bench/long_context.py \
-              /tmp/q30 "$OUT/dequant_${tag}_$i.json" --policies fill --scenarios 1x512 | tail -1 | sed "s/^/$tag $i: /")
+              /tmp/q30 "$OUT/ab_${tag}_$i.json" --policies fill --scenarios "${AB_SCENARIOS:-1x512}" | grep "tok/s" \
+              | sed "s/^/$tag $i: /")
           done ;;
     attnsweep) log attn_sweep  # issue 25 item 3: one call of <= 400 s; JSON + a short table
           timeout 390 python3 bench/attn_sweep.py "$OUT/attn_sweep.json" --budget "${ATTN_BUDGET:-320}" ;;

@@ -35,6 +35,10 @@ ROUTER = [(1, 64, 8), (3, 72, 6), (16, 256, 12), (5, 2048, 16), (1, 5000, 3)]
 MOE = [(1, 64, 32, 8, 2, True, False), (3, 72, 40, 6, 3, False, False), (17, 128, 48, 8, 2, True, True),
        (70, 64, 16, 4, 2, True, False), (1, 256, 160, 16, 4, False, True), (16, 256, 136, 8, 3, True, False),
        (9, 128, 48, 32, 8, True, True), (1, 32, 16, 8, 2, True, False)]
+# (T, H, E, I, top_k): decode MoE with g128 weights, whose K tiles each lie in one group: at T = 1 both stages take
+# the GEMV step (gptq_gemm/int4.gemv_tile_mac; stage 2 on its precomputed silu(gate) * up tile), K = 200 ending
+# inside a tile and a second group
+MOE_G128 = [(1, 256, 8, 200, 3), (1, 384, 6, 256, 2), (5, 256, 8, 200, 3)]
 # (T, H, I, E, top_k, renormalize, residual?): the batch-1 block (one chunk of H per program; H not a multiple
 # of E; no residual; E not a power of two) and T > 1 (RMSNorm + router + fused_moe)
 NORM_MOE = [(1, 64, 32, 8, 2, True, True), (1, 200, 48, 6, 3, False, True), (1, 128, 40, 16, 4, True, False),
@@ -76,6 +80,7 @@ FP8_CASES = (FP8_EXACT + [f"qk_norm_rope_store-fp8{f}" for f in ("e5m2", "e4m3")
              + [f"attn{i}-fp8e4m3" for i in (0, 2)])
 CASES = ([f"gemm{i}-{dt}" for i in range(len(GEMM)) for dt in (F32, F16)] + ["dequant"]
          + [f"moe{i}-{w}-{dt}" for i in range(len(MOE)) for w in ("float", "gptq") for dt in (F32, F16)]
+         + [f"g128moe{i}-{dt}" for i in range(len(MOE_G128)) for dt in (F32, F16)]
          + [f"router{i}-{dt}" for i in range(len(ROUTER)) for dt in (F32, F16)]
          + [f"norm_moe{i}-{w}-{dt}" for i in range(len(NORM_MOE)) for w in ("float", "gptq") for dt in (F32, F16)]
          + [f"attn{i}-{dt}" for i in range(len(ATTN)) for dt in (F32, F16)]
@@ -274,6 +279,14 @@ def run_case(name: str, seed: int) -> float:
         from onecard.kernels.gptq_gemm import triton as tk
         w, _ = random_gptq(64, 24, 16, desc_act=True, seed=seed)
         return _rel(tk.dequantize(w, torch.float32), ref.dequantize_gptq(w))
+    if kind.startswith("g128moe"):
+        from onecard.kernels.fused_moe import ref
+        from onecard.kernels.fused_moe import triton as tk
+        t, h, e, i, top_k = MOE_G128[int(kind[7:])]
+        x, logits = torch.randn(t, h).to(dt), torch.randn(t, e)
+        ws = [random_gptq(h, i, 128, experts=e, seed=seed + 1)[0], random_gptq(h, i, 128, experts=e, seed=seed + 2)[0],
+              random_gptq(i, h, 128, experts=e, seed=seed + 3)[0]]
+        return _rel(tk.fused_moe(x, logits, *ws, top_k, True), ref.fused_moe(x, logits, *ws, top_k, True))
     if kind.startswith("moe"):
         from onecard.kernels.fused_moe import ref
         from onecard.kernels.fused_moe import triton as tk

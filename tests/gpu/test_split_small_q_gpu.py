@@ -68,22 +68,25 @@ def test_graphed_split_verify_equals_unsplit(cache_dtype, b, q, steps):
         with torch.cuda.graph(g):
             out = tk.paged_attention(x, kc, vc, md, scale)
     finally:
+        paths.set_small_q_split(False)                                   # the reference: unsplit
+    try:
+        assert tk.launch_plan(md, 32, 4, dev).segments == 1                  # off: the unsplit launch
+        for i, (k1, v1, m1, p1, rows) in enumerate(batches):
+            kc.zero_(), vc.zero_(), table.zero_()
+            kc[:k1.shape[0]], vc[:v1.shape[0]] = k1.to(dev), v1.to(dev)
+            table[:, :p1.block_table.shape[1]] = p1.block_table.to(dev)
+            seq_lens.copy_(p1.seq_lens.to(dev))
+            x.copy_(torch.randn(b * q, 32, 128, generator=torch.Generator().manual_seed(i)).half())
+            g.replay()
+            split = out[rows.to(dev)].clone()
+            unsplit = tk.paged_attention(x, kc, vc, md, scale)[rows.to(dev)]
+            m1.max_seq_len = int(m1.seq_lens.max())
+            want = ref.paged_attention(x[rows.to(dev)].float(), k1.to(dev), v1.to(dev), _on(m1, dev), scale)
+            e_unsplit, e_ref = _rel(split, unsplit), _rel(split, want)
+            assert e_unsplit < 1e-2 and e_ref < 1e-2, f"step {i} ({cache_dtype}): vs unsplit {e_unsplit:.3g}, " \
+                                                       f"vs ref {e_ref:.3g} ({plan.segments} segments)"
+    finally:
         paths.set_small_q_split(None)
-    assert tk.launch_plan(md, 32, 4, dev).segments == 1                  # off: today's unsplit launch
-    for i, (k1, v1, m1, p1, rows) in enumerate(batches):
-        kc.zero_(), vc.zero_(), table.zero_()
-        kc[:k1.shape[0]], vc[:v1.shape[0]] = k1.to(dev), v1.to(dev)
-        table[:, :p1.block_table.shape[1]] = p1.block_table.to(dev)
-        seq_lens.copy_(p1.seq_lens.to(dev))
-        x.copy_(torch.randn(b * q, 32, 128, generator=torch.Generator().manual_seed(i)).half())
-        g.replay()
-        split = out[rows.to(dev)].clone()
-        unsplit = tk.paged_attention(x, kc, vc, md, scale)[rows.to(dev)]
-        m1.max_seq_len = int(m1.seq_lens.max())
-        want = ref.paged_attention(x[rows.to(dev)].float(), k1.to(dev), v1.to(dev), _on(m1, dev), scale)
-        e_unsplit, e_ref = _rel(split, unsplit), _rel(split, want)
-        assert e_unsplit < 1e-2 and e_ref < 1e-2, f"step {i} ({cache_dtype}): vs unsplit {e_unsplit:.3g}, " \
-                                                   f"vs ref {e_ref:.3g} ({plan.segments} segments)"
 
 
 def _on(md, dev):
@@ -131,6 +134,10 @@ def test_engine_verify_graph_split_equals_eager_unsplit(tiny_moe_gptq_dir, monke
         assert tk.launch_plan(graph_md, hq, hkv, torch.device("cuda")).row_reduce   # what the capture launched
     finally:
         paths.set_small_q_split(None)
-    eager, graphed, _, _ = eager_and_graphed(runner, graphs, inputs, 4, q)         # eager: switch off, unsplit
+    paths.set_small_q_split(False)                                      # eager: the unsplit launch
+    try:
+        eager, graphed, _, _ = eager_and_graphed(runner, graphs, inputs, 4, q)
+    finally:
+        paths.set_small_q_split(None)
     torch.testing.assert_close(graphed, eager, rtol=2e-2, atol=2e-2)
     assert torch.equal(graphed.argmax(-1), eager.argmax(-1))

@@ -36,7 +36,7 @@ MOE = [(1, 64, 32, 8, 2, True, False), (3, 72, 40, 6, 3, False, False), (17, 128
        (70, 64, 16, 4, 2, True, False), (1, 256, 160, 16, 4, False, True), (16, 256, 136, 8, 3, True, False),
        (9, 128, 48, 32, 8, True, True), (1, 32, 16, 8, 2, True, False)]
 # (T, H, E, I, top_k): decode MoE with g128 weights, whose K tiles each lie in one group: at T = 1 both stages take
-# the GEMV step (gptq_gemm/int4.gemv_tile_mac; stage 2 on its precomputed silu(gate) * up tile), K = 200 ending
+# the GEMV step (gptq_gemm/int4.gemv_tile_mac, stage 2 on silu(gate) * up), K = 200 ending
 # inside a tile and a second group
 MOE_G128 = [(1, 256, 8, 200, 3), (1, 384, 6, 256, 2), (5, 256, 8, 200, 3)]
 # (T, H, I, E, top_k, renormalize, residual?): the batch-1 block (one chunk of H per program; H not a multiple

@@ -176,23 +176,6 @@ def _gated_input(src, r, j: tl.constexpr, r_mask):
 
 
 @triton.jit
-def _gated_tile(a_ptr, a_row, stride_a, K, r, r_mask):
-    """fp32 [BK8, 8]: silu(gate) * up for inputs 8r + j (row r, column j) of gu row a_row (fp32 sums [gate K |
-    up K]); masked rows exact zeros."""
-    k = r[:, None] * 8 + tl.arange(0, 8)[None, :]                         # [BK8, 8]
-    base = a_ptr + a_row * stride_a
-    gv = tl.load(base + k, mask=r_mask[:, None], other=0.0)
-    uv = tl.load(base + K + k, mask=r_mask[:, None], other=0.0)
-    return gv / (1.0 + tl.exp(-gv)) * uv
-
-
-@triton.jit
-def _tile_column(tile, r, j: tl.constexpr, r_mask):
-    """gemv_tile_mac INPUT: column j of a precomputed [BK8, 8] input tile (_gated_tile) as [BK8]."""
-    return tl.sum(tl.where(tl.arange(0, 8)[None, :] == j, tile, 0.0), axis=1)
-
-
-@triton.jit
 def _decode_input_row(x_ptr, a_ptr, a_row, stride_a, r, j: tl.constexpr, r_mask, K, STAGE: tl.constexpr):
     """fp32 [BK8] inputs 8r + j of one pair: x's row (stage 1) or silu(gate) * up from the gu sums (stage 2)."""
     if STAGE == 1:
@@ -235,10 +218,8 @@ def _decode_tile_mac(acc, q, s_u, z_u, it, t_end, x_ptr, a_ptr, a_row, q_ptr, z_
             acc = gemv_tile_mac(acc, q, s_u, z_u, x_ptr + a_row * stride_a, r, r_mask, row_input, BLOCK_K8,
                                 BLOCK_N)
         else:
-            # silu(gate) * up of the tile's 8 * BK8 inputs computed once per program ([BK8, 8]: 2 per thread),
-            # not per j in every thread's broadcast rows (the exp and division were a third of the stage's code)
-            acc = gemv_tile_mac(acc, q, s_u, z_u, _gated_tile(a_ptr, a_row, stride_a, K, r, r_mask), r, r_mask,
-                                _tile_column, BLOCK_K8, BLOCK_N)
+            acc = gemv_tile_mac(acc, q, s_u, z_u, (a_ptr, a_row, stride_a, K), r, r_mask, _gated_input,
+                                BLOCK_K8, BLOCK_N)
     else:
         for j in tl.static_range(8):
             k = r * 8 + j                                                 # [BK8] input rows

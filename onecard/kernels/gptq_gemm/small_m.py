@@ -71,8 +71,8 @@ def _w4a16_small_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_p
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K8: tl.constexpr,
                         PER_ROW: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr):
     """Decode GEMM, M <= 16, one launch. BLOCK_M == 1: GEMV with a [BK8, BN] fp32 accumulator whose row sum is
-    deferred past the K loop; the scale and zero are applied once per tile (sum_j n_j x_j then s * (. - z *
-    sum_j x_j)), so the inner loop is shift, or, subtract, FMA per weight. Else tl.dot on a 16-row block with
+    deferred past the K loop; the scale and zero are applied once per tile (int4.gemv_tile_mac), so the inner
+    loop is a shift, a LOP3 and an FMA per weight. Else tl.dot on a 16-row block with
     weights dequantized in x's dtype (exact (q - z), one rounding of (q - z) * s, as in fp32-then-cast).
     Split-K (grid dim 1 > 1), BLOCK_M == 1: each split stores fp32 partials [S, 1, N]; the last split of a
     column tile to arrive at cnt_ptr[pid_n] sums them in split order (deterministic), adds the bias and casts.

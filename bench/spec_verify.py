@@ -13,7 +13,8 @@ verify and e2e,random as two processes, each under its own timeout). Its "cards"
 Parts:
   verify  one engine without speculation; for batch B in (1, 16) and tokens per sequence t in 1..9, a verify
           step = one forward of B sequences with t new query tokens each over a 512-token KV context (the
-          chunked-prefill attention path, unsplit; t = 1 is the decode path, split-KV), logits at every position and their
+          chunked-prefill attention path, split-KV from paths.SPLIT_MIN_SEQ_LEN keys while paths.small_q_split(), the
+          default; t = 1 is the decode path, split-KV), logits at every position and their
           argmax, as the verifier needs: GPU time by CUDA events, median of REPEATS, eager and replayed from a
           CUDA graph captured here (the runner's graphs cover t = 1 only). The table adds the host time of a
           plain decode step (engine TPOT at B minus the graph GPU time at t = 1). The expert union: one

@@ -16,7 +16,7 @@ Parts:
           chunked-prefill attention path, split-KV from paths.SPLIT_MIN_SEQ_LEN keys while paths.small_q_split(), the
           default; t = 1 is the decode path, split-KV), logits at every position and their
           argmax, as the verifier needs: GPU time by CUDA events, median of REPEATS, eager and replayed from a
-          CUDA graph captured here (the runner's graphs cover t = 1 only). The table adds the host time of a
+          CUDA graph captured here (as the runner's decode and verify graphs run them). The table adds the host time of a
           plain decode step (engine TPOT at B minus the graph GPU time at t = 1). The expert union: one
           eager pass per (B, t) with the router's top-k recomputed in fp32 from norm_moe's inputs, distinct
           experts per layer averaged over layers, against E·(1 − (1 − K/E)^n) (random weights and random

@@ -249,6 +249,8 @@ def main(argv: list[str]) -> dict:
     scen = CPU_SCENARIOS if cpu else SCENARIOS
     if only is not None:
         scen = tuple(sc for sc in scen if sc in only)
+        if not scen:
+            raise SystemExit(f"--scenarios: none of {sorted(only)} is one of {CPU_SCENARIOS if cpu else SCENARIOS}")
     new = 8 if cpu else NEW_TOKENS
     t0 = time.perf_counter()
     core = engine(model_dir, max(c for _, c in scen), cpu)

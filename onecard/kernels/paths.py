@@ -276,6 +276,12 @@ def small_q_split() -> bool:
     return SPLIT_SMALL_Q if _SplitKvPolicy.small_q is None else _SplitKvPolicy.small_q
 
 
+def splits_small_q(max_query_len: int) -> bool:
+    """Does a launch that is not decode-only, whose longest sequence has ``max_query_len`` query rows, split its
+    KV (a speculative verify step)? The rule attention_launch applies and the spec cost model prices."""
+    return max_query_len <= SPLIT_MAX_QUERY and small_q_split()
+
+
 def set_decode_attention_override(**knobs: Any) -> None:
     """Replace knobs (DECODE_ATTN_KNOBS) of every decode-only attention launch in this process, for benchmark
     sweeps and tests only; no argument (or all None): back to the table. ``segments`` forces the split (1: none);
@@ -395,7 +401,7 @@ def attention_launch(num_seqs: int, decode_only: bool, max_seq_len: int, kv_head
     sequence's query rows; ``query_blocks`` per sequence) is at most SPLIT_MAX_QUERY: host-known shapes only,
     so a captured verify graph keeps its split for every context. Such a launch's reduce is row-wise."""
     block_n, warps = attention_tiles(cc, block_m)
-    small_q = not decode_only and max_query_len <= SPLIT_MAX_QUERY and small_q_split()
+    small_q = not decode_only and splits_small_q(max_query_len)
     segs, min_tiles = split_kv(num_seqs, decode_only, max_seq_len, kv_heads, sms, cc,
                                query_blocks=max(1, query_blocks) if small_q else 0,
                                block_n=block_n if small_q else None)
@@ -488,6 +494,7 @@ __all__ = [
     "split_kv_ctas_per_sm",
     "split_kv_policy",
     "split_kv_segments",
+    "splits_small_q",
     "tensor_core_dot",
     "token_boundaries",
     "triton_gemm_config",

@@ -96,11 +96,9 @@ EAGER_MODES = ("none", "verify", "all")
 
 def _unsplit(batch: int, tokens: float) -> bool:
     """Does a step of ``tokens`` query tokens over ``batch`` sequences run its paged attention without split-KV?
-    Decode-only steps split; so do small-q steps (verify: every sequence <= paths.SPLIT_MAX_QUERY rows) while
-    paths.small_q_split(); other steps with more tokens than sequences (mixed prefill) do not."""
-    if tokens <= batch:
-        return False
-    return not (paths.small_q_split() and tokens <= batch * paths.SPLIT_MAX_QUERY)
+    Decode-only steps split; a step of more tokens than sequences, priced as ``tokens / batch`` rows per
+    sequence, splits where kernels/paths.splits_small_q says so (verify steps), else not (mixed prefill)."""
+    return tokens > batch and not paths.splits_small_q(math.ceil(tokens / batch))
 
 
 def expected_distinct_experts(n: float, num_experts: int, top_k: int) -> float:

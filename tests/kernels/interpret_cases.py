@@ -471,6 +471,28 @@ def selected_cases(request, cases: list[str]) -> list[str]:
     return [c for c in cases if c in chosen]
 
 
+def module_worker(cases: list[str], seed: int):
+    """The ``worker`` fixture of a test module parametrized over ``cases``: one InterpretedRun (module scope) of
+    the cases this pytest session selects there."""
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def worker(request):
+        run = InterpretedRun(seed, selected_cases(request, cases))
+        yield run
+        run.close()
+
+    return worker
+
+
+def assert_within_bound(err: float | str, case: str, seed: int) -> None:
+    """A case's result against the float32 reference: not an error, and a relative error under 1e-2 where the
+    data are fp16 or fp8_e5m2 (the case's suffix), else under 1e-4."""
+    assert not isinstance(err, str), f"seed {seed}: {err}"
+    bound = 1e-2 if case.endswith(("fp16", "fp8e5m2")) else 1e-4
+    assert err < bound, f"seed {seed}: relative error {err:.3g} >= {bound}"
+
+
 if __name__ == "__main__":
     os.environ["TRITON_INTERPRET"] = "1"       # before anything imports triton (imports are inside run_case)
     main()

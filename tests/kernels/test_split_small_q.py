@@ -12,23 +12,14 @@ import time
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from interpret_cases import InterpretedRun, selected_cases
+from interpret_cases import assert_within_bound, module_worker
 from splitq_cases import SPLITQ_CASES
 
 pytest.importorskip("triton")
 SEED = int(time.time()) % 100_000
-
-
-@pytest.fixture(scope="module")
-def worker(request):
-    run = InterpretedRun(SEED, selected_cases(request, SPLITQ_CASES))
-    yield run
-    run.close()
+worker = module_worker(SPLITQ_CASES, SEED)
 
 
 @pytest.mark.parametrize("case", SPLITQ_CASES)
 def test_split_small_q_matches_float32_reference(worker, case):
-    err = worker.result(case)
-    assert not isinstance(err, str), f"seed {SEED}: {err}"
-    bound = 1e-4 if case.endswith("fp32") else 1e-2        # fp16 q/p/output (fp8: the same bytes in both)
-    assert err < bound, f"seed {SEED}: relative error {err:.3g} >= {bound}"
+    assert_within_bound(worker.result(case), case, SEED)       # fp16 q/p/output (fp8: the same bytes in both)

@@ -14,17 +14,11 @@ import time
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from interpret_cases import CASES, FP8_CASES, FP8_EXACT, InterpretedRun, selected_cases
+from interpret_cases import CASES, FP8_CASES, FP8_EXACT, InterpretedRun, assert_within_bound, module_worker
 
 pytest.importorskip("triton")
 SEED = int(time.time()) % 100_000
-
-
-@pytest.fixture(scope="module")
-def worker(request):
-    run = InterpretedRun(SEED, selected_cases(request, CASES))
-    yield run
-    run.close()
+worker = module_worker(CASES, SEED)
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -33,12 +27,10 @@ def test_triton_matches_ref(worker, case):
     assert not isinstance(err, str), f"seed {SEED}: {err}"
     if case in FP8_EXACT:
         assert err == 0, f"seed {SEED}: {err:.0f} bytes differ from the fp8 spec"
-        return
-    if case in FP8_CASES:                                 # already a ratio to its bound (interpret_cases.py)
+    elif case in FP8_CASES:                               # already a ratio to its bound (interpret_cases.py)
         assert err <= 1.0, f"seed {SEED}: error / bound = {err:.3g} > 1"
-        return
-    bound = 1e-2 if case.endswith("fp16") else 1e-4
-    assert err < bound, f"seed {SEED}: relative error {err:.3g} >= {bound}"
+    else:
+        assert_within_bound(err, case, SEED)
 
 
 def test_worker_stall_and_death_fail_with_the_reason():

@@ -24,6 +24,8 @@ the int4 unpacking helpers (shared with fused_moe) are in int4.py.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -179,26 +181,48 @@ def max_splits(m: int) -> int:
     return GEMV_MAX_SPLITS if m == 1 else SKINNY_MAX_SPLITS
 
 
-def small_m_gemm(x: torch.Tensor, w: GPTQWeight, bias: torch.Tensor | None = None,
-                 tuning: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
-    """M <= SMALL_M_MAX: split-K so that ~SMALL_PROGRAMS_PER_SM programs per SM each stream few tiles.
-    M == 1: one launch (the last split finishes); M > 1: memset, atomics, reduce. CUDA-graph safe (the
-    arrival counters are persistent, kernels/workspace.py).
+@dataclass(frozen=True, slots=True)
+class SmallGrid:
+    """The launch shape of _w4a16_small_kernel for one GEMM (also the grid of kernels that embed its K loop,
+    attn_in/triton.py): block config, column tiles x K splits of ``tiles_per_split`` [BK8, BN] tiles each."""
+    block_m: int
+    block_n: int
+    block_k8: int
+    num_warps: int
+    num_stages: int
+    grid_n: int
+    splits: int
+    tiles_per_split: int
+
+
+def small_grid(m: int, n: int, k: int, device: torch.device,
+               tuning: tuple[int, int, int, int, int] | None = None) -> SmallGrid:
+    """M <= SMALL_M_MAX rows: split-K so that ~SMALL_PROGRAMS_PER_SM programs per SM each stream few tiles.
     ``tuning`` (BLOCK_N, BLOCK_K8, num_warps, num_stages, programs per SM) overrides the table (bench only)."""
-    m, k = x.shape
-    n = w.out_features
-    dev = x.device
     name = choose_config(m)
     bm, bn, bk8, _, warps, stages = _CONFIGS[name]
     pps = SMALL_PROGRAMS_PER_SM[name]
     if tuning is not None:
         bn, bk8, warps, stages, pps = tuning
-    per_row, gidx = row_groups(w, bk8)
     k_tiles = triton.cdiv(k // 8, bk8)
     grid_n = triton.cdiv(n, bn)
-    want = max(1, min(k_tiles, -(-pps * num_sms(dev) // grid_n), max_splits(m)))
+    want = max(1, min(k_tiles, -(-pps * num_sms(device) // grid_n), max_splits(m)))
     tiles_per_split = triton.cdiv(k_tiles, want)
-    splits = triton.cdiv(k_tiles, tiles_per_split)
+    return SmallGrid(bm, bn, bk8, warps, stages, grid_n, triton.cdiv(k_tiles, tiles_per_split), tiles_per_split)
+
+
+def small_m_gemm(x: torch.Tensor, w: GPTQWeight, bias: torch.Tensor | None = None,
+                 tuning: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
+    """M <= SMALL_M_MAX (``small_grid``). M == 1: one launch (the last split finishes); M > 1: memset,
+    atomics, reduce. CUDA-graph safe (the arrival counters are persistent, kernels/workspace.py).
+    ``tuning``: see small_grid."""
+    m, k = x.shape
+    n = w.out_features
+    dev = x.device
+    g = small_grid(m, n, k, dev, tuning)
+    bm, bn, bk8, warps, stages = g.block_m, g.block_n, g.block_k8, g.num_warps, g.num_stages
+    grid_n, splits, tiles_per_split = g.grid_n, g.splits, g.tiles_per_split
+    per_row, gidx = row_groups(w, bk8)
     out = torch.empty(m, n, dtype=x.dtype, device=dev)
     bias_arg = bias if bias is not None else out
     if splits == 1:
@@ -309,4 +333,5 @@ def aot_configs() -> list[AotConfig]:
     return out
 
 
-__all__ = ["aot_configs", "choose_config", "dequantize", "row_groups", "small_m_gemm", "w4a16_gemm"]
+__all__ = ["SmallGrid", "aot_configs", "choose_config", "dequantize", "row_groups", "small_grid", "small_m_gemm",
+           "w4a16_gemm"]

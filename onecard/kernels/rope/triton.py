@@ -17,6 +17,19 @@ from onecard.kernels.triton_common import AotConfig, next_pow2, pdl, pdl_enter, 
 
 
 @triton.jit
+def rms_rope(x1, x2, w_ptr, cos, sin, eps, HALF: tl.constexpr):
+    """Per-head RMSNorm * weight, then neox RoPE, on fp32 halves x1, x2 [R, D/2] of R head vectors (cos, sin
+    [D/2] fp32) -> (out1, out2) [R, D/2] fp32. Also attn_in/triton.py's q/k heads."""
+    offs_d = tl.arange(0, HALF)
+    rstd = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * HALF) + eps)
+    w1 = tl.load(w_ptr + offs_d).to(tl.float32)
+    w2 = tl.load(w_ptr + HALF + offs_d).to(tl.float32)
+    x1 = x1 * rstd[:, None] * w1[None, :]
+    x2 = x2 * rstd[:, None] * w2[None, :]
+    return x1 * cos[None, :] - x2 * sin[None, :], x2 * cos[None, :] + x1 * sin[None, :]
+
+
+@triton.jit
 def _norm_rope_heads(x_ptr, o_ptr, w_ptr, stride_t, stride_h, tok, o_row, row_ok, cos, sin, eps, H, o_scale,
                      BLOCK_H: tl.constexpr, HALF: tl.constexpr, FMT: tl.constexpr):
     """Heads [H, D] of token tok -> output row o_row of o_ptr (rows of H * D), stored only where row_ok;
@@ -27,16 +40,12 @@ def _norm_rope_heads(x_ptr, o_ptr, w_ptr, stride_t, stride_h, tok, o_row, row_ok
     base = x_ptr + tok * stride_t + offs_h[:, None] * stride_h + offs_d[None, :]
     x1 = tl.load(base, mask=mask, other=0.0).to(tl.float32)               # [BH, D/2]
     x2 = tl.load(base + HALF, mask=mask, other=0.0).to(tl.float32)
-    rstd = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * HALF) + eps)
-    w1 = tl.load(w_ptr + offs_d).to(tl.float32)
-    w2 = tl.load(w_ptr + HALF + offs_d).to(tl.float32)
-    x1 = x1 * rstd[:, None] * w1[None, :]
-    x2 = x2 * rstd[:, None] * w2[None, :]
+    o1, o2 = rms_rope(x1, x2, w_ptr, cos, sin, eps, HALF)
     ob = o_ptr + o_row * H * 2 * HALF + offs_h[:, None] * (2 * HALF) + offs_d[None, :]
     mask = mask & row_ok
     ty = o_ptr.dtype.element_ty
-    tl.store(ob, kv_store_value(x1 * cos[None, :] - x2 * sin[None, :], o_scale, FMT, ty), mask=mask)
-    tl.store(ob + HALF, kv_store_value(x2 * cos[None, :] + x1 * sin[None, :], o_scale, FMT, ty), mask=mask)
+    tl.store(ob, kv_store_value(o1, o_scale, FMT, ty), mask=mask)
+    tl.store(ob + HALF, kv_store_value(o2, o_scale, FMT, ty), mask=mask)
 
 
 @triton.jit

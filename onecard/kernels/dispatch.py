@@ -27,12 +27,17 @@ Ops (all tensors on one device; "T" = flattened tokens):
   qk_norm_rope_store(q, k, v[T,Hkv,D], q_weight, k_weight, positions, cos_sin_cache, eps, k_cache, v_cache,
       slot_mapping, k_scale=1.0, v_scale=1.0) -> q_out: qk_norm_rope, then store_kv(k_out, v, ...) (one launch
       on the Triton backend)
+  norm_qkv_rope_store(x[T,H], residual[T,H]|None, norm_weight[H], eps, w, bias[N]|None, q_weight, k_weight,
+      positions, cos_sin_cache, k_cache, v_cache, slot_mapping, k_scale=1.0, v_scale=1.0) -> (q_out[T,Hq,D],
+      residual_out[T,H]): rms_norm, the fused q | k | v projection w (GPTQWeight, or float [N, H]), then
+      qk_norm_rope_store (attn_in/ref.py); one launch on the Triton backend at batch 1 (attn_in/triton.py)
   silu_and_mul(x[T,2I]) -> [T,I]   (silu(x[:, :I]) * x[:, I:])
 """
 from __future__ import annotations
 
 import contextlib
 import importlib
+import sys
 from collections.abc import Iterator
 
 import torch
@@ -167,6 +172,20 @@ def qk_norm_rope_store(q, k, v, q_weight, k_weight, positions, cos_sin_cache, ep
                        k_scale=1.0, v_scale=1.0):
     return _impl("qk_norm_rope_store", q.device)(q, k, v, q_weight, k_weight, positions, cos_sin_cache, eps,
                                                   k_cache, v_cache, slot_mapping, k_scale, v_scale)
+
+
+def norm_qkv_rope_store(x, residual, norm_weight, eps, w, bias, q_weight, k_weight, positions, cos_sin_cache,
+                        k_cache, v_cache, slot_mapping, k_scale=1.0, v_scale=1.0):
+    from onecard.kernels.attn_in import ref
+
+    args = (x, residual, norm_weight, eps, w, bias, q_weight, k_weight, positions, cos_sin_cache, k_cache, v_cache,
+            slot_mapping, k_scale, v_scale)
+    if backend_for(x.device) == "triton":
+        from onecard.kernels.attn_in import triton as tk
+
+        if tk.supported(x, w, bias, k_cache):
+            return tk.norm_qkv_rope_store(*args)
+    return ref.norm_qkv_rope_store(*args, ops=sys.modules[__name__])      # the three ops, each as dispatched
 
 
 def silu_and_mul(x):

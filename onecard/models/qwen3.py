@@ -5,7 +5,8 @@ flattened variable-length batch (see kernels/attention/metadata.py; ``layer_ids`
 dry forwards); ``compute_logits(hidden[B, H]) -> [B, V]`` fp32.
 Weights: ``weight_specs()`` declares which checkpoint tensor fills which parameter (names, shapes, fused q/k/v and
 gate/up, stacked experts; see models/weights.py); models/loader.py places them.
-Per layer: RMSNorm(+residual) → qkv → per-head q/k RMSNorm + RoPE, K/V into the cache → paged attention → o_proj →
+Per layer: RMSNorm(+residual) → qkv → per-head q/k RMSNorm + RoPE, K/V into the cache (with fused q/k/v one op,
+``norm_qkv_rope_store``, which its batch-1 kernel runs in one launch) → paged attention → o_proj →
 RMSNorm(+residual) → MLP (dense SiLU-gated, or sparse MoE: router → softmax → top-k → renormalise → experts; the
 MoE layer calls the norm and the experts as one op, ``norm_moe``, which its batch-1 kernels fuse).
 """
@@ -53,6 +54,7 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
                 kv_cache: tuple[torch.Tensor, torch.Tensor], md: AttentionMetadata) -> torch.Tensor:
+        """x [T, H]: the normalised input -> [T, H]."""
         t = x.shape[0]
         if self.fuse_qkv:
             q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -64,8 +66,29 @@ class Attention(nn.Module):
         k_cache, v_cache = kv_cache
         q = ops.qk_norm_rope_store(q, k, v, self.q_norm, self.k_norm, positions, cos_sin, self.eps, k_cache,
                                    v_cache, md.slot_mapping, self.k_scale, self.v_scale)   # k, v -> the cache
-        o = ops.paged_attention(q, k_cache, v_cache, md, self.scale, self.k_scale, self.v_scale)   # [T, Hq, D]
-        return self.o_proj(o.reshape(t, self.q_size))
+        return self._attend(q, kv_cache, md)
+
+    def forward_residual(self, x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
+                         positions: torch.Tensor, cos_sin: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor],
+                         md: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's input RMSNorm (``norm_weight``, residual add), then ``forward`` -> (out [T, H],
+        residual_out [T, H]); with fused q/k/v one op (norm_qkv_rope_store: one launch at batch 1)."""
+        if not self.fuse_qkv:
+            h, residual = ops.rms_norm(x, norm_weight, self.eps, residual)
+            return self.forward(h, positions, cos_sin, kv_cache, md), residual
+        lin = self.qkv_proj
+        k_cache, v_cache = kv_cache
+        q, residual = ops.norm_qkv_rope_store(x, residual, norm_weight, self.eps,
+                                              lin.gptq if lin.gptq is not None else lin.weight, lin.bias,
+                                              self.q_norm, self.k_norm, positions, cos_sin, k_cache, v_cache,
+                                              md.slot_mapping, self.k_scale, self.v_scale)
+        return self._attend(q, kv_cache, md), residual
+
+    def _attend(self, q: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor],
+                md: AttentionMetadata) -> torch.Tensor:
+        """q [T, Hq, D] (normalised, rotated; this step's k/v in the cache) -> o_proj(attention) [T, H]."""
+        o = ops.paged_attention(q, kv_cache[0], kv_cache[1], md, self.scale, self.k_scale, self.v_scale)
+        return self.o_proj(o.reshape(q.shape[0], self.q_size))
 
 
 class DenseMLP(nn.Module):
@@ -114,8 +137,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm: torch.Tensor | None = None
 
     def forward(self, x, residual, positions, cos_sin, kv_cache, md):
-        h, residual = ops.rms_norm(x, self.input_layernorm, self.eps, residual)
-        h = self.self_attn(h, positions, cos_sin, kv_cache, md)
+        h, residual = self.self_attn.forward_residual(x, residual, self.input_layernorm, positions, cos_sin,
+                                                      kv_cache, md)
         if self.is_moe:                                                   # norm + router + experts: one op
             m = self.mlp
             return ops.norm_moe(h, residual, self.post_attention_layernorm, self.eps, m.gate, m.w_gate, m.w_up,

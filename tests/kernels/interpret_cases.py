@@ -43,6 +43,12 @@ MOE_G128 = [(1, 256, 8, 200, 3), (1, 384, 6, 256, 2), (5, 256, 8, 200, 3)]
 # of E; no residual; E not a power of two) and T > 1 (RMSNorm + router + fused_moe)
 NORM_MOE = [(1, 64, 32, 8, 2, True, True), (1, 200, 48, 6, 3, False, True), (1, 128, 40, 16, 4, True, False),
             (3, 64, 32, 8, 2, True, True)]
+# (H, Hq, Hkv, D, input, slot, T): a layer's attention input (attn_in: RMSNorm + qkv + q/k norm + RoPE + KV
+# store), g128 weights. T = 1: the one-launch kernel (x fp32 with a residual, as after a batch-1 MoE: 2 K splits;
+# no residual, slot -1 (nothing stored): 3 splits, one running the K loop past its two prefetched tiles; x in
+# the model dtype with a residual: 3 splits of one tile); T = 3: dispatch's composition of the three Triton ops
+ATTN_IN = [(256, 4, 2, 64, "x32res", 5, 1), (1152, 2, 1, 128, "nores", -1, 1), (384, 2, 2, 64, "res", 3, 1),
+           (256, 2, 1, 64, "res", 2, 3)]
 # (seq_lens, query_lens, Hq, Hkv, block_size, num_decode_tokens): prefill, chunk over prefix, split-KV decode
 ATTN = [([5, 9, 1], [5, 9, 1], 8, 2, 4, 0), ([7, 70, 33], [1, 4, 1], 6, 2, 16, 1),
         ([130, 2100], [1, 1], 4, 1, 16, 2), ([17], [17], 4, 4, 8, 0)]
@@ -76,6 +82,7 @@ SPLITKV_CASES = ([f"splitkv{i}-{dt}" for i in range(len(SPLITKV)) for dt in (F32
 # derived from the format's precision, kernels_testlib.fp8_attention_bound): all must be <= 1
 FP8_EXACT = ["e5m2_encode_all", "e4m3_encode_all", "store_kv-fp8e4m3"]
 FP8_CASES = (FP8_EXACT + [f"qk_norm_rope_store-fp8{f}" for f in ("e5m2", "e4m3")]
+             + [f"attn_in{i}-fp8{f}" for i in (0, 1) for f in ("e5m2", "e4m3")]
              + [f"attn{i}-fp8e5m2" for i in range(len(ATTN))] + [f"attn{i}-sm70-fp8e5m2" for i in (1, 2)]
              + [f"attn{i}-fp8e4m3" for i in (0, 2)])
 CASES = ([f"gemm{i}-{dt}" for i in range(len(GEMM)) for dt in (F32, F16)] + ["dequant"]
@@ -88,6 +95,7 @@ CASES = ([f"gemm{i}-{dt}" for i in range(len(GEMM)) for dt in (F32, F16)] + ["de
          + [f"store_kv-{dt}" for dt in (F32, F16)]
          + [f"rms_norm-{r}-{dt}" for r in ("res", "nores", "x32res") for dt in (F32, F16)]
          + [f"qk_norm_rope-{dt}" for dt in (F32, F16)] + [f"qk_norm_rope_store-{dt}" for dt in (F32, F16)]
+         + [f"attn_in{i}-{dt}" for i in range(len(ATTN_IN)) for dt in (F32, F16)]
          + [f"silu_and_mul-{dt}" for dt in (F32, F16)]
          + [f"verifyattn{i}-{dt}" for i in range(len(VERIFY_ATTN)) for dt in (F32, F16)]
          + FP8_CASES)
@@ -153,13 +161,10 @@ def _fp8_case(name: str, seed: int) -> float:
         cb = [c.clone() for c in ca]
         qa = tk.qk_norm_rope_store(q, k, v, qw, kw, pos, cache, 1e-6, *ca, slots, k_scale, v_scale)
         qb = ref.qk_norm_rope_store(q, k, v, qw, kw, pos, cache, 1e-6, *cb, slots, k_scale, v_scale)
-        m = 2 if fmt == "e5m2" else 3
-        ulps = 0.0
-        for x, y, sc in ((ca[0], cb[0], k_scale), (ca[1], cb[1], v_scale)):
-            xa, ya = fp8.dequantize(x, sc), fp8.dequantize(y, sc)
-            tiny = sc * (2.0 ** -14 if fmt == "e5m2" else 2.0 ** -6)          # the smallest normal
-            ulps = max(ulps, float(((xa - ya).abs() / (ya.abs().clamp_min(tiny) * 2.0 ** -m)).max()))
-        return max(_rel(qa, qb) / 1e-2, ulps)
+        return max(_rel(qa, qb) / 1e-2, _fp8_ulps(ca, cb, k_scale, v_scale, fmt))
+    if kind.startswith("attn_in"):
+        (qa, ra), (qb, rb), ca, cb = _attn_in_run(int(kind[7:]), torch.float16, seed, cdt, k_scale, v_scale)
+        return max(_rel(qa, qb) / 1e-2, _rel(ra, rb) / 1e-2, _fp8_ulps(ca, cb, k_scale, v_scale, fmt))
     if kind.startswith("attn"):
         from onecard.kernels.attention import ref
         from onecard.kernels.attention import triton as tk
@@ -186,6 +191,53 @@ def _fp8_case(name: str, seed: int) -> float:
         ratio = (out.double() - exact.double()).abs()[:n] / (bound[:n] + slack)
         return max(same, float(ratio.max()))
     raise KeyError(name)
+
+
+def _fp8_ulps(ca, cb, k_scale: float, v_scale: float, fmt: str) -> float:
+    """The largest difference between two fp8 (K, V) caches in units of the format's last place (relative to
+    the second's values, at least the smallest normal)."""
+    from onecard.kernels.attention import fp8
+
+    m = 2 if fmt == "e5m2" else 3
+    ulps = 0.0
+    for x, y, sc in ((ca[0], cb[0], k_scale), (ca[1], cb[1], v_scale)):
+        xa, ya = fp8.dequantize(x, sc), fp8.dequantize(y, sc)
+        tiny = sc * (2.0 ** -14 if fmt == "e5m2" else 2.0 ** -6)          # the smallest normal
+        ulps = max(ulps, float(((xa - ya).abs() / (ya.abs().clamp_min(tiny) * 2.0 ** -m)).max()))
+    return ulps
+
+
+def _attn_in_run(i: int, dt, seed: int, cache_dt, k_scale: float = 1.0, v_scale: float = 1.0):
+    """ATTN_IN case i through dispatch's Triton backend and through the reference: -> ((q, residual_out) Triton,
+    (q, residual_out) ref, Triton's (K, V) caches, ref's (K, V) caches)."""
+    import torch
+    from kernels_testlib import random_gptq
+
+    from onecard.kernels import dispatch
+    from onecard.kernels.attn_in import ref
+
+    h, hq, hkv, d, mode, slot, t = ATTN_IN[i]
+    w, _ = random_gptq(h, (hq + 2 * hkv) * d, 128, seed=seed + 1)
+    x = torch.randn(t, h) if mode == "x32res" else torch.randn(t, h).to(dt)
+    res = None if mode == "nores" else torch.randn(t, h).to(dt)
+    nw, qw, kw = ((1 + 0.1 * torch.randn(n)).to(dt) for n in (h, d, d))
+    ang = torch.outer(torch.arange(64).float(), 1.0 / (1e4 ** (torch.arange(0, d, 2).float() / d)))
+    cos_sin = torch.cat([ang.cos(), ang.sin()], dim=-1)                   # [P, D] fp32
+    pos = torch.randint(0, 64, (t,))
+    slots = torch.tensor([slot, 0, 7][:t])
+    if cache_dt.is_floating_point and cache_dt.itemsize == 1:
+        ca = [torch.zeros(3, 4, hkv, d, dtype=torch.uint8).view(cache_dt) for _ in range(2)]
+    else:
+        ca = [torch.randn(3, 4, hkv, d).to(cache_dt) for _ in range(2)]
+    cb = [c.clone() for c in ca]
+    args = (nw, 1e-6, w, None, qw, kw, pos, cos_sin)
+    with dispatch.use_backend("triton"):
+        if t == 1:
+            from onecard.kernels.attn_in import triton as tk
+            assert tk.supported(x, w, None, ca[0]), "the one-launch kernel must take this case"
+        a = dispatch.norm_qkv_rope_store(x, res, *args, *ca, slots, k_scale, v_scale)
+    b = ref.norm_qkv_rope_store(x, res, *args, *cb, slots, k_scale, v_scale)
+    return a, b, ca, cb
 
 
 def _splitkv_case(name: str, seed: int) -> float:
@@ -319,6 +371,9 @@ def run_case(name: str, seed: int) -> float:
         t, h, e = ROUTER[int(kind[6:])]
         x, w = torch.randn(t, h + 3).to(dt)[:, :h], (torch.randn(e, h) / math.sqrt(h)).to(dt)  # x: strided rows
         return _rel(tk.moe_router(x, w), ref.moe_router(x.float(), w.float()))
+    if kind.startswith("attn_in"):
+        (qa, ra), (qb, rb), ca, cb = _attn_in_run(int(kind[7:]), dt, seed, dt)
+        return max(_rel(qa, qb), _rel(ra, rb), _rel(torch.cat(ca), torch.cat(cb)))
     if kind.startswith("verifyattn"):
         return _verify_attn_case(int(kind[10:]), dt, seed)
     if kind.startswith("attn"):

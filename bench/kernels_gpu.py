@@ -94,6 +94,7 @@ def cases(quick: bool):
             nbytes = w.nbytes() + x.numel() * 2 + m * n * 2
             yield (f"w4a16 {name} M={m}", lambda x=x, w=w: g_t.w4a16_gemm(x, w),
                    lambda x=x, w=w: g_r.w4a16_gemm(x, w), nbytes)
+    yield from _attn_in_cases()
     wr = (torch.randn(E, H, device=DEV) / math.sqrt(H)).half()
     for t in (1, 16):
         x = torch.randn(t, H, device=DEV, dtype=torch.float16)
@@ -181,9 +182,7 @@ def cases(quick: bool):
                lambda x=x, r=r, w=w: torch.cat(n_r.rms_norm(x, w, 1e-6, r)), t * H * 2 * 4)
         qq, kk = torch.randn(t, HQ, D, device=DEV).half(), torch.randn(t, HKV, D, device=DEV).half()
         pos = torch.randint(0, 4096, (t,), device=DEV)
-        ang = torch.outer(torch.arange(4096, device=DEV).float(),
-                          1.0 / (1e7 ** (torch.arange(0, D, 2, device=DEV).float() / D)))
-        cache = torch.cat([ang.cos(), ang.sin()], -1)
+        cache = rope_cache()
         yield (f"qk_norm_rope T={t}",
                lambda qq=qq, kk=kk, pos=pos, w=w, cache=cache: torch.cat([a.flatten() for a in r_t.qk_norm_rope(
                    qq, kk, w[:D], w[:D], pos, cache, 1e-6)]),
@@ -192,6 +191,45 @@ def cases(quick: bool):
         xa = torch.randn(t, 2 * I * TOPK, device=DEV).half()
         yield (f"silu_and_mul T={t}", lambda xa=xa: act_t.silu_and_mul(xa), lambda xa=xa: act_r.silu_and_mul(xa),
                t * I * TOPK * 2 * 3)
+
+
+def rope_cache(positions: int = 4096) -> torch.Tensor:
+    """fp32 [P, D] cos | sin at theta 1e7 (the model's)."""
+    ang = torch.outer(torch.arange(positions, device=DEV).float(),
+                      1.0 / (1e7 ** (torch.arange(0, D, 2, device=DEV).float() / D)))
+    return torch.cat([ang.cos(), ang.sin()], -1)
+
+
+def _attn_in_cases():
+    """A layer's attention input at batch 1 (RMSNorm of x fp32 + residual, qkv GEMV, q/k norm + RoPE, K/V into
+    a 16-token-block cache at slot 77): the one-launch kernel (attn_in/triton.py), and for timing the three
+    launches it replaced, each against the reference; the result compared is q | residual_out | the K and V
+    rows written."""
+    from types import SimpleNamespace
+
+    from onecard.kernels.attn_in import ref as ai_r
+    from onecard.kernels.attn_in import triton as ai_t
+    from onecard.kernels.gptq_gemm import triton as g_t
+    from onecard.kernels.norm import triton as n_t
+    from onecard.kernels.rope import triton as r_t
+
+    w = rand_gptq(H, (HQ + 2 * HKV) * D)
+    x, res = torch.randn(1, H, device=DEV), torch.randn(1, H, device=DEV).half()
+    nw, qn, kn = ((1 + 0.1 * torch.randn(n, device=DEV)).half() for n in (H, D, D))
+    pos, slot, cache = torch.tensor([1234], device=DEV), torch.tensor([77], device=DEV), rope_cache()
+    unfused = SimpleNamespace(rms_norm=n_t.rms_norm, w4a16_gemm=g_t.w4a16_gemm,
+                              qk_norm_rope_store=r_t.qk_norm_rope_store)
+
+    def run(fn, **kw):
+        kc, vc = (torch.zeros(8, 16, HKV, D, device=DEV).half() for _ in range(2))
+
+        def call():
+            q, r = fn(x, res, nw, 1e-6, w, None, qn, kn, pos, cache, kc, vc, slot, **kw)
+            return torch.cat([q.flatten(), r.flatten(), kc.view(-1, HKV * D)[77], vc.view(-1, HKV * D)[77]])
+        return call
+    nbytes = w.nbytes() + H * 2 * 4
+    yield "attn_in T=1 (norm+qkv+rope+store)", run(ai_t.norm_qkv_rope_store), run(ai_r.norm_qkv_rope_store), nbytes
+    yield "attn_in T=1 (unfused)", run(ai_r.norm_qkv_rope_store, ops=unfused), run(ai_r.norm_qkv_rope_store), nbytes
 
 
 def main() -> None:

@@ -17,7 +17,7 @@ per SM instead of paths.SPLIT_CTAS_PER_SM (a sweep of the one tunable). Each row
 graph's attention launches with and how many of them the context fills. ``--sweep attn_sweep.json`` adds the
 policies "sweep:1x32k" and "sweep:16x8k": "fill" with the decode-attention knobs bench/attn_sweep.py found fastest
 for that case (kernels/paths.set_decode_attention_override; forced segment counts are not carried over).
-Every row reports whether its greedy tokens equal the first policy's.
+Every row reports whether its greedy tokens equal the first policy's, and the tokens (the first repeat's).
 ``--scenarios 1x512,1x32768`` keeps only those (batch x context) scenarios.
 
 Usage (repo root, a GPU, the checkpoint of ``python bench/full_size.py build /tmp/q30``):
@@ -214,7 +214,8 @@ def scenario(core, pol: Policies, bs: int, ctx: int, new: int, vocab: int, bw: f
         row = {"tpot_ms": med * 1e3, "tok_s": bs / med, "tok_s_min": bs / max(r), "tok_s_max": bs / min(r),
                "tpot_ms_runs": [x * 1e3 for x in r], "split": pol.segments(spec, bs, ctx + new // 2),
                # greedy tokens of the first repeat equal to the first policy's (fp32 atomics may differ in order)
-               "tokens_equal_first_policy": tokens[spec] == tokens[pol.specs[0]]}
+               "tokens_equal_first_policy": tokens[spec] == tokens[pol.specs[0]],
+               "tokens": tokens[spec]}                                    # for A/Bs across processes (run_h200 ab)
         if b is not None:
             row["floor_fraction"] = (b / bw) / med
         res["policies"][spec] = row

@@ -74,20 +74,26 @@ for p in $parts; do
               --policies "${LONGCTX_POLICIES:-legacy,fill,fill:5}" \
               $([ -f "$OUT/attn_sweep.json" ] && echo --sweep "$OUT/attn_sweep.json") ;;
     ab) log ab  # A/B of source files: AB_SWAP="PATH:.ab/OLD ..." (e.g. onecard/kernels/gptq_gemm/int4.py:.ab/int4_old.py,
-          # issue 25's dequant A/B) puts each OLD file at PATH in a copy of the tree (/tmp/base); then the batch-1
-          # kernels alone (graph replay) in both trees and the full model at batch 1, 512 tokens, one process per
-          # tree and repeat, alternating base, new, base, new (~4 min)
-          rm -rf /tmp/base && mkdir -p /tmp/base && cp -r onecard bench tests /tmp/base/
+          # issue 25's dequant A/B) puts each OLD file at PATH in a copy of the tree (/tmp/base); AB_ALT="PATH:.ab/FILE
+          # ..." (optional) makes a third arm, this tree with those files (/tmp/alt). Then the batch-1 kernels alone
+          # (graph replay) in each tree and the full model at batch 1, 512 tokens, one process per tree and repeat,
+          # alternating base, new(, alt), base, new(, alt) (~4 min for two arms)
+          rm -rf /tmp/base /tmp/alt && mkdir -p /tmp/base && cp -r onecard bench tests /tmp/base/
           for sw in ${AB_SWAP:?AB_SWAP=PATH:.ab/OLD ...}; do cp "${sw#*:}" "/tmp/base/${sw%%:*}"; done
+          trees="/tmp/base $PWD"
+          if [ -n "${AB_ALT:-}" ]; then
+            mkdir -p /tmp/alt && cp -r onecard bench tests /tmp/alt/ && trees="$trees /tmp/alt"
+            for sw in $AB_ALT; do cp "${sw#*:}" "/tmp/alt/${sw%%:*}"; done
+          fi
           [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30 > /dev/null
-          for tree in /tmp/base "$PWD"; do
+          for tree in $trees; do
             echo "--- kernels, $tree"
             (cd "$tree" && PYTHONPATH="$tree${EXTRA_PYTHONPATH:+:$EXTRA_PYTHONPATH}" timeout 120 python3 bench/kernels_gpu.py \
               --quick --only "${AB_KERNELS:-M=1,fused_moe T=1,norm_moe T=1}")
           done
           i=0
-          for tree in /tmp/base "$PWD" /tmp/base "$PWD"; do
-            i=$((i + 1)); tag=$([ "$tree" = /tmp/base ] && echo base || echo new)
+          for tree in $trees $trees; do
+            i=$((i + 1)); tag=$(case "$tree" in /tmp/base) echo base;; /tmp/alt) echo alt;; *) echo new;; esac)
             (cd "$tree" && PYTHONPATH="$tree${EXTRA_PYTHONPATH:+:$EXTRA_PYTHONPATH}" timeout 120 python3 bench/long_context.py \
               /tmp/q30 "$OUT/ab_${tag}_$i.json" --policies fill --scenarios "${AB_SCENARIOS:-1x512}" | grep "tok/s" \
               | sed "s/^/$tag $i: /")

@@ -180,6 +180,28 @@ def choose_decode_moe(tokens: int, cc: int) -> str:
     return "decode16" if tensor_core_dot(cc) else "decode16-pre-sm80"
 
 
+# Decode MoE at T > 1: silu(gate) * up as a launch of its own between the two stages, stage 2 then loading it as
+# stage 1 loads x. Without it every stage-2 program recomputes silu for its K tile (exp and a division per value,
+# each value once per column tile of the down projection: 16 times at the served shape). Identical values either
+# way (the same fp32 formula, rounded to the model dtype before the dot). Off until measured: set_decode_moe_act_launch
+# (the A/B: run_h200.sh ab with AB_ALT carrying a paths.py that sets it).
+DECODE_MOE_ACT_LAUNCH = False
+
+
+class _DecodeMoeAct:
+    on: bool | None = None
+
+
+def set_decode_moe_act_launch(on: bool | None) -> None:
+    """The decode MoE's separate silu launch (T > 1) on or off in this process; None: DECODE_MOE_ACT_LAUNCH."""
+    _DecodeMoeAct.on = on
+
+
+def decode_moe_act_launch(tokens: int) -> bool:
+    """Does a decode MoE of ``tokens`` tokens compute silu(gate) * up in a launch of its own (T > 1 only)?"""
+    return tokens > 1 and (DECODE_MOE_ACT_LAUNCH if _DecodeMoeAct.on is None else _DecodeMoeAct.on)
+
+
 def triton_moe_config(tokens: int, cc: int) -> str:
     """The Triton fused MoE's config for T tokens: a decode config, sorted16 or sorted64 (sorted64's gated
     GEMM spills below sm80: 704 B of stack per thread on sm70; sorted16 serves there up to the per-expert path)."""

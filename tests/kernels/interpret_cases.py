@@ -35,6 +35,9 @@ ROUTER = [(1, 64, 8), (3, 72, 6), (16, 256, 12), (5, 2048, 16), (1, 5000, 3)]
 MOE = [(1, 64, 32, 8, 2, True, False), (3, 72, 40, 6, 3, False, False), (17, 128, 48, 8, 2, True, True),
        (70, 64, 16, 4, 2, True, False), (1, 256, 160, 16, 4, False, True), (16, 256, 136, 8, 3, True, False),
        (9, 128, 48, 32, 8, True, True), (1, 32, 16, 8, 2, True, False)]
+# MOE cases (GPTQ weights) at 1 < T <= 16 run again with silu(gate) * up as a launch of its own between the decode
+# stages (paths.set_decode_moe_act_launch): T = 3, 16 (split-K), 9 (act order: per-row groups)
+MOE_ACT = (1, 5, 6)
 # (T, H, E, I, top_k): decode MoE with g128 weights, whose K tiles each lie in one group: at T = 1 both stages take
 # the GEMV step (gptq_gemm/int4.gemv_tile_mac, stage 2 on silu(gate) * up), K = 200 ending
 # inside a tile and a second group
@@ -88,6 +91,7 @@ FP8_CASES = (FP8_EXACT + [f"qk_norm_rope_store-fp8{f}" for f in ("e5m2", "e4m3")
 CASES = ([f"gemm{i}-{dt}" for i in range(len(GEMM)) for dt in (F32, F16)] + ["dequant"]
          + [f"moe{i}-{w}-{dt}" for i in range(len(MOE)) for w in ("float", "gptq") for dt in (F32, F16)]
          + [f"g128moe{i}-{dt}" for i in range(len(MOE_G128)) for dt in (F32, F16)]
+         + [f"moeact{i}-{dt}" for i in MOE_ACT for dt in (F32, F16)]
          + [f"router{i}-{dt}" for i in range(len(ROUTER)) for dt in (F32, F16)]
          + [f"norm_moe{i}-{w}-{dt}" for i in range(len(NORM_MOE)) for w in ("float", "gptq") for dt in (F32, F16)]
          + [f"attn{i}-{dt}" for i in range(len(ATTN)) for dt in (F32, F16)]
@@ -342,6 +346,15 @@ def run_case(name: str, seed: int) -> float:
         ws = [random_gptq(h, i, 128, experts=e, seed=seed + 1)[0], random_gptq(h, i, 128, experts=e, seed=seed + 2)[0],
               random_gptq(i, h, 128, experts=e, seed=seed + 3)[0]]
         return _rel(tk.fused_moe(x, logits, *ws, top_k, True), ref.fused_moe(x, logits, *ws, top_k, True))
+    if kind.startswith("moeact"):
+        from onecard.kernels import paths
+        t = MOE[int(kind[6:])][0]
+        paths.set_decode_moe_act_launch(True)
+        try:
+            assert paths.decode_moe_act_launch(t) and paths.choose_decode_moe(t, 80) == "decode16", t
+            return run_case(f"moe{kind[6:]}-gptq-{rest}", seed)
+        finally:
+            paths.set_decode_moe_act_launch(None)
     if kind.startswith("moe"):
         from onecard.kernels.fused_moe import ref
         from onecard.kernels.fused_moe import triton as tk

@@ -20,11 +20,12 @@ def _silu_and_mul_kernel(x_ptr, out_ptr, I, stride_x, BLOCK: tl.constexpr):
     tl.store(out_ptr + row * I + offs, (g / (1.0 + tl.exp(-g)) * u).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+def silu_and_mul(x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``out_dtype``: the result's dtype (default x's; the decode MoE rounds its fp32 sums to the model dtype)."""
     t, two_i = x.shape
     i = two_i // 2
     assert x.stride(1) == 1
-    out = torch.empty(t, i, dtype=x.dtype, device=x.device)
+    out = torch.empty(t, i, dtype=out_dtype or x.dtype, device=x.device)
     if t > 0:
         _silu_and_mul_kernel[(t, triton.cdiv(i, BLOCK))](x, out, i, x.stride(0), BLOCK=BLOCK)
     return out
@@ -34,6 +35,8 @@ def aot_configs() -> list[AotConfig]:
     out = []
     for act, min_cc in (("fp16", 70), ("bf16", 80)):
         cx = dict(BLOCK=BLOCK)
-        args = dict(x_ptr=f"*{act}", out_ptr=f"*{act}", I="i32", stride_x="i32")
-        out.append(AotConfig(_silu_and_mul_kernel, signature(args, cx), cx, 4, 1, min_cc, f"silu_and_mul[{act}]"))
+        for x_t in (act, "fp32"):                 # fp32: the decode MoE's gate/up sums (fused_moe/stages.py)
+            args = dict(x_ptr=f"*{x_t}", out_ptr=f"*{act}", I="i32", stride_x="i32")
+            out.append(AotConfig(_silu_and_mul_kernel, signature(args, cx), cx, 4, 1, min_cc,
+                                 f"silu_and_mul[{act}{'' if x_t == act else ',x=fp32'}]"))
     return out

@@ -9,7 +9,8 @@ ids, routed weights and the compact ``active`` list (expert + 1 per slot; 0: the
      that share an expert share its weight read); fp32 partial sums go to gu [T*k, 2I] with atomic_add.
   2. down: same grid over H; the input tile is silu(gate) * up computed on the fly from gu (the full K sums
      are complete after stage 1), times the routed weight, atomic_add into out32 [T, H]: the top-k sum is
-     free.
+     free. At T > 1 with paths.decode_moe_act_launch, silu(gate) * up is a launch of its own between the
+     stages (activation/triton.silu_and_mul, into the model dtype) and stage 2 loads it (PRE_ACT).
 Both accumulators must be zero before stage 1 (the routing launch zeroes them). With PDL (sm90,
 triton_common) stage 2 reads the routing and its first weight tile before its wait: the routing was written
 two launches earlier. Split-K is chosen on the host from static sizes so that a tuned number of programs per
@@ -22,6 +23,7 @@ import triton
 import triton.language as tl
 
 from onecard.kernels import paths
+from onecard.kernels.activation.triton import silu_and_mul
 from onecard.kernels.gptq_gemm.int4 import (
     _dequant_tile_j,
     _group_sz,
@@ -68,9 +70,11 @@ def _moe_decode_kernel(x_ptr, a_ptr, out_ptr, qa_ptr, za_ptr, sa_ptr, ga_ptr, qb
                        tiles_per_split,
                        TOP_K: tl.constexpr, BLOCK_TOPK: tl.constexpr, BLOCK_T: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_K8: tl.constexpr, STAGE: tl.constexpr,
-                       FLOAT_W: tl.constexpr, PER_ROW: tl.constexpr, PDL: tl.constexpr):
+                       FLOAT_W: tl.constexpr, PER_ROW: tl.constexpr, PDL: tl.constexpr,
+                       PRE_ACT: tl.constexpr = False):
     """STAGE 1: gu[pair, mat*N + n] += x[t] @ W_mat[e] (mat 0 = gate (qa..), 1 = up (qb..)) over one K split.
-    STAGE 2: out[t, n] += topk_w[pair] * (silu(gu[pair, :K]) * gu[pair, K:]) @ Wd[e] (qa.. = qb.. = down).
+    STAGE 2: out[t, n] += topk_w[pair] * (silu(gu[pair, :K]) * gu[pair, K:]) @ Wd[e] (qa.. = qb.. = down);
+    PRE_ACT (T > 1): a_ptr holds silu(gate) * up already, [pairs, K] in the model dtype (paths.decode_moe_act_launch).
     active_ptr[slot] = expert + 1 (0: no expert in this slot, the program does nothing).
     PDL: stage 1 reads the routing the kernel just before wrote, so it waits first. Stage 2's routing is two
     kernels old (complete before any stage-2 program can start, see triton_common), so it reads the routing
@@ -136,13 +140,13 @@ def _moe_decode_kernel(x_ptr, a_ptr, out_ptr, qa_ptr, za_ptr, sa_ptr, ga_ptr, qb
         if BLOCK_T == 1:
             acc = _decode_tile_mac(acc, q0, s0, z0, t_begin, t_end, x_ptr, a_ptr, a_row, q_ptr, z_ptr, s_ptr,
                                    g_ptr, offs_r, offs_n, n_mask, z_shift, k8, K, N, stride_a, offs_t, tok_mask,
-                                   pair, DT, BLOCK_T, BLOCK_N, BLOCK_K8, STAGE, FLOAT_W, PER_ROW)
+                                   pair, DT, BLOCK_T, BLOCK_N, BLOCK_K8, STAGE, FLOAT_W, PER_ROW, PRE_ACT)
         for it in range(t_loop, t_end):
             q, s_u, z_u = _decode_tile_load(q_ptr, s_ptr, z_ptr, it, t_end, live, offs_r, offs_n, n_mask, z_shift,
                                             k8, N, group_size, num_groups, BLOCK_K8, BLOCK_N, FLOAT_W)
             acc = _decode_tile_mac(acc, q, s_u, z_u, it, t_end, x_ptr, a_ptr, a_row, q_ptr, z_ptr, s_ptr, g_ptr,
                                    offs_r, offs_n, n_mask, z_shift, k8, K, N, stride_a, offs_t, tok_mask, pair,
-                                   DT, BLOCK_T, BLOCK_N, BLOCK_K8, STAGE, FLOAT_W, PER_ROW)
+                                   DT, BLOCK_T, BLOCK_N, BLOCK_K8, STAGE, FLOAT_W, PER_ROW, PRE_ACT)
     if live:
         if BLOCK_T == 1:
             res = tl.sum(acc, axis=0)                                     # [BN]
@@ -205,7 +209,7 @@ def _decode_tile_load(q_ptr, s_ptr, z_ptr, it, t_end, live, offs_r, offs_n, n_ma
 def _decode_tile_mac(acc, q, s_u, z_u, it, t_end, x_ptr, a_ptr, a_row, q_ptr, z_ptr, s_ptr, g_ptr, offs_r, offs_n,
                      n_mask, z_shift, k8, K, N, stride_a, offs_t, tok_mask, pair, DT: tl.constexpr,
                      BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K8: tl.constexpr, STAGE: tl.constexpr,
-                     FLOAT_W: tl.constexpr, PER_ROW: tl.constexpr):
+                     FLOAT_W: tl.constexpr, PER_ROW: tl.constexpr, PRE_ACT: tl.constexpr):
     """acc += inputs [rows of tile it] @ dequant(tile) for the tokens routed here (nothing past t_end)."""
     r = it * BLOCK_K8 + offs_r                                            # [BK8] packed rows
     r_mask = (r < k8) & (it < t_end)
@@ -238,6 +242,8 @@ def _decode_tile_mac(acc, q, s_u, z_u, it, t_end, x_ptr, a_ptr, a_row, q_ptr, z_
                 am = tok_mask[:, None] & r_mask[None, :]
                 if STAGE == 1:
                     a = tl.load(x_ptr + offs_t[:, None] * stride_a + k[None, :], mask=am, other=0.0)
+                elif PRE_ACT:                                             # silu(gate) * up, computed once
+                    a = tl.load(a_ptr + pair.to(tl.int64)[:, None] * stride_a + k[None, :], mask=am, other=0.0)
                 else:
                     a_off = pair.to(tl.int64)[:, None] * stride_a + k[None, :]
                     gv = tl.load(a_ptr + a_off, mask=am, other=0.0)
@@ -297,9 +303,11 @@ def moe_stages(x: torch.Tensor, gu: torch.Tensor, out32: torch.Tensor, w_gate: M
         x.stride(0), 2 * n1, tiles1, per1, STAGE=1, PER_ROW=bool(pr1), **common)
     tiles2 = triton.cdiv(n2, bn)
     s2, per2 = _split(tiles2 * slots, triton.cdiv(k2 // 8, bk8), dev, per_sm)
+    pre_act = bt > 1 and not float_w and paths.decode_moe_act_launch(t)
+    a2 = silu_and_mul(gu, x.dtype) if pre_act else gu                    # [T*k, I] model dtype | [T*k, 2I] fp32
     _moe_decode_kernel[(tiles2, s2, slots)](
-        x, gu, out32, *down, *down, topk_ids, topk_w, active, t, n2, k2, gs2, ng2,
-        gst2, 2 * n1, n2, tiles2, per2, STAGE=2, PER_ROW=bool(pr2), **common)
+        x, a2, out32, *down, *down, topk_ids, topk_w, active, t, n2, k2, gs2, ng2,
+        gst2, a2.stride(0), n2, tiles2, per2, STAGE=2, PER_ROW=bool(pr2), PRE_ACT=pre_act, **common)
 
 
 def stages_aot_configs(act: str, min_cc: int) -> list[AotConfig]:
@@ -309,7 +317,7 @@ def stages_aot_configs(act: str, min_cc: int) -> list[AotConfig]:
         for float_w, per_row in ((False, False), (False, True), (True, False)):
             for stage in (1, 2):
                 cx = dict(TOP_K=8, BLOCK_TOPK=8, BLOCK_T=bt, BLOCK_N=bn, BLOCK_K8=bk8, STAGE=stage,
-                          FLOAT_W=float_w, PER_ROW=per_row, PDL=False)
+                          FLOAT_W=float_w, PER_ROW=per_row, PDL=False, PRE_ACT=False)
                 wt = f"*{act}" if float_w else "*i32"
                 args = dict(x_ptr=f"*{act}", a_ptr=f"*{act}" if stage == 1 else "*fp32", out_ptr="*fp32",
                             qa_ptr=wt, za_ptr="*i32", sa_ptr="*fp16", ga_ptr="*i32",
@@ -322,6 +330,11 @@ def stages_aot_configs(act: str, min_cc: int) -> list[AotConfig]:
                     args.update(za_ptr=wt, sa_ptr=wt, ga_ptr=wt, zb_ptr=wt, sb_ptr=wt, gb_ptr=wt)
                 out.append(AotConfig(_moe_decode_kernel, signature(args, cx), cx, warps, stages, min_cc,
                                      f"moe_decode[{name},stage={stage},float={float_w},per_row={per_row},{act}]"))
+                if stage == 2 and bt > 1 and not float_w:                 # the separate silu launch's input
+                    cx = dict(cx, PRE_ACT=True)
+                    args = dict(args, a_ptr=f"*{act}")
+                    out.append(AotConfig(_moe_decode_kernel, signature(args, cx), cx, warps, stages, min_cc,
+                                         f"moe_decode[{name},stage=2,float=False,per_row={per_row},pre_act,{act}]"))
     return out
 
 

@@ -180,7 +180,7 @@ def norm_qkv_rope_store(x, residual, norm_weight, eps, w, bias, q_weight, k_weig
 
     args = (x, residual, norm_weight, eps, w, bias, q_weight, k_weight, positions, cos_sin_cache, k_cache, v_cache,
             slot_mapping, k_scale, v_scale)
-    if backend_for(x.device) == "triton":
+    if backend_for(x.device) == "triton" and paths.fused_attn_input(x.shape[0]):
         from onecard.kernels.attn_in import triton as tk
 
         if tk.supported(x, w, bias, k_cache):

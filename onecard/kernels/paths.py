@@ -180,6 +180,26 @@ def choose_decode_moe(tokens: int, cc: int) -> str:
     return "decode16" if tensor_core_dot(cc) else "decode16-pre-sm80"
 
 
+# A decoder layer's attention input at batch 1 as ONE launch (attn_in/triton.py: the input RMSNorm folded into the
+# qkv GEMV, q/k norm + RoPE + the KV store in each head's last-arriving program) instead of three (rms_norm, the
+# GEMV, qk_norm_rope_store). ``set_fused_attn_input`` turns it off (A/Bs).
+FUSE_ATTN_INPUT = True
+
+
+class _AttnInput:
+    on: bool | None = None
+
+
+def set_fused_attn_input(on: bool | None) -> None:
+    """The one-launch batch-1 attention input on or off in this process; None: FUSE_ATTN_INPUT."""
+    _AttnInput.on = on
+
+
+def fused_attn_input(tokens: int) -> bool:
+    """Does a ``tokens``-token forward run its attention input as one launch (batch 1 only)?"""
+    return tokens == 1 and (FUSE_ATTN_INPUT if _AttnInput.on is None else _AttnInput.on)
+
+
 # Decode MoE at T > 1: silu(gate) * up as a launch of its own between the two stages, stage 2 then loading it as
 # stage 1 loads x. Without it every stage-2 program recomputes silu for its K tile (exp and a division per value,
 # each value once per column tile of the down projection: 16 times at the served shape). Identical values either

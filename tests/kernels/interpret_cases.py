@@ -238,11 +238,16 @@ def _attn_in_run(i: int, dt, seed: int, cache_dt, k_scale: float = 1.0, v_scale:
         ca = [torch.randn(3, 4, hkv, d).to(cache_dt) for _ in range(2)]
     cb = [c.clone() for c in ca]
     args = (nw, 1e-6, w, None, qw, kw, pos, cos_sin)
-    with dispatch.use_backend("triton"):
-        if t == 1:
-            from onecard.kernels.attn_in import triton as tk
-            assert tk.supported(x, w, None, ca[0]), "the one-launch kernel must take this case"
-        a = dispatch.norm_qkv_rope_store(x, res, *args, *ca, slots, k_scale, v_scale)
+    from onecard.kernels import paths
+    paths.set_fused_attn_input(True)                                      # whatever the table's default
+    try:
+        with dispatch.use_backend("triton"):
+            if t == 1:
+                from onecard.kernels.attn_in import triton as tk
+                assert tk.supported(x, w, None, ca[0]), "the one-launch kernel must take this case"
+            a = dispatch.norm_qkv_rope_store(x, res, *args, *ca, slots, k_scale, v_scale)
+    finally:
+        paths.set_fused_attn_input(None)
     b = ref.norm_qkv_rope_store(x, res, *args, *cb, slots, k_scale, v_scale)
     return a, b, ca, cb
 

@@ -73,18 +73,21 @@ for p in $parts; do
           timeout 330 python3 bench/long_context.py /tmp/q30 "$OUT/long_context.json" \
               --policies "${LONGCTX_POLICIES:-legacy,fill,fill:5}" \
               $([ -f "$OUT/attn_sweep.json" ] && echo --sweep "$OUT/attn_sweep.json") ;;
-    ab) log ab  # A/B of source files: AB_SWAP="PATH:.ab/OLD ..." (e.g. onecard/kernels/gptq_gemm/int4.py:.ab/int4_old.py,
-          # issue 25's dequant A/B) puts each OLD file at PATH in a copy of the tree (/tmp/base); AB_ALT="PATH:.ab/FILE
-          # ..." (optional) makes a third arm, this tree with those files (/tmp/alt). Then the batch-1 kernels alone
-          # (graph replay) in each tree and the full model at batch 1, 512 tokens, one process per tree and repeat,
+    ab) log ab  # A/B of source files, arms built as copies of this tree with files swapped in: AB_SWAP="PATH:.ab/FILE ..."
+          # makes the base (/tmp/base: e.g. onecard/kernels/gptq_gemm/int4.py:.ab/int4_old.py, issue 25's dequant
+          # A/B), AB_NEW the new arm (/tmp/new; unset: this tree as it is; e.g. a paths.py with a switch on),
+          # AB_ALT (optional) a third (/tmp/alt); at least AB_SWAP or AB_NEW. Then the batch-1 kernels alone (graph
+          # replay) in each arm and the full model at batch 1, 512 tokens, one process per arm and repeat,
           # alternating base, new(, alt), base, new(, alt) (~4 min for two arms)
-          rm -rf /tmp/base /tmp/alt && mkdir -p /tmp/base && cp -r onecard bench tests /tmp/base/
-          for sw in ${AB_SWAP:?AB_SWAP=PATH:.ab/OLD ...}; do cp "${sw#*:}" "/tmp/base/${sw%%:*}"; done
-          trees="/tmp/base $PWD"
-          if [ -n "${AB_ALT:-}" ]; then
-            mkdir -p /tmp/alt && cp -r onecard bench tests /tmp/alt/ && trees="$trees /tmp/alt"
-            for sw in $AB_ALT; do cp "${sw#*:}" "/tmp/alt/${sw%%:*}"; done
-          fi
+          : "${AB_SWAP:-${AB_NEW:?AB_SWAP or AB_NEW: PATH:.ab/FILE ...}}"
+          rm -rf /tmp/base /tmp/new /tmp/alt
+          arm() {  # arm DIR "PATH:FILE ...": a copy of this tree with those files
+            mkdir -p "$1" && cp -r onecard bench tests "$1/"
+            for sw in $2; do cp "${sw#*:}" "$1/${sw%%:*}"; done
+          }
+          arm /tmp/base "${AB_SWAP:-}"
+          if [ -n "${AB_NEW:-}" ]; then arm /tmp/new "$AB_NEW"; trees="/tmp/base /tmp/new"; else trees="/tmp/base $PWD"; fi
+          if [ -n "${AB_ALT:-}" ]; then arm /tmp/alt "$AB_ALT"; trees="$trees /tmp/alt"; fi
           [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30 > /dev/null
           for tree in $trees; do
             echo "--- kernels, $tree"

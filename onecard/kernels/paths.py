@@ -182,8 +182,9 @@ def choose_decode_moe(tokens: int, cc: int) -> str:
 
 # A decoder layer's attention input at batch 1 as ONE launch (attn_in/triton.py: the input RMSNorm folded into the
 # qkv GEMV, q/k norm + RoPE + the KV store in each head's last-arriving program) instead of three (rms_norm, the
-# GEMV, qk_norm_rope_store). ``set_fused_attn_input`` turns it off (A/Bs).
-FUSE_ATTN_INPUT = True
+# GEMV, qk_norm_rope_store). Off until the full-model A/B has run on a GPU (built 2026-12-06, when no device
+# started; BENCHMARKS.md has the call); ``set_fused_attn_input`` turns it on in a process.
+FUSE_ATTN_INPUT = False
 
 
 class _AttnInput:

@@ -35,22 +35,29 @@ from onecard.kernels.attention.triton import KV_FORMATS
 from onecard.kernels.attn_in.ref import head_counts
 from onecard.kernels.gptq_gemm.int4 import gemv_tile_mac, row_input
 from onecard.kernels.gptq_gemm.small_m import _small_tile_load
-from onecard.kernels.gptq_gemm.triton import GEMV_MAX_SPLITS, row_groups, small_grid
+from onecard.kernels.gptq_gemm.triton import GEMV_MAX_SPLITS, SmallGrid, row_groups, small_grid
 from onecard.kernels.rope.triton import rms_rope
 from onecard.kernels.triton_common import AotConfig, last_arrival, pdl, pdl_enter, signature
 from onecard.kernels.types import GPTQWeight
 
 
-def supported(x: torch.Tensor, w: object, bias: torch.Tensor | None, k_cache: torch.Tensor) -> bool:
-    """One token, GPTQ weights whose K tiles each lie in one group (no g_idx), no bias, whole heads per column
-    tile (D a power of two, a multiple of the GEMV's BN), q | k | v columns."""
+def _grid(x: torch.Tensor, w: object, bias: torch.Tensor | None, k_cache: torch.Tensor) -> SmallGrid | None:
+    """The launch shape (the batch-1 GEMV's) where the kernel applies, else None: one token, GPTQ weights whose K
+    tiles each lie in one group (no g_idx), no bias, whole heads per column tile (D a power of two, a multiple
+    of the GEMV's BN), q | k | v columns."""
     if x.shape[0] != 1 or bias is not None or not isinstance(w, GPTQWeight) or x.stride(-1) != 1:
-        return False
+        return None
     hq, hkv, d = head_counts(w.out_features, k_cache)
     g = small_grid(1, w.out_features, w.in_features, x.device)
-    return (w.g_idx is None and not row_groups(w, g.block_k8)[0] and d & (d - 1) == 0 and d % g.block_n == 0
-            and hq >= 1 and (hq + 2 * hkv) * d == w.out_features and k_cache.is_contiguous()
-            and w.in_features % 8 == 0)
+    ok = (w.g_idx is None and not row_groups(w, g.block_k8)[0] and d & (d - 1) == 0 and d % g.block_n == 0
+          and hq >= 1 and (hq + 2 * hkv) * d == w.out_features and k_cache.is_contiguous()
+          and w.in_features % 8 == 0)
+    return g if ok else None
+
+
+def supported(x: torch.Tensor, w: object, bias: torch.Tensor | None, k_cache: torch.Tensor) -> bool:
+    """Whether the one-launch kernel takes this call (``_grid``)."""
+    return _grid(x, w, bias, k_cache) is not None
 
 
 @triton.jit
@@ -162,12 +169,12 @@ def norm_qkv_rope_store(x: torch.Tensor, residual: torch.Tensor | None, norm_wei
                         v_scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """x [1, H] (the model dtype, or fp32 with a residual), residual [1, H] | None -> (q_out [1, Hq, D],
     residual_out [1, H]); the caches are written in place. Only where ``supported``."""
-    assert supported(x, w, bias, k_cache), (x.shape, type(w), bias is None)
+    g = _grid(x, w, bias, k_cache)
+    assert g is not None, (x.shape, type(w), bias is None)
     assert v_cache.is_contiguous() and cos_sin_cache.is_contiguous() and cos_sin_cache.dtype == torch.float32
     dev, h = x.device, x.shape[1]
     n = w.out_features
     hq, hkv, d = head_counts(n, k_cache)
-    g = small_grid(1, n, h, dev)
     dt = residual.dtype if residual is not None else x.dtype
     q_out = torch.empty(1, hq, d, dtype=dt, device=dev)
     res_out = torch.empty(1, h, dtype=dt, device=dev) if residual is not None else x

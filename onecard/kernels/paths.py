@@ -187,18 +187,28 @@ def choose_decode_moe(tokens: int, cc: int) -> str:
 FUSE_ATTN_INPUT = False
 
 
-class _AttnInput:
-    on: bool | None = None
+class _Switches:
+    """Per-process overrides of the table's on/off switches above and below (tests, benches; serving never sets
+    them): switch name -> on."""
+
+    on: ClassVar[dict[str, bool]] = {}
+
+
+def _set_switch(name: str, on: bool | None) -> None:
+    if on is None:
+        _Switches.on.pop(name, None)
+    else:
+        _Switches.on[name] = on
 
 
 def set_fused_attn_input(on: bool | None) -> None:
     """The one-launch batch-1 attention input on or off in this process; None: FUSE_ATTN_INPUT."""
-    _AttnInput.on = on
+    _set_switch("fuse_attn_input", on)
 
 
 def fused_attn_input(tokens: int) -> bool:
     """Does a ``tokens``-token forward run its attention input as one launch (batch 1 only)?"""
-    return tokens == 1 and (FUSE_ATTN_INPUT if _AttnInput.on is None else _AttnInput.on)
+    return tokens == 1 and _Switches.on.get("fuse_attn_input", FUSE_ATTN_INPUT)
 
 
 # Decode MoE at T > 1: silu(gate) * up as a launch of its own between the two stages, stage 2 then loading it as
@@ -209,18 +219,14 @@ def fused_attn_input(tokens: int) -> bool:
 DECODE_MOE_ACT_LAUNCH = False
 
 
-class _DecodeMoeAct:
-    on: bool | None = None
-
-
 def set_decode_moe_act_launch(on: bool | None) -> None:
     """The decode MoE's separate silu launch (T > 1) on or off in this process; None: DECODE_MOE_ACT_LAUNCH."""
-    _DecodeMoeAct.on = on
+    _set_switch("decode_moe_act_launch", on)
 
 
 def decode_moe_act_launch(tokens: int) -> bool:
     """Does a decode MoE of ``tokens`` tokens compute silu(gate) * up in a launch of its own (T > 1 only)?"""
-    return tokens > 1 and (DECODE_MOE_ACT_LAUNCH if _DecodeMoeAct.on is None else _DecodeMoeAct.on)
+    return tokens > 1 and _Switches.on.get("decode_moe_act_launch", DECODE_MOE_ACT_LAUNCH)
 
 
 def triton_moe_config(tokens: int, cc: int) -> str:

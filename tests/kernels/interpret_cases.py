@@ -157,8 +157,7 @@ def _fp8_case(name: str, seed: int) -> float:
         qkv = torch.randn(t, (hq + 2 * hkv) * d).half()
         q, k, v = (x.reshape(t, -1, d) for x in qkv.split([hq * d, hkv * d, hkv * d], dim=-1))
         qw, kw = torch.randn(d).half(), torch.randn(d).half()
-        ang = torch.outer(torch.arange(64).float(), 1.0 / (1e4 ** (torch.arange(0, d, 2).float() / d)))
-        cache = torch.cat([ang.cos(), ang.sin()], dim=-1)
+        cache = _rope_cache(d)
         pos = torch.randint(0, 64, (t,))
         slots = torch.tensor([3, -1, 0, 11, 6])
         ca = [torch.zeros(3, 4, hkv, d, dtype=torch.uint8).view(cdt) for _ in range(2)]
@@ -200,6 +199,14 @@ def _fp8_case(name: str, seed: int) -> float:
     raise KeyError(name)
 
 
+def _rope_cache(d: int):
+    """fp32 [64, D] cos | sin at theta 1e4: the rope cases' positions."""
+    import torch
+
+    ang = torch.outer(torch.arange(64).float(), 1.0 / (1e4 ** (torch.arange(0, d, 2).float() / d)))
+    return torch.cat([ang.cos(), ang.sin()], dim=-1)
+
+
 def _fp8_ulps(ca, cb, k_scale: float, v_scale: float, fmt: str) -> float:
     """The largest difference between two fp8 (K, V) caches in units of the format's last place (relative to
     the second's values, at least the smallest normal)."""
@@ -228,8 +235,7 @@ def _attn_in_run(i: int, dt, seed: int, cache_dt, k_scale: float = 1.0, v_scale:
     x = torch.randn(t, h) if mode == "x32res" else torch.randn(t, h).to(dt)
     res = None if mode == "nores" else torch.randn(t, h).to(dt)
     nw, qw, kw = ((1 + 0.1 * torch.randn(n)).to(dt) for n in (h, d, d))
-    ang = torch.outer(torch.arange(64).float(), 1.0 / (1e4 ** (torch.arange(0, d, 2).float() / d)))
-    cos_sin = torch.cat([ang.cos(), ang.sin()], dim=-1)                   # [P, D] fp32
+    cos_sin = _rope_cache(d)
     pos = torch.randint(0, 64, (t,))
     slots = torch.tensor([slot, 0, 7][:t])
     if cache_dt.is_floating_point and cache_dt.itemsize == 1:
@@ -438,8 +444,7 @@ def run_case(name: str, seed: int) -> float:
         t, hq, hkv, d = 5, 6, 3, 32
         q, k = torch.randn(t, hq + 2, d).to(dt)[:, :hq], torch.randn(t, hkv, d).to(dt)   # q: a strided view
         qw, kw = torch.randn(d).to(dt), torch.randn(d).to(dt)
-        ang = torch.outer(torch.arange(64).float(), 1.0 / (1e4 ** (torch.arange(0, d, 2).float() / d)))
-        cache = torch.cat([ang.cos(), ang.sin()], dim=-1)
+        cache = _rope_cache(d)
         pos = torch.randint(0, 64, (t,))
         a, b = tk.qk_norm_rope(q, k, qw, kw, pos, cache, 1e-6), ref.qk_norm_rope(q, k, qw, kw, pos, cache, 1e-6)
         return max(_rel(a[0], b[0]), _rel(a[1], b[1]))
@@ -450,8 +455,7 @@ def run_case(name: str, seed: int) -> float:
         qkv = torch.randn(t, (hq + 2 * hkv) * d).to(dt)                  # q, k, v: strided views, as in the model
         q, k, v = (x.reshape(t, -1, d) for x in qkv.split([hq * d, hkv * d, hkv * d], dim=-1))
         qw, kw = torch.randn(d).to(dt), torch.randn(d).to(dt)
-        ang = torch.outer(torch.arange(64).float(), 1.0 / (1e4 ** (torch.arange(0, d, 2).float() / d)))
-        cache = torch.cat([ang.cos(), ang.sin()], dim=-1)
+        cache = _rope_cache(d)
         pos = torch.randint(0, 64, (t,))
         slots = torch.tensor([3, -1, 0, 11, 6])
         caches = [(torch.randn(3, 4, hkv, d).to(dt), torch.randn(3, 4, hkv, d).to(dt))]

@@ -229,6 +229,24 @@ def decode_moe_act_launch(tokens: int) -> bool:
     return tokens > 1 and _Switches.on.get("decode_moe_act_launch", DECODE_MOE_ACT_LAUNCH)
 
 
+# Decode MoE at T > 1 in fp16: the weights enter tl.dot as their exact n - z (a byte permute, two and-ors and two
+# packed subtracts per four weights: int4.byte_pair_diffs) and the group's scale multiplies each K tile's fp32 sum
+# once, instead of a shift, an and-or, a pack, a subtract and a multiply per weight (fused_moe/stages.py). sm90
+# SASS of stage 1's loop: 860 instructions per 256 weights a thread instead of 1,157 (the loop is bound by
+# instructions: its time did not move with 4-24 programs per SM). Off until measured: set_decode_moe_int_dot.
+DECODE_MOE_INT_DOT = False
+
+
+def set_decode_moe_int_dot(on: bool | None) -> None:
+    """The decode MoE's exact-integer dot (T > 1, fp16) on or off in this process; None: DECODE_MOE_INT_DOT."""
+    _set_switch("decode_moe_int_dot", on)
+
+
+def decode_moe_int_dot(tokens: int) -> bool:
+    """Does a decode MoE of ``tokens`` tokens take the exact-integer dot where its weights allow (T > 1)?"""
+    return tokens > 1 and _Switches.on.get("decode_moe_int_dot", DECODE_MOE_INT_DOT)
+
+
 def triton_moe_config(tokens: int, cc: int) -> str:
     """The Triton fused MoE's config for T tokens: a decode config, sorted16 or sorted64 (sorted64's gated
     GEMM spills below sm80: 704 B of stack per thread on sm70; sorted16 serves there up to the per-expert path)."""
@@ -527,6 +545,7 @@ __all__ = [
     "choose_moe",
     "decode_attention_override",
     "decode_moe_act_launch",
+    "decode_moe_int_dot",
     "dense_cublas_min_m",
     "describe",
     "device_props",
@@ -538,6 +557,7 @@ __all__ = [
     "real_capability",
     "set_decode_attention_override",
     "set_decode_moe_act_launch",
+    "set_decode_moe_int_dot",
     "set_emulated_capability",
     "set_fused_attn_input",
     "set_small_q_split",

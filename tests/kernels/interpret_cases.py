@@ -40,8 +40,14 @@ MOE = [(1, 64, 32, 8, 2, True, False), (3, 72, 40, 6, 3, False, False), (17, 128
 MOE_ACT = (1, 5, 6)
 # (T, H, E, I, top_k): decode MoE with g128 weights, whose K tiles each lie in one group: at T = 1 both stages take
 # the GEMV step (gptq_gemm/int4.gemv_tile_mac, stage 2 on silu(gate) * up), K = 200 ending
-# inside a tile and a second group
-MOE_G128 = [(1, 256, 8, 200, 3), (1, 384, 6, 256, 2), (5, 256, 8, 200, 3)]
+# inside a tile and a second group; T = 16 (split-K, experts shared by tokens) and T = 9 with K = 136 (17 packed
+# rows: the last row pair half outside K)
+MOE_G128 = [(1, 256, 8, 200, 3), (1, 384, 6, 256, 2), (5, 256, 8, 200, 3), (16, 256, 8, 200, 3),
+            (9, 128, 4, 136, 2)]
+# MOE_G128 cases at T > 1 (fp16) again with the exact-integer dot (paths.set_decode_moe_int_dot: the weights enter
+# the dot as n - z, the scale multiplies each tile's sum; under the interpreter its dequantize step is the
+# shift-and-mask twin of the inline PTX, which tests/kernels/test_int4_ptx.py checks)
+MOE_INT = (2, 3, 4)
 # (T, H, I, E, top_k, renormalize, residual?): the batch-1 block (one chunk of H per program; H not a multiple
 # of E; no residual; E not a power of two) and T > 1 (RMSNorm + router + fused_moe)
 NORM_MOE = [(1, 64, 32, 8, 2, True, True), (1, 200, 48, 6, 3, False, True), (1, 128, 40, 16, 4, True, False),
@@ -92,6 +98,7 @@ CASES = ([f"gemm{i}-{dt}" for i in range(len(GEMM)) for dt in (F32, F16)] + ["de
          + [f"moe{i}-{w}-{dt}" for i in range(len(MOE)) for w in ("float", "gptq") for dt in (F32, F16)]
          + [f"g128moe{i}-{dt}" for i in range(len(MOE_G128)) for dt in (F32, F16)]
          + [f"moeact{i}-{dt}" for i in MOE_ACT for dt in (F32, F16)]
+         + [f"g128moeint{i}-{F16}" for i in MOE_INT]
          + [f"router{i}-{dt}" for i in range(len(ROUTER)) for dt in (F32, F16)]
          + [f"norm_moe{i}-{w}-{dt}" for i in range(len(NORM_MOE)) for w in ("float", "gptq") for dt in (F32, F16)]
          + [f"attn{i}-{dt}" for i in range(len(ATTN)) for dt in (F32, F16)]
@@ -349,6 +356,15 @@ def run_case(name: str, seed: int) -> float:
         from onecard.kernels.gptq_gemm import triton as tk
         w, _ = random_gptq(64, 24, 16, desc_act=True, seed=seed)
         return _rel(tk.dequantize(w, torch.float32), ref.dequantize_gptq(w))
+    if kind.startswith("g128moeint"):
+        from onecard.kernels import paths
+        t = MOE_G128[int(kind[10:])][0]
+        paths.set_decode_moe_int_dot(True)
+        try:
+            assert paths.decode_moe_int_dot(t) and paths.choose_decode_moe(t, 80) == "decode16", t
+            return run_case(f"g128moe{kind[10:]}-{rest}", seed)
+        finally:
+            paths.set_decode_moe_int_dot(None)
     if kind.startswith("g128moe"):
         from onecard.kernels.fused_moe import ref
         from onecard.kernels.fused_moe import triton as tk

@@ -106,3 +106,62 @@ def gemv_tile_mac(acc, q, s_u, z_u, src, r, r_mask, INPUT: tl.constexpr, BLOCK_K
         xs += xv
     acc += ux * (16.0 * s_u)[None, :] - xs[:, None] * ((16.0 + z_u) * s_u)[None, :]
     return acc
+
+
+@triton.jit
+def pair_zeros(z_u):
+    """-> (ze, zo) int32 [BN]: the fp16 bits of 1024 + z and of 64 + z in both halves (true zeros z_u fp32 [BN]):
+    what byte_pair_diffs subtracts from its even and odd nibbles."""
+    zi = z_u.to(tl.int32)
+    return (0x6400 + zi) * 0x10001, (0x5400 + 16 * zi) * 0x10001
+
+
+def _pair_diffs_ptx(b: int) -> str:
+    """byte_pair_diffs' PTX for byte b: operands $0-$3 the four fp16 results (.b16), $4 qe, $5 qo, $6 ze, $7 zo.
+    prmt's selector puts byte b of $4 in byte 0 and byte b of $5 (byte 4 + b of the pair {$5, $4}) in byte 2;
+    lop3's 0xEA is (a & b) | c."""
+    return (
+        "{\n.reg .b32 t, lo, hi;\n"
+        f"prmt.b32 t, $4, $5, {b | ((b + 4) << 8):#x};\n"
+        "lop3.b32 lo, t, 0x000f000f, 0x64006400, 0xea;\n"
+        "lop3.b32 hi, t, 0x00f000f0, 0x54005400, 0xea;\n"
+        "sub.f16x2 lo, lo, $6;\n"
+        "sub.f16x2 hi, hi, $7;\n"
+        "mov.b32 {$0, $1}, lo;\n"
+        "mov.b32 {$2, $3}, hi;\n}"
+    )
+
+
+PAIR_DIFFS_PTX = tl.constexpr(tuple(_pair_diffs_ptx(b) for b in range(4)))   # tests/kernels/test_int4_ptx.py
+
+
+@triton.jit
+def byte_pair_diffs(qe, qo, ze, zo, B: tl.constexpr, ASM: tl.constexpr):
+    """Byte B of packed rows 2i (qe) and 2i+1 (qo), int32 [R, BN] each -> fp16 [R, BN] x 4: n - z of nibble 2B in
+    row 2i, in row 2i+1, then of nibble 2B+1 in row 2i, in row 2i+1 — exact small integers.
+
+    ASM (a GPU; PAIR_DIFFS_PTX): ONE prmt puts byte B of both rows in the two 16-bit halves of a word; ONE lop3
+    each keeps the low nibbles under fp16 1024.0 (0x6400: 1024 + n) and the high nibbles, which sit 4 bits up,
+    under 64.0 (0x5400: 64 + n, the mantissa's unit being 1/16 there); ONE sub.f16x2 each takes away 1024 + z,
+    64 + z (pair_zeros): exact. 1.25 instructions per weight instead of a shift, an and-or, a pack and an fp16
+    subtract. Each 32-bit result holds a row pair of one column: two consecutive inputs, as a tensor-core
+    fragment holds them (interleaved_cols).
+    Not ASM (the interpreter, which runs no inline PTX): the same values from shifts and masks."""
+    if ASM:
+        return tl.inline_asm_elementwise(
+            asm=PAIR_DIFFS_PTX[B], constraints="=h,=h,=h,=h,r,r,r,r", args=[qe, qo, ze, zo],
+            dtype=(tl.float16, tl.float16, tl.float16, tl.float16), is_pure=True, pack=1)
+    else:
+        z = ((ze & 0xFFFF) - 0x6400).to(tl.float32)                       # back to z (same [., BN] shape)
+        e0 = (((qe >> (8 * B)) & 0xF).to(tl.float32) - z).to(tl.float16)
+        e1 = (((qo >> (8 * B)) & 0xF).to(tl.float32) - z).to(tl.float16)
+        o0 = (((qe >> (8 * B + 4)) & 0xF).to(tl.float32) - z).to(tl.float16)
+        o1 = (((qo >> (8 * B + 4)) & 0xF).to(tl.float32) - z).to(tl.float16)
+        return e0, e1, o0, o1
+
+
+@triton.jit
+def interleaved_cols(we, wo):
+    """we, wo [R, BN] (packed rows 2i and 2i+1 of one nibble) -> [BN, 2R]: the weights transposed, their inputs
+    in order (column 2i from we, 2i + 1 from wo)."""
+    return tl.reshape(tl.join(tl.permute(we, (1, 0)), tl.permute(wo, (1, 0))), (we.shape[1], 2 * we.shape[0]))

@@ -1,0 +1,117 @@
+"""The inline PTX of gptq_gemm/int4.byte_pair_diffs, run by a small evaluator of the PTX ISA's semantics for the
+instructions it uses (prmt.b32 default mode, lop3.b32, sub.f16x2, mov.b32 unpack) on random packed words and
+zeros, against n - z computed from the GPTQ layout. No GPU runs here and the interpreter runs no inline PTX, so
+this is what checks the shipped text's selectors, masks and magic numbers on the CPU; tests/gpu runs it for real.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+pytest.importorskip("triton")
+from onecard.kernels.gptq_gemm.int4 import PAIR_DIFFS_PTX
+
+_U32 = np.uint32
+
+
+def _imm(tok: str) -> np.ndarray:
+    return _U32(int(tok, 0))
+
+
+def _prmt(a: np.ndarray, b: np.ndarray, sel: np.ndarray) -> np.ndarray:
+    """prmt.b32 d, a, b, c (default mode): byte i of d is byte c[4i+2:4i] of the 8-byte value {b, a}; c[4i+3]
+    replicates that byte's sign bit instead."""
+    pair = (b.astype(np.uint64) << np.uint64(32)) | a.astype(np.uint64)
+    out = np.zeros_like(a, dtype=_U32)
+    for i in range(4):
+        nib = (int(sel) >> (4 * i)) & 0xF
+        byte = ((pair >> np.uint64(8 * (nib & 7))) & np.uint64(0xFF)).astype(_U32)
+        if nib & 8:
+            byte = np.where(byte & 0x80, _U32(0xFF), _U32(0))
+        out |= byte << _U32(8 * i)
+    return out
+
+
+def _lop3(a, b, c, lut: int) -> np.ndarray:
+    """lop3.b32 d, a, b, c, immLut: bit k of d is bit (4a_k + 2b_k + c_k) of immLut (a=0xF0, b=0xCC, c=0xAA)."""
+    out = np.zeros(np.broadcast(a, b, c).shape, dtype=_U32)
+    for idx in range(8):
+        if (lut >> idx) & 1:
+            ta = a if idx & 4 else ~a
+            tb = b if idx & 2 else ~b
+            tc = c if idx & 1 else ~c
+            out |= ta & tb & tc
+    return out
+
+
+def _sub_f16x2(a, b) -> np.ndarray:
+    def halves(x):
+        return (x & _U32(0xFFFF)).astype(np.uint16).view(np.float16), (x >> _U32(16)).astype(np.uint16).view(np.float16)
+    alo, ahi = halves(a)
+    blo, bhi = halves(b)
+    lo = (alo - blo).astype(np.float16).view(np.uint16).astype(_U32)
+    hi = (ahi - bhi).astype(np.float16).view(np.uint16).astype(_U32)
+    return lo | (hi << _U32(16))
+
+
+def run_ptx(text: str, args: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
+    """Evaluate the block; args: $i -> uint32 arrays (inputs); returns $i -> fp16 arrays (the .b16 outputs)."""
+    regs: dict[str, np.ndarray] = {f"${i}": v for i, v in args.items()}
+    outs: dict[int, np.ndarray] = {}
+    for line in text.splitlines():
+        line = line.strip().rstrip(";")
+        if line in ("{", "}") or line.startswith(".reg"):
+            continue
+        op, rest = line.split(None, 1)
+        if op == "mov.b32":
+            m = re.fullmatch(r"\{(\$\d+), (\$\d+)\}, (\w+)", rest)
+            assert m, line
+            v = regs[m.group(3)]
+            outs[int(m.group(1)[1:])] = (v & _U32(0xFFFF)).astype(np.uint16).view(np.float16)
+            outs[int(m.group(2)[1:])] = (v >> _U32(16)).astype(np.uint16).view(np.float16)
+            continue
+        d, *src = [t.strip() for t in rest.split(",")]
+
+        def val(t):
+            return regs[t] if (t in regs) else _imm(t)
+        if op == "prmt.b32":
+            regs[d] = _prmt(val(src[0]), val(src[1]), int(src[2], 0))
+        elif op == "lop3.b32":
+            regs[d] = _lop3(val(src[0]), val(src[1]), val(src[2]), int(src[3], 0))
+        elif op == "sub.f16x2":
+            regs[d] = _sub_f16x2(val(src[0]), val(src[1]))
+        else:
+            raise AssertionError(f"the evaluator does not know {op!r}: {line}")
+    return outs
+
+
+@pytest.mark.parametrize("b", range(4))
+def test_pair_diffs_ptx_gives_exact_n_minus_z(b):
+    rng = np.random.default_rng(b)
+    qe = rng.integers(0, 2**32, size=4096, dtype=np.uint64).astype(_U32)
+    qo = rng.integers(0, 2**32, size=4096, dtype=np.uint64).astype(_U32)
+    z = rng.integers(0, 16, size=4096).astype(_U32)
+    ze = (_U32(0x6400) + z) * _U32(0x10001)                               # int4.pair_zeros
+    zo = (_U32(0x5400) + _U32(16) * z) * _U32(0x10001)
+    out = run_ptx(PAIR_DIFFS_PTX.value[b], {4: qe, 5: qo, 6: ze, 7: zo})
+    zi = z.astype(np.int64)
+
+    def nib(q, j):
+        return ((q.astype(np.int64) >> (4 * j)) & 0xF) - zi
+    want = {0: nib(qe, 2 * b), 1: nib(qo, 2 * b), 2: nib(qe, 2 * b + 1), 3: nib(qo, 2 * b + 1)}
+    for i in range(4):
+        np.testing.assert_array_equal(out[i].astype(np.int64), want[i], err_msg=f"byte {b}, output ${i}")
+
+
+def test_the_evaluator_fails_a_wrong_selector():
+    """The check can fail: the selector's second byte one nibble too high (bits 16-19, which prmt ignores)."""
+    good = PAIR_DIFFS_PTX.value[1]
+    bad = good.replace(f"{1 | (5 << 8):#x}", f"{1 | (5 << 16):#x}")
+    assert bad != good
+    q = np.arange(1, 65, dtype=_U32) * _U32(0x01234567)
+    zz = _U32(0x6400 * 0x10001)
+    a = run_ptx(good, {4: q, 5: q[::-1].copy(), 6: zz, 7: _U32(0x5400 * 0x10001)})
+    c = run_ptx(bad, {4: q, 5: q[::-1].copy(), 6: zz, 7: _U32(0x5400 * 0x10001)})
+    assert not np.array_equal(a[1], c[1])

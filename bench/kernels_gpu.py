@@ -70,7 +70,17 @@ def bench_graph(fn, copies: int = 20, replays: int = 20) -> float:
         return float("nan")
 
 
+def _switched(setter, fn):
+    """fn() with a paths switch on (setter(True)), back to the table's default after (setter(None))."""
+    setter(True)
+    try:
+        return fn()
+    finally:
+        setter(None)
+
+
 def cases(quick: bool):
+    from onecard.kernels import paths
     from onecard.kernels.triton_common import set_pdl
 
     set_pdl(int(os.environ.get("ONECARD_PDL_MAX_TOKENS", "1")))          # as the runner does from Env
@@ -111,6 +121,14 @@ def cases(quick: bool):
         distinct = int(torch.unique(moe_r.route(logits, TOPK, True)[1]).numel())
         yield (f"fused_moe T={t}", lambda x=x, logits=logits: moe_t.fused_moe(x, logits, wg, wu, wd, TOPK, True),
                lambda x=x, logits=logits: moe_r.fused_moe(x, logits, wg, wu, wd, TOPK, True), distinct * per_expert)
+        if t == 16:   # the decode MoE's switches (kernels/paths.py), each on alone, against the same reference
+            for label, setter in (("silu launch", paths.set_decode_moe_act_launch),
+                                  ("int dot", paths.set_decode_moe_int_dot)):
+                yield (f"fused_moe T={t} {label}",
+                       lambda x=x, logits=logits, setter=setter: _switched(
+                           setter, lambda: moe_t.fused_moe(x, logits, wg, wu, wd, TOPK, True)),
+                       lambda x=x, logits=logits: moe_r.fused_moe(x, logits, wg, wu, wd, TOPK, True),
+                       distinct * per_expert)
     # the layer's whole MoE block: post-attention RMSNorm + router + experts (batch 1: fused_moe/batch1.py),
     # and at T = 1 the unfused chain it replaced (rms_norm, router, fused_moe) for timing
     nw = (1 + 0.1 * torch.randn(H, device=DEV)).half()

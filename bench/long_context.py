@@ -18,7 +18,9 @@ graph's attention launches with and how many of them the context fills. ``--swee
 policies "sweep:1x32k" and "sweep:16x8k": "fill" with the decode-attention knobs bench/attn_sweep.py found fastest
 for that case (kernels/paths.set_decode_attention_override; forced segment counts are not carried over).
 Every row reports whether its greedy tokens equal the first policy's, and the tokens (the first repeat's).
-``--scenarios 1x512,1x32768`` keeps only those (batch x context) scenarios.
+``--scenarios 1x512,1x32768`` keeps only those (batch x context) scenarios. A spec "POLICY+SWITCH+..." turns
+decode-path switches on for that policy's graphs (SWITCHES: kernels/paths.py's on/off switches and two config
+entries), so ``--policies fill,fill+int_dot+moe_act`` A/Bs them in one engine, alternating.
 
 Usage (repo root, a GPU, the checkpoint of ``python bench/full_size.py build /tmp/q30``):
   python bench/long_context.py /tmp/q30 OUT.json [--policies legacy,fill,fill:5] [--sweep attn_sweep.json]
@@ -119,11 +121,53 @@ def sweep_knobs(path: str, cases=("1x32k", "16x8k")) -> list[str]:
     return specs
 
 
+def _table_override(table: dict, key: str, value):
+    """A setter for bench switches that change a config table's entry: on -> value, None -> the shipped one."""
+    shipped = table[key]
+
+    def setter(on: bool | None) -> None:
+        table[key] = value if on else shipped
+    return setter
+
+
+def switch_setters() -> dict:
+    """The "+NAME" parts of a policy spec (the decode paths' on/off switches of kernels/paths.py, and two
+    config-table entries bench/tune_decode.py found faster alone): NAME -> setter(True | None)."""
+    from onecard.kernels import paths
+    from onecard.kernels.fused_moe import stages
+    from onecard.kernels.gptq_gemm import triton as gemm
+
+    return {"fuse_attn": paths.set_fused_attn_input, "moe_act": paths.set_decode_moe_act_launch,
+            "int_dot": paths.set_decode_moe_int_dot,
+            "gemv4": _table_override(gemm.SMALL_PROGRAMS_PER_SM, "gemv", 4),
+            "moe1pps8": _table_override(stages.DECODE_CONFIGS, "decode1",
+                                        stages.DECODE_CONFIGS["decode1"][:5] + (8,))}
+
+
+SWITCHES: dict = {}                              # filled on first use (imports onecard)
+
+
+def set_switches(spec: str) -> None:
+    """Every switch of SWITCHES on if spec names it ("fill+int_dot+moe_act"), else back to its default."""
+    if not SWITCHES:
+        SWITCHES.update(switch_setters())
+    on = set(spec.split("+")[1:])
+    for name, setter in SWITCHES.items():
+        setter(True if name in on else None)
+
+
 def parse_policy(spec: str) -> tuple[str, int | None]:
     """"fill" -> ("fill", None); "fill:5" -> ("fill", 5); "legacy" -> ("legacy", None); "sweep:CASE" -> ("fill",
-    None) (its knobs: SWEEP_KNOBS[CASE], set by Policies)."""
+    None) (its knobs: SWEEP_KNOBS[CASE], set by Policies). "POLICY+SWITCH+...": the policy with those switches
+    on (SWITCHES; one set of graphs each, so an A/B of the switches runs in one engine)."""
     from onecard.kernels import paths
 
+    spec, *switches = spec.split("+")
+    if not SWITCHES:
+        SWITCHES.update(switch_setters())
+    for sw in switches:
+        if sw not in SWITCHES:
+            raise SystemExit(f"--policies: +{sw} is not one of {sorted(SWITCHES)}")
     name, _, n = spec.partition(":")
     if name == "sweep":
         if n not in SWEEP_KNOBS:
@@ -154,14 +198,17 @@ class Policies:
                 self.graphs[spec] = runner.graphs
         paths.set_split_kv_policy(None)
         paths.set_decode_attention_override()
+        set_switches("")
 
     @staticmethod
     def _set(spec: str) -> None:
         from onecard.kernels import paths
 
         paths.set_split_kv_policy(*parse_policy(spec))
-        paths.set_decode_attention_override(**SWEEP_KNOBS.get(spec.partition(":")[2], {})
-                                            if spec.startswith("sweep:") else {})
+        base = spec.split("+")[0]
+        paths.set_decode_attention_override(**SWEEP_KNOBS.get(base.partition(":")[2], {})
+                                            if base.startswith("sweep:") else {})
+        set_switches(spec)
 
     def use(self, spec: str) -> None:
         self._set(spec)                                                 # eager launches decide at launch time
@@ -186,6 +233,7 @@ class Policies:
         finally:
             paths.set_split_kv_policy(None)
             paths.set_decode_attention_override()
+            set_switches("")
         tiles = -(-ctx // paths.attention_tiles(cc, 16)[0])
         per = max(-(-tiles // segs), min_tiles)
         return {"graph_batch": gbs, "segments": segs, "filled": -(-tiles // per), "tiles_per_segment": per,
@@ -284,7 +332,7 @@ def main(argv: list[str]) -> dict:
             sp = p["split"]
             split = f"{sp['segments']} segs ({sp['filled']} filled x {sp['tiles_per_segment']} tiles)" if sp else ""
             frac = f", {100 * p['floor_fraction']:.0f}% of the floor" if "floor_fraction" in p else ""
-            print(f"   {spec:8s} {p['tok_s']:9.1f} tok/s (TPOT {p['tpot_ms']:.3f} ms, {p['tok_s_min']:.1f}-"
+            print(f"   {spec:24s} {p['tok_s']:9.1f} tok/s (TPOT {p['tpot_ms']:.3f} ms, {p['tok_s_min']:.1f}-"
                   f"{p['tok_s_max']:.1f}; {100 * p['fraction_of_short_context']:.0f}% of the shortest context"
                   f"{frac}) {split}")
     return res

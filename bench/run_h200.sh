@@ -73,6 +73,17 @@ for p in $parts; do
           timeout 330 python3 bench/long_context.py /tmp/q30 "$OUT/long_context.json" \
               --policies "${LONGCTX_POLICIES:-legacy,fill,fill:5}" \
               $([ -f "$OUT/attn_sweep.json" ] && echo --sweep "$OUT/attn_sweep.json") ;;
+    switchab) log switchab  # issue 25: the decode paths' switches A/B'd in ONE engine (bench/long_context.py
+          # policies "fill+SWITCH+...": one graph set each, runs alternating; SWITCH_POLICIES overrides the list),
+          # after the kernels alone (graph replay; the T=16 MoE with each switch on) and before the GPU tests of
+          # the kernels and the engine (~6 min)
+          [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30 > /dev/null
+          timeout 120 python3 bench/kernels_gpu.py --quick --only "${AB_KERNELS:-attn_in,M=1,T=16}"
+          timeout 240 python3 bench/long_context.py /tmp/q30 "$OUT/switch_ab.json" --scenarios "${AB_SCENARIOS:-1x512,16x512}" \
+              --policies "${SWITCH_POLICIES:-fill,fill+fuse_attn,fill+int_dot+moe_act,fill+fuse_attn+int_dot+moe_act+gemv4+moe1pps8}" \
+              | grep -v '^{'
+          timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kernels_gpu.py tests/gpu/test_engine_gpu.py \
+              2>&1 | tail -8 ;;
     ab) log ab  # A/B of source files, arms built as copies of this tree with files swapped in: AB_SWAP="PATH:.ab/FILE ..."
           # makes the base (/tmp/base: e.g. onecard/kernels/gptq_gemm/int4.py:.ab/int4_old.py, issue 25's dequant
           # A/B), AB_NEW the new arm (/tmp/new; unset: this tree as it is; e.g. a paths.py with a switch on),

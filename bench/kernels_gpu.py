@@ -104,6 +104,10 @@ def cases(quick: bool):
             nbytes = w.nbytes() + x.numel() * 2 + m * n * 2
             yield (f"w4a16 {name} M={m}", lambda x=x, w=w: g_t.w4a16_gemm(x, w),
                    lambda x=x, w=w: g_r.w4a16_gemm(x, w), nbytes)
+            if m == 16:   # the exact-integer dot (paths.set_decode_int_dot) against the same reference
+                yield (f"w4a16 {name} M={m} int dot",
+                       lambda x=x, w=w: _switched(paths.set_decode_int_dot, lambda: g_t.w4a16_gemm(x, w)),
+                       lambda x=x, w=w: g_r.w4a16_gemm(x, w), nbytes)
     yield from _attn_in_cases()
     wr = (torch.randn(E, H, device=DEV) / math.sqrt(H)).half()
     for t in (1, 16):
@@ -123,7 +127,7 @@ def cases(quick: bool):
                lambda x=x, logits=logits: moe_r.fused_moe(x, logits, wg, wu, wd, TOPK, True), distinct * per_expert)
         if t == 16:   # the decode MoE's switches (kernels/paths.py), each on alone, against the same reference
             for label, setter in (("silu launch", paths.set_decode_moe_act_launch),
-                                  ("int dot", paths.set_decode_moe_int_dot)):
+                                  ("int dot", paths.set_decode_int_dot)):
                 yield (f"fused_moe T={t} {label}",
                        lambda x=x, logits=logits, setter=setter: _switched(
                            setter, lambda: moe_t.fused_moe(x, logits, wg, wu, wd, TOPK, True)),

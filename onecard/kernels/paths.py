@@ -229,22 +229,27 @@ def decode_moe_act_launch(tokens: int) -> bool:
     return tokens > 1 and _Switches.on.get("decode_moe_act_launch", DECODE_MOE_ACT_LAUNCH)
 
 
-# Decode MoE at T > 1 in fp16: the weights enter tl.dot as their exact n - z (a byte permute, two and-ors and two
-# packed subtracts per four weights: int4.byte_pair_diffs) and the group's scale multiplies each K tile's fp32 sum
-# once, instead of a shift, an and-or, a pack, a subtract and a multiply per weight (fused_moe/stages.py). sm90
-# SASS of stage 1's loop: 860 instructions per 256 weights a thread instead of 1,157 (the loop is bound by
-# instructions: its time did not move with 4-24 programs per SM). Off until measured: set_decode_moe_int_dot.
-DECODE_MOE_INT_DOT = False
+# The decode GEMMs at 1 < T <= 16 in fp16 (the dense skinny GEMM and both decode MoE stages, int4 weights with one
+# group per K tile): the exact-integer dot, int4.int_dot_tile. The weights enter tl.dot as their exact n - z (a
+# byte permute, two and-ors and two packed subtracts per four weights) and the group's scale multiplies each K
+# tile's fp32 sum once, instead of a shift, an and-or, a pack, a subtract and a multiply per weight; the MoE's
+# stage 2 then loads the silu launch's rows. sm90 SASS per loop: MoE stage 1 1,255 -> 834 instructions, stage 2
+# 1,254 -> 818; these loops are bound by instructions (the MoE's time did not move with 4-24 programs per SM).
+# Off until measured: set_decode_int_dot.
+DECODE_INT_DOT = False
 
 
-def set_decode_moe_int_dot(on: bool | None) -> None:
-    """The decode MoE's exact-integer dot (T > 1, fp16) on or off in this process; None: DECODE_MOE_INT_DOT."""
-    _set_switch("decode_moe_int_dot", on)
+def set_decode_int_dot(on: bool | None) -> None:
+    """The decode GEMMs' exact-integer dot (1 < T, fp16) on or off in this process; None: DECODE_INT_DOT."""
+    _set_switch("decode_int_dot", on)
 
 
-def decode_moe_int_dot(tokens: int) -> bool:
-    """Does a decode MoE of ``tokens`` tokens take the exact-integer dot where its weights allow (T > 1)?"""
-    return tokens > 1 and _Switches.on.get("decode_moe_int_dot", DECODE_MOE_INT_DOT)
+def decode_int_dot(tokens: int, cc: int) -> bool:
+    """Do the decode GEMMs of a ``tokens``-token step take the exact-integer dot where their weights allow? Only
+    with tensor-core dots (sm80+): below, tl.dot is FMA code and the transposed, interleaved operands cost more
+    than the dequantize step saves (sm70 SASS of the skinny loop: 3,123 -> 3,918 instructions)."""
+    return (1 < tokens <= DECODE_MAX_TOKENS and tensor_core_dot(cc)
+            and _Switches.on.get("decode_int_dot", DECODE_INT_DOT))
 
 
 def triton_moe_config(tokens: int, cc: int) -> str:
@@ -544,8 +549,8 @@ __all__ = [
     "choose_dense_gemm",
     "choose_moe",
     "decode_attention_override",
+    "decode_int_dot",
     "decode_moe_act_launch",
-    "decode_moe_int_dot",
     "dense_cublas_min_m",
     "describe",
     "device_props",
@@ -556,8 +561,8 @@ __all__ = [
     "per_expert_moe",
     "real_capability",
     "set_decode_attention_override",
+    "set_decode_int_dot",
     "set_decode_moe_act_launch",
-    "set_decode_moe_int_dot",
     "set_emulated_capability",
     "set_fused_attn_input",
     "set_small_q_split",

@@ -27,12 +27,10 @@ from onecard.kernels.activation.triton import silu_and_mul
 from onecard.kernels.gptq_gemm.int4 import (
     _dequant_tile_j,
     _group_sz,
-    byte_pair_diffs,
     gemv_tile_mac,
-    interleaved_cols,
+    int_dot_tile,
     magic_zero_scale,
     nibbles,
-    pair_zeros,
     row_input,
 )
 from onecard.kernels.gptq_gemm.triton import row_groups
@@ -79,9 +77,9 @@ def _moe_decode_kernel(x_ptr, a_ptr, out_ptr, qa_ptr, za_ptr, sa_ptr, ga_ptr, qb
     """STAGE 1: gu[pair, mat*N + n] += x[t] @ W_mat[e] (mat 0 = gate (qa..), 1 = up (qb..)) over one K split.
     STAGE 2: out[t, n] += topk_w[pair] * (silu(gu[pair, :K]) * gu[pair, K:]) @ Wd[e] (qa.. = qb.. = down);
     PRE_ACT (T > 1): a_ptr holds silu(gate) * up already, [pairs, K] in the model dtype (paths.decode_moe_act_launch).
-    INT_DOT (T > 1, fp16, one group per K tile): the weights enter the dot as their exact n - z and the group's
-    scale multiplies the tile's fp32 sum once (_decode_tile_int_dot; paths.decode_moe_int_dot); ASM: its
-    dequantize step in inline PTX (False under the interpreter).
+    INT_DOT (T > 1, fp16, one group per K tile; paths.decode_int_dot): int4.int_dot_tile, the weights entering
+    the dot as their exact n - z and the group's scale multiplying each tile's fp32 sum; ASM: its dequantize
+    step in inline PTX (False under the interpreter). Stage 2 then loads the silu launch's rows (PRE_ACT).
     active_ptr[slot] = expert + 1 (0: no expert in this slot, the program does nothing).
     PDL: stage 1 reads the routing the kernel just before wrote, so it waits first. Stage 2's routing is two
     kernels old (complete before any stage-2 program can start, see triton_common), so it reads the routing
@@ -153,8 +151,8 @@ def _moe_decode_kernel(x_ptr, a_ptr, out_ptr, qa_ptr, za_ptr, sa_ptr, ga_ptr, qb
             acc_t = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32)
             for it in range(t_loop, t_end):
                 acc_t = _decode_tile_int_dot(acc_t, it, t_end, live, x_ptr, a_ptr, q_ptr, s_ptr, z_ptr, offs_n,
-                                             n_mask, z_shift, k8, K, N, group_size, num_groups, stride_a, offs_t,
-                                             tok_mask, pair, DT, BLOCK_K8, STAGE, PRE_ACT, ASM)
+                                             n_mask, z_shift, k8, N, group_size, num_groups, stride_a, offs_t,
+                                             tok_mask, pair, BLOCK_T, BLOCK_K8, STAGE, ASM)
             acc = tl.permute(acc_t, (1, 0))
         else:
             for it in range(t_loop, t_end):
@@ -263,25 +261,16 @@ def _decode_tile_mac(acc, q, s_u, z_u, it, t_end, x_ptr, a_ptr, a_row, q_ptr, z_
 
 @triton.jit
 def _decode_inputs(x_ptr, a_ptr, k, r_mask, stride_a, offs_t, tok_mask, pair, K, DT: tl.constexpr,
-                   STAGE: tl.constexpr, PRE_ACT: tl.constexpr, KT: tl.constexpr = False):
-    """[BT, len(k)] inputs k of the tokens routed here ([len(k), BT] if KT), model dtype, 0 where masked: x's rows
-    (stage 1), the silu launch's rows (PRE_ACT) or silu(gate) * up from the gu sums."""
-    if KT:
-        am = r_mask[:, None] & tok_mask[None, :]
-        t_off = offs_t[None, :]
-        p_off = pair.to(tl.int64)[None, :]
-        k_off = k[:, None]
-    else:
-        am = tok_mask[:, None] & r_mask[None, :]
-        t_off = offs_t[:, None]
-        p_off = pair.to(tl.int64)[:, None]
-        k_off = k[None, :]
+                   STAGE: tl.constexpr, PRE_ACT: tl.constexpr):
+    """[BT, len(k)] inputs k of the tokens routed here, model dtype, 0 where masked: x's rows (stage 1), the
+    silu launch's rows (PRE_ACT) or silu(gate) * up from the gu sums."""
+    am = tok_mask[:, None] & r_mask[None, :]
     if STAGE == 1:
-        a = tl.load(x_ptr + t_off * stride_a + k_off, mask=am, other=0.0)
+        a = tl.load(x_ptr + offs_t[:, None] * stride_a + k[None, :], mask=am, other=0.0)
     elif PRE_ACT:                                                         # silu(gate) * up, computed once
-        a = tl.load(a_ptr + p_off * stride_a + k_off, mask=am, other=0.0)
+        a = tl.load(a_ptr + pair.to(tl.int64)[:, None] * stride_a + k[None, :], mask=am, other=0.0)
     else:
-        a_off = p_off * stride_a + k_off
+        a_off = pair.to(tl.int64)[:, None] * stride_a + k[None, :]
         gv = tl.load(a_ptr + a_off, mask=am, other=0.0)
         uv = tl.load(a_ptr + a_off + K, mask=am, other=0.0)
         a = (gv / (1.0 + tl.exp(-gv)) * uv).to(DT)
@@ -289,37 +278,21 @@ def _decode_inputs(x_ptr, a_ptr, k, r_mask, stride_a, offs_t, tok_mask, pair, K,
 
 
 @triton.jit
-def _decode_tile_int_dot(acc, it, t_end, live, x_ptr, a_ptr, q_ptr, s_ptr, z_ptr, offs_n, n_mask, z_shift, k8, K,
-                         N, group_size, num_groups, stride_a, offs_t, tok_mask, pair, DT: tl.constexpr,
-                         BLOCK_K8: tl.constexpr, STAGE: tl.constexpr, PRE_ACT: tl.constexpr, ASM: tl.constexpr):
-    """acc [BN, BT] (transposed) += s * ((n - z)^T @ inputs^T) over K tile ``it`` (one group), fp16, T > 1.
-
-    Why: the batch > 1 decode MoE is bound by instructions, not bytes (its time did not move with 4-24 programs
-    per SM; sm90 SASS: ~4.5 instructions per weight in its loop, against ~5 that HBM leaves per weight). Here the
-    packed rows come as pairs (2i, 2i+1) and int4.byte_pair_diffs turns a byte of each pair into four exact n - z
-    (a prmt, two lop3, two sub.f16x2 per four weights); the tile's dot accumulates in fp32 and the group's scale
-    multiplies the sum once per tile instead of every weight (products of fp16 inputs and small integers are
-    exact, so the only roundings left are the dot's fp32 sums and that one product: closer to the fp32
-    reference than the scaled fp16 weights of _decode_tile_mac). The weights are the dot's first operand: with
-    them second, the tensor-core fragments of the inputs needed a register shuffle per mma (sm90 SASS: 841
-    instructions per loop against 678 this way round)."""
+def _decode_tile_int_dot(acc, it, t_end, live, x_ptr, a_ptr, q_ptr, s_ptr, z_ptr, offs_n, n_mask, z_shift, k8, N,
+                         group_size, num_groups, stride_a, offs_t, tok_mask, pair, BLOCK_T: tl.constexpr,
+                         BLOCK_K8: tl.constexpr, STAGE: tl.constexpr, ASM: tl.constexpr):
+    """acc [BN, BT] (transposed) += K tile ``it`` through int4.int_dot_tile: stage 1 on x's rows by token, stage 2
+    on the silu launch's rows by pair."""
     r = it * BLOCK_K8 + tl.arange(0, BLOCK_K8)                            # [BK8] packed rows
     r_mask = (r < k8) & (it < t_end)
     q = tl.load(q_ptr + r[:, None] * N + offs_n[None, :], mask=(r_mask & live)[:, None] & n_mask[None, :], other=0)
-    qe, qo = tl.split(tl.permute(tl.reshape(q, (BLOCK_K8 // 2, 2, q.shape[1])), (0, 2, 1)))   # rows 2i, 2i+1
     g = tl.minimum((it * BLOCK_K8 * 8) // group_size, num_groups - 1)
     s_u, z_u = _group_sz(s_ptr, z_ptr, g, offs_n, n_mask, z_shift, N)
-    ze, zo = pair_zeros(z_u)
-    tile = tl.zeros(acc.shape, dtype=tl.float32)                          # [BN, BT]
-    for b in tl.static_range(4):                                          # byte b: nibbles 2b, 2b + 1
-        e0, e1, o0, o1 = byte_pair_diffs(qe, qo, ze[None, :], zo[None, :], b, ASM)
-        a = _decode_inputs(x_ptr, a_ptr, r * 8 + 2 * b, r_mask, stride_a, offs_t, tok_mask, pair, K, DT, STAGE,
-                           PRE_ACT, KT=True)                              # [BK8, BT]: inputs 8r + 2b
-        tile += dot(interleaved_cols(e0, e1), a)
-        a = _decode_inputs(x_ptr, a_ptr, r * 8 + 2 * b + 1, r_mask, stride_a, offs_t, tok_mask, pair, K, DT,
-                           STAGE, PRE_ACT, KT=True)                       # inputs 8r + 2b + 1
-        tile += dot(interleaved_cols(o0, o1), a)
-    return acc + tile * s_u[:, None]
+    if STAGE == 1:
+        acc += int_dot_tile(q, s_u, z_u, x_ptr, offs_t, tok_mask, stride_a, r, r_mask, BLOCK_T, ASM)
+    else:
+        acc += int_dot_tile(q, s_u, z_u, a_ptr, pair, tok_mask, stride_a, r, r_mask, BLOCK_T, ASM)
+    return acc
 
 
 def weight_args(w: MoEWeight, block_k8: int):
@@ -365,8 +338,8 @@ def moe_stages(x: torch.Tensor, gu: torch.Tensor, out32: torch.Tensor, w_gate: M
     assert k1 == x.shape[1] and n2 == x.shape[1] and k2 == n1, (x.shape, k1, n1, k2, n2)
     common = dict(TOP_K=top_k, BLOCK_TOPK=next_pow2(top_k), BLOCK_T=bt, BLOCK_N=bn, BLOCK_K8=bk8,
                   FLOAT_W=float_w, PDL=use_pdl, num_warps=warps, num_stages=stages, launch_pdl=use_pdl)
-    # the exact-integer dot: T > 1, fp16, int4 weights with one group per K tile (paths.decode_moe_int_dot)
-    int_dot = bt > 1 and not float_w and x.dtype == torch.float16 and paths.decode_moe_int_dot(t)
+    # the exact-integer dot: T > 1, fp16, int4 weights with one group per K tile (paths.decode_int_dot)
+    int_dot = bt > 1 and not float_w and x.dtype == torch.float16 and paths.decode_int_dot(t, compute_capability(dev))
     common.update(ASM=not interpreting())
     tiles1 = triton.cdiv(n1, bn)
     s1, per1 = _split(2 * tiles1 * slots, triton.cdiv(k1 // 8, bk8), dev, per_sm)
@@ -409,10 +382,10 @@ def stages_aot_configs(act: str, min_cc: int) -> list[AotConfig]:
                     args = dict(args, a_ptr=f"*{act}")
                     out.append(AotConfig(_moe_decode_kernel, signature(args, cx), cx, warps, stages, min_cc,
                                          f"moe_decode[{name},stage=2,float=False,per_row={per_row},pre_act,{act}]"))
-                if bt > 1 and not float_w and not per_row and act == "fp16":   # the exact-integer dot
+                if bt > 1 and not float_w and not per_row and act == "fp16" and name == "decode16":   # int dot
                     cx = dict(cx, PRE_ACT=stage == 2, INT_DOT=True, ASM=True)
                     args = dict(args, a_ptr=f"*{act}")
-                    out.append(AotConfig(_moe_decode_kernel, signature(args, cx), cx, warps, stages, min_cc,
+                    out.append(AotConfig(_moe_decode_kernel, signature(args, cx), cx, warps, stages, max(min_cc, 80),
                                          f"moe_decode[{name},stage={stage},int_dot,{act}]"))
     return out
 

@@ -15,6 +15,7 @@ from onecard.kernels.gptq_gemm.int4 import (
     _dequant_tile_j,
     _group_sz,
     gemv_tile_mac,
+    int_dot_tile,
     magic_zero_scale,
     nibbles,
     row_input,
@@ -69,7 +70,8 @@ def _small_tile_mac(acc, q, s_u, z_u, t, t_end, x_ptr, sc_ptr, qz_ptr, gidx_ptr,
 def _w4a16_small_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_ptr, part_ptr, cnt_ptr,
                         M, N, K, group_size, num_groups, tiles_per_split, stride_xm, has_bias,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K8: tl.constexpr,
-                        PER_ROW: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr):
+                        PER_ROW: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
+                        INT_DOT: tl.constexpr = False, ASM: tl.constexpr = True):
     """Decode GEMM, M <= 16, one launch. BLOCK_M == 1: GEMV with a [BK8, BN] fp32 accumulator whose row sum is
     deferred past the K loop; the scale and zero are applied once per tile (int4.gemv_tile_mac), so the inner
     loop is a shift, a LOP3 and an FMA per weight. Else tl.dot on a 16-row block with
@@ -77,7 +79,10 @@ def _w4a16_small_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_p
     Split-K (grid dim 1 > 1), BLOCK_M == 1: each split stores fp32 partials [S, 1, N]; the last split of a
     column tile to arrive at cnt_ptr[pid_n] sums them in split order (deterministic), adds the bias and casts.
     BLOCK_M > 1: fp32 atomic_add into part_ptr [M, N] (zeroed by the caller); the reduce kernel finishes.
-    M == 1: the first two K tiles' weights load before the PDL wait (they overlap the previous kernel's tail)."""
+    M == 1: the first two K tiles' weights load before the PDL wait (they overlap the previous kernel's tail).
+    INT_DOT (M > 1, fp16, not PER_ROW; paths.decode_int_dot): each tile through int4.int_dot_tile (exact n - z
+    in the dot, the scale once per tile) into a transposed [BN, BM] accumulator; ASM: its dequantize step in
+    inline PTX (False under the interpreter)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)                      # [BN]
@@ -90,6 +95,8 @@ def _w4a16_small_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_p
     DT: tl.constexpr = x_ptr.dtype.element_ty
     if BLOCK_M == 1:
         acc = tl.zeros((BLOCK_K8, BLOCK_N), dtype=tl.float32)
+    elif INT_DOT:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)              # transposed (int_dot_tile)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     t_begin = pid_k * tiles_per_split                                     # every split has >= 1 tile
@@ -115,11 +122,18 @@ def _w4a16_small_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_p
     for t in range(t_loop, t_end):
         q, s_u, z_u = _small_tile_load(qw_ptr, sc_ptr, qz_ptr, t, t_end, offs_r, offs_n, n_mask, z_shift, k8, N,
                                        group_size, num_groups, BLOCK_K8)
-        acc = _small_tile_mac(acc, q, s_u, z_u, t, t_end, x_ptr, sc_ptr, qz_ptr, gidx_ptr, offs_r, offs_m,
-                              m_mask, offs_n, n_mask, z_shift, k8, N, stride_xm, DT, BLOCK_M, BLOCK_N, BLOCK_K8,
-                              PER_ROW)
+        if INT_DOT:
+            r = t * BLOCK_K8 + offs_r
+            acc += int_dot_tile(q, s_u, z_u, x_ptr, offs_m, m_mask, stride_xm, r, (r < k8) & (t < t_end),
+                                BLOCK_M, ASM)
+        else:
+            acc = _small_tile_mac(acc, q, s_u, z_u, t, t_end, x_ptr, sc_ptr, qz_ptr, gidx_ptr, offs_r, offs_m,
+                                  m_mask, offs_n, n_mask, z_shift, k8, N, stride_xm, DT, BLOCK_M, BLOCK_N,
+                                  BLOCK_K8, PER_ROW)
     if BLOCK_M == 1:
         res = tl.sum(acc, axis=0)[None, :]                                # [1, BN]
+    elif INT_DOT:
+        res = tl.permute(acc, (1, 0))                                     # [BM, BN]
     else:
         res = acc
     o_off = offs_m[:, None] * N + offs_n[None, :]

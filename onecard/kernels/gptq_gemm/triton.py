@@ -38,6 +38,7 @@ from onecard.kernels.gptq_gemm.small_m import _w4a16_small_kernel
 from onecard.kernels.triton_common import (
     AotConfig,
     compute_capability,
+    interpreting,
     next_pow2,
     num_sms,
     pdl,
@@ -232,11 +233,13 @@ def small_m_gemm(x: torch.Tensor, w: GPTQWeight, bias: torch.Tensor | None = Non
     else:
         part = torch.zeros(m, n, dtype=torch.float32, device=dev)
     use_pdl = pdl(dev, m)
+    int_dot = (bm > 1 and not per_row and x.dtype == torch.float16
+               and paths.decode_int_dot(m, compute_capability(dev)))
     _w4a16_small_kernel[(grid_n, splits)](
         x, w.qweight, w.qzeros, w.scales, gidx, bias_arg, out, part, workspace.counters(dev, "gemm", grid_n),
         m, n, k, w.group_size, w.num_groups, tiles_per_split, x.stride(0), int(bias is not None),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K8=bk8, PER_ROW=bool(per_row), BLOCK_S=GEMV_MAX_SPLITS, PDL=use_pdl,
-        num_warps=warps, num_stages=stages, launch_pdl=use_pdl)
+        INT_DOT=int_dot, ASM=not interpreting(), num_warps=warps, num_stages=stages, launch_pdl=use_pdl)
     if splits > 1 and m > 1:
         _splitk_reduce_kernel[(triton.cdiv(m * n, _REDUCE_BLOCK),)](
             part, bias_arg, out, m * n, n, 1, BLOCK=_REDUCE_BLOCK, HAS_BIAS=bias is not None, PDL=use_pdl,
@@ -302,7 +305,7 @@ def aot_configs() -> list[AotConfig]:
             if bm <= SMALL_M_MAX:
                 for per_row in (False, True):
                     cx = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K8=bk8, PER_ROW=per_row, BLOCK_S=GEMV_MAX_SPLITS,
-                              PDL=False)
+                              PDL=False, INT_DOT=False, ASM=True)
                     args = dict(x_ptr=f"*{act}", qw_ptr="*i32", qz_ptr="*i32", sc_ptr="*fp16", gidx_ptr="*i32",
                                 bias_ptr=f"*{act}", out_ptr=f"*{act}", part_ptr="*fp32", cnt_ptr="*i32",
                                 M="i32", N="i32",
@@ -311,6 +314,10 @@ def aot_configs() -> list[AotConfig]:
                     tag = "" if not per_row else ",per_row"
                     out.append(AotConfig(_w4a16_small_kernel, signature(args, cx), cx, warps, stages, min_cc,
                                          f"w4a16[{name},{act}]" if not per_row else f"w4a16[{name}{tag},{act}]"))
+                    if bm > 1 and not per_row and act == "fp16":              # the exact-integer dot
+                        out.append(AotConfig(_w4a16_small_kernel, signature(args, dict(cx, INT_DOT=True)),
+                                             dict(cx, INT_DOT=True), warps, stages, max(min_cc, 80),
+                                             f"w4a16[{name},int_dot,{act}]"))
                 continue
             cx = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K8=bk8, USE_DOT=use_dot)
             args = dict(x_ptr=f"*{act}", qw_ptr="*i32", qz_ptr="*i32", sc_ptr="*fp16", gidx_ptr="*i32",

@@ -104,9 +104,10 @@ def cases(quick: bool):
             nbytes = w.nbytes() + x.numel() * 2 + m * n * 2
             yield (f"w4a16 {name} M={m}", lambda x=x, w=w: g_t.w4a16_gemm(x, w),
                    lambda x=x, w=w: g_r.w4a16_gemm(x, w), nbytes)
-            if m == 16:   # the exact-integer dot (paths.set_decode_int_dot) against the same reference
+            if m in (1, 16):   # the exact-integer dot (paths.set_batch1_int_dot / set_decode_int_dot)
+                setter = paths.set_batch1_int_dot if m == 1 else paths.set_decode_int_dot
                 yield (f"w4a16 {name} M={m} int dot",
-                       lambda x=x, w=w: _switched(paths.set_decode_int_dot, lambda: g_t.w4a16_gemm(x, w)),
+                       lambda x=x, w=w, setter=setter: _switched(setter, lambda: g_t.w4a16_gemm(x, w)),
                        lambda x=x, w=w: g_r.w4a16_gemm(x, w), nbytes)
     yield from _attn_in_cases()
     wr = (torch.randn(E, H, device=DEV) / math.sqrt(H)).half()

@@ -138,7 +138,7 @@ def switch_setters() -> dict:
     from onecard.kernels.gptq_gemm import triton as gemm
 
     return {"fuse_attn": paths.set_fused_attn_input, "moe_act": paths.set_decode_moe_act_launch,
-            "int_dot": paths.set_decode_int_dot,
+            "int_dot": paths.set_decode_int_dot, "b1_int": paths.set_batch1_int_dot,
             "gemv4": _table_override(gemm.SMALL_PROGRAMS_PER_SM, "gemv", 4),
             "moe1pps8": _table_override(stages.DECODE_CONFIGS, "decode1",
                                         stages.DECODE_CONFIGS["decode1"][:5] + (8,))}

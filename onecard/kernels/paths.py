@@ -252,6 +252,23 @@ def decode_int_dot(tokens: int, cc: int) -> bool:
             and _Switches.on.get("decode_int_dot", DECODE_INT_DOT))
 
 
+# The batch-1 dense GEMV (M == 1: qkv, o_proj) with the exact-integer dot too: a tensor-core dot on 16 input rows,
+# 15 of them masked, 2 warps (gptq_gemm/triton._CONFIGS["gemv_int"]); sm90 SASS per weight in its loop 3.05
+# instructions against 6.1 (the batch-1 GEMV lost a third of its time when its dequantize step went from 5 to 3
+# instructions per weight: it is partly bound by instructions). Off until measured: set_batch1_int_dot.
+BATCH1_INT_DOT = False
+
+
+def set_batch1_int_dot(on: bool | None) -> None:
+    """The batch-1 GEMV's exact-integer dot on or off in this process; None: BATCH1_INT_DOT."""
+    _set_switch("batch1_int_dot", on)
+
+
+def batch1_int_dot(cc: int) -> bool:
+    """Does the batch-1 dense GEMV take the exact-integer dot where its weights allow (sm80+, as decode_int_dot)?"""
+    return tensor_core_dot(cc) and _Switches.on.get("batch1_int_dot", BATCH1_INT_DOT)
+
+
 def triton_moe_config(tokens: int, cc: int) -> str:
     """The Triton fused MoE's config for T tokens: a decode config, sorted16 or sorted64 (sorted64's gated
     GEMM spills below sm80: 704 B of stack per thread on sm70; sorted16 serves there up to the per-expert path)."""
@@ -542,6 +559,7 @@ __all__ = [
     "as_int",
     "attention_launch",
     "attention_tiles",
+    "batch1_int_dot",
     "bf16_allowed",
     "capability",
     "choose",
@@ -560,6 +578,7 @@ __all__ = [
     "next_pow2",
     "per_expert_moe",
     "real_capability",
+    "set_batch1_int_dot",
     "set_decode_attention_override",
     "set_decode_int_dot",
     "set_decode_moe_act_launch",

@@ -27,10 +27,11 @@ GEMM = [(1, 64, 40, 32, False, True), (1, 256, 16, 256, True, False), (3, 136, 4
         (17, 256, 48, 128, False, False), (70, 128, 40, 32, False, True), (5, 128, 24, 32, True, False),
         (2, 2048, 16, 128, False, True), (1, 1024, 136, 128, False, False), (16, 512, 264, 128, False, True),
         (9, 384, 72, 128, True, True), (1, 768, 1024, 128, False, False), (4, 1024, 1536, 128, False, True)]
-# GEMM cases at 1 < M <= 16 whose K tiles each lie in one group (fp16) again with the exact-integer dot
-# (paths.set_decode_int_dot; int4.int_dot_tile): M = 3 with K = 136 (one group; 17 packed rows, the last row pair
-# half outside K), M = 2, 16 (N = 264: a partial column tile), 4
-GEMM_INT = (2, 6, 8, 11)
+# GEMM cases at M <= 16 whose K tiles each lie in one group (fp16) again with the exact-integer dot
+# (int4.int_dot_tile; paths.set_decode_int_dot at M > 1, set_batch1_int_dot at M = 1): M = 3 with K = 136 (one
+# group; 17 packed rows, the last row pair half outside K), M = 2, 16 (N = 264: a partial column tile), 4; M = 1
+# with 8 K splits of one tile each and with 2 splits of 3 tiles (the loop past the two prefetched tiles)
+GEMM_INT = (2, 6, 7, 8, 10, 11)
 INT_CASES = ("gemmint", "g128moeint")
 # (T, H, E): the decode router GEMV: one H chunk, several chunks (T > 1), H past one chunk at T = 1
 ROUTER = [(1, 64, 8), (3, 72, 6), (16, 256, 12), (5, 2048, 16), (1, 5000, 3)]
@@ -352,12 +353,13 @@ def run_case(name: str, seed: int) -> float:
     if kind.startswith("gemmint"):
         from onecard.kernels import paths
         m = GEMM[int(kind[7:])][0]
-        paths.set_decode_int_dot(True)
+        setter = paths.set_batch1_int_dot if m == 1 else paths.set_decode_int_dot
+        setter(True)
         try:
-            assert paths.decode_int_dot(m, 80) and paths.triton_gemm_config(m) == "skinny", m
+            assert (paths.batch1_int_dot(80) if m == 1 else paths.decode_int_dot(m, 80)), m
             return run_case(f"gemm{kind[7:]}-{rest}", seed)
         finally:
-            paths.set_decode_int_dot(None)
+            setter(None)
     if kind.startswith("gemm"):
         from onecard.kernels.gptq_gemm import ref
         from onecard.kernels.gptq_gemm import triton as tk

@@ -23,6 +23,8 @@ from onecard.kernels.gptq_gemm.int4 import (
 from onecard.kernels.triton_common import last_arrival, pdl_enter
 from onecard.kernels.triton_dot import dot
 
+DOT_ROWS: tl.constexpr = tl.constexpr(16)   # the exact-integer dot's input rows: tl.dot's smallest M (BLOCK_M <= 16)
+
 
 @triton.jit
 def _small_tile_load(qw_ptr, sc_ptr, qz_ptr, t, t_end, offs_r, offs_n, n_mask, z_shift, k8, N, group_size,
@@ -40,12 +42,18 @@ def _small_tile_load(qw_ptr, sc_ptr, qz_ptr, t, t_end, offs_r, offs_n, n_mask, z
 @triton.jit
 def _small_tile_mac(acc, q, s_u, z_u, t, t_end, x_ptr, sc_ptr, qz_ptr, gidx_ptr, offs_r, offs_m, m_mask, offs_n, n_mask,
                     z_shift, k8, N, stride_xm, DT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K8: tl.constexpr, PER_ROW: tl.constexpr):
-    """acc += x[:, rows of tile t] @ dequant(q) (nothing for t >= t_end); see _w4a16_small_kernel for the two
+                    BLOCK_K8: tl.constexpr, PER_ROW: tl.constexpr, INT_DOT: tl.constexpr, ASM: tl.constexpr):
+    """acc += x[:, rows of tile t] @ dequant(q) (nothing for t >= t_end); see _w4a16_small_kernel for the three
     accumulator forms."""
     r = t * BLOCK_K8 + offs_r                                             # [BK8] packed rows
     r_mask = (r < k8) & (t < t_end)                                       # x rows masked: exact zero
-    if BLOCK_M == 1 and not PER_ROW:
+    if INT_DOT:
+        if BLOCK_M == 1:
+            rows = tl.arange(0, DOT_ROWS)
+            acc += int_dot_tile(q, s_u, z_u, x_ptr, rows, rows < 1, stride_xm, r, r_mask, DOT_ROWS, ASM)
+        else:
+            acc += int_dot_tile(q, s_u, z_u, x_ptr, offs_m, m_mask, stride_xm, r, r_mask, DOT_ROWS, ASM)
+    elif BLOCK_M == 1 and not PER_ROW:
         acc = gemv_tile_mac(acc, q, s_u, z_u, x_ptr, r, r_mask, row_input, BLOCK_K8, BLOCK_N)
     else:
         zb, sc = magic_zero_scale(z_u, s_u, DT)
@@ -80,9 +88,10 @@ def _w4a16_small_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_p
     column tile to arrive at cnt_ptr[pid_n] sums them in split order (deterministic), adds the bias and casts.
     BLOCK_M > 1: fp32 atomic_add into part_ptr [M, N] (zeroed by the caller); the reduce kernel finishes.
     M == 1: the first two K tiles' weights load before the PDL wait (they overlap the previous kernel's tail).
-    INT_DOT (M > 1, fp16, not PER_ROW; paths.decode_int_dot): each tile through int4.int_dot_tile (exact n - z
-    in the dot, the scale once per tile) into a transposed [BN, BM] accumulator; ASM: its dequantize step in
-    inline PTX (False under the interpreter)."""
+    INT_DOT (fp16, not PER_ROW; paths.decode_int_dot at M > 1, paths.batch1_int_dot at M == 1): each tile
+    through int4.int_dot_tile (exact n - z in a tensor-core dot, the scale once per tile) into a transposed
+    [BN, 16] accumulator of 16 input rows (M == 1: rows 1-15 masked, so their columns stay exact zeros); ASM:
+    its dequantize step in inline PTX (False under the interpreter)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)                      # [BN]
@@ -93,10 +102,11 @@ def _w4a16_small_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_p
     k8 = K // 8
     z_shift = (offs_n % 8) * 4
     DT: tl.constexpr = x_ptr.dtype.element_ty
-    if BLOCK_M == 1:
+    tl.static_assert(not INT_DOT or BLOCK_M == 1 or BLOCK_M == DOT_ROWS)
+    if INT_DOT:
+        acc = tl.zeros((BLOCK_N, DOT_ROWS), dtype=tl.float32)             # transposed (int_dot_tile)
+    elif BLOCK_M == 1:
         acc = tl.zeros((BLOCK_K8, BLOCK_N), dtype=tl.float32)
-    elif INT_DOT:
-        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)              # transposed (int_dot_tile)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     t_begin = pid_k * tiles_per_split                                     # every split has >= 1 tile
@@ -110,10 +120,10 @@ def _w4a16_small_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_p
         pdl_enter(PDL)
         acc = _small_tile_mac(acc, q0, s0, z0, t_begin, t_end, x_ptr, sc_ptr, qz_ptr, gidx_ptr, offs_r, offs_m,
                               m_mask, offs_n, n_mask, z_shift, k8, N, stride_xm, DT, BLOCK_M, BLOCK_N, BLOCK_K8,
-                              PER_ROW)
+                              PER_ROW, INT_DOT, ASM)
         acc = _small_tile_mac(acc, q1, s1, z1, t_begin + 1, t_end, x_ptr, sc_ptr, qz_ptr, gidx_ptr, offs_r,
                               offs_m, m_mask, offs_n, n_mask, z_shift, k8, N, stride_xm, DT, BLOCK_M, BLOCK_N,
-                              BLOCK_K8, PER_ROW)
+                              BLOCK_K8, PER_ROW, INT_DOT, ASM)
         t_loop = t_begin + 2
     else:
         # M > 1: a plain pipelined loop (peeling the first tiles measured slower for tl.dot)
@@ -122,18 +132,15 @@ def _w4a16_small_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_p
     for t in range(t_loop, t_end):
         q, s_u, z_u = _small_tile_load(qw_ptr, sc_ptr, qz_ptr, t, t_end, offs_r, offs_n, n_mask, z_shift, k8, N,
                                        group_size, num_groups, BLOCK_K8)
-        if INT_DOT:
-            r = t * BLOCK_K8 + offs_r
-            acc += int_dot_tile(q, s_u, z_u, x_ptr, offs_m, m_mask, stride_xm, r, (r < k8) & (t < t_end),
-                                BLOCK_M, ASM)
-        else:
-            acc = _small_tile_mac(acc, q, s_u, z_u, t, t_end, x_ptr, sc_ptr, qz_ptr, gidx_ptr, offs_r, offs_m,
-                                  m_mask, offs_n, n_mask, z_shift, k8, N, stride_xm, DT, BLOCK_M, BLOCK_N,
-                                  BLOCK_K8, PER_ROW)
-    if BLOCK_M == 1:
-        res = tl.sum(acc, axis=0)[None, :]                                # [1, BN]
+        acc = _small_tile_mac(acc, q, s_u, z_u, t, t_end, x_ptr, sc_ptr, qz_ptr, gidx_ptr, offs_r, offs_m,
+                              m_mask, offs_n, n_mask, z_shift, k8, N, stride_xm, DT, BLOCK_M, BLOCK_N, BLOCK_K8,
+                              PER_ROW, INT_DOT, ASM)
+    if INT_DOT and BLOCK_M == 1:
+        res = tl.sum(acc, axis=1)[None, :]                                # [1, BN]: column 0 (the rest are 0)
     elif INT_DOT:
         res = tl.permute(acc, (1, 0))                                     # [BM, BN]
+    elif BLOCK_M == 1:
+        res = tl.sum(acc, axis=0)[None, :]                                # [1, BN]
     else:
         res = acc
     o_off = offs_m[:, None] * N + offs_n[None, :]

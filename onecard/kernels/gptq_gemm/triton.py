@@ -139,12 +139,15 @@ def _dequant_kernel(qw_ptr, qz_ptr, sc_ptr, gidx_ptr, out_ptr, N, K, group_size,
 # 4 warps at 8 programs/SM: qkv 15.3 -> 7.3 us, o_proj 9.8 -> 6.7 us against BN 128, 8 warps, 12/SM.
 _CONFIGS = {
     "gemv": (1, 64, 16, False, 4, 2),
+    # M == 1 with the exact-integer dot (paths.batch1_int_dot): a tensor-core dot on 16 rows, 15 masked; 2 warps
+    # (sm90 SASS, loop per weight: 3.05 instructions at 2 warps with mma, 4.8 at 4 warps, where it becomes a wgmma)
+    "gemv_int": (1, 64, 16, True, 2, 2),
     "skinny": (16, 128, 16, True, 4, 2),
     "tiled": (64, 128, 16, True, 8, 3),
 }
 SMALL_M_MAX = paths.SMALL_M_MAX
 # split-K target: enough [BK8, BN] tiles in flight per SM to cover HBM latency
-SMALL_PROGRAMS_PER_SM = {"gemv": 8, "skinny": 12}
+SMALL_PROGRAMS_PER_SM = {"gemv": 8, "gemv_int": 8, "skinny": 12}
 GEMV_MAX_SPLITS = 16                  # M == 1: the last split reads all partials as one [16, BN] tile
 SKINNY_MAX_SPLITS = 32                # M > 1: atomics, so only a bound on the grid
 _REDUCE_BLOCK = 1024
@@ -197,10 +200,11 @@ class SmallGrid:
 
 
 def small_grid(m: int, n: int, k: int, device: torch.device,
-               tuning: tuple[int, int, int, int, int] | None = None) -> SmallGrid:
+               tuning: tuple[int, int, int, int, int] | None = None, config: str | None = None) -> SmallGrid:
     """M <= SMALL_M_MAX rows: split-K so that ~SMALL_PROGRAMS_PER_SM programs per SM each stream few tiles.
-    ``tuning`` (BLOCK_N, BLOCK_K8, num_warps, num_stages, programs per SM) overrides the table (bench only)."""
-    name = choose_config(m)
+    ``tuning`` (BLOCK_N, BLOCK_K8, num_warps, num_stages, programs per SM) overrides the table (bench only);
+    ``config``: a _CONFIGS name instead of the one for M rows (the exact-integer GEMV's)."""
+    name = config or choose_config(m)
     bm, bn, bk8, _, warps, stages = _CONFIGS[name]
     pps = SMALL_PROGRAMS_PER_SM[name]
     if tuning is not None:
@@ -220,10 +224,14 @@ def small_m_gemm(x: torch.Tensor, w: GPTQWeight, bias: torch.Tensor | None = Non
     m, k = x.shape
     n = w.out_features
     dev = x.device
-    g = small_grid(m, n, k, dev, tuning)
+    per_row, gidx = row_groups(w, _CONFIGS[choose_config(m)][2])
+    cc = compute_capability(dev)
+    # the exact-integer dot (int4.int_dot_tile): fp16, one group per K tile, the paths switch for M rows
+    int_dot = (not per_row and x.dtype == torch.float16
+               and (paths.decode_int_dot(m, cc) if m > 1 else paths.batch1_int_dot(cc)))
+    g = small_grid(m, n, k, dev, tuning, "gemv_int" if int_dot and m == 1 else None)
     bm, bn, bk8, warps, stages = g.block_m, g.block_n, g.block_k8, g.num_warps, g.num_stages
     grid_n, splits, tiles_per_split = g.grid_n, g.splits, g.tiles_per_split
-    per_row, gidx = row_groups(w, bk8)
     out = torch.empty(m, n, dtype=x.dtype, device=dev)
     bias_arg = bias if bias is not None else out
     if splits == 1:
@@ -233,8 +241,6 @@ def small_m_gemm(x: torch.Tensor, w: GPTQWeight, bias: torch.Tensor | None = Non
     else:
         part = torch.zeros(m, n, dtype=torch.float32, device=dev)
     use_pdl = pdl(dev, m)
-    int_dot = (bm > 1 and not per_row and x.dtype == torch.float16
-               and paths.decode_int_dot(m, compute_capability(dev)))
     _w4a16_small_kernel[(grid_n, splits)](
         x, w.qweight, w.qzeros, w.scales, gidx, bias_arg, out, part, workspace.counters(dev, "gemm", grid_n),
         m, n, k, w.group_size, w.num_groups, tiles_per_split, x.stride(0), int(bias is not None),
@@ -303,7 +309,7 @@ def aot_configs() -> list[AotConfig]:
     for act, min_cc in (("fp16", 70), ("bf16", 80)):
         for name, (bm, bn, bk8, use_dot, warps, stages) in _CONFIGS.items():
             if bm <= SMALL_M_MAX:
-                for per_row in (False, True):
+                for per_row in ((False,) if name == "gemv_int" else (False, True)):
                     cx = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K8=bk8, PER_ROW=per_row, BLOCK_S=GEMV_MAX_SPLITS,
                               PDL=False, INT_DOT=False, ASM=True)
                     args = dict(x_ptr=f"*{act}", qw_ptr="*i32", qz_ptr="*i32", sc_ptr="*fp16", gidx_ptr="*i32",
@@ -312,9 +318,10 @@ def aot_configs() -> list[AotConfig]:
                                 K="i32", group_size="i32", num_groups="i32", tiles_per_split="i32",
                                 stride_xm="i32", has_bias="i32")
                     tag = "" if not per_row else ",per_row"
-                    out.append(AotConfig(_w4a16_small_kernel, signature(args, cx), cx, warps, stages, min_cc,
-                                         f"w4a16[{name},{act}]" if not per_row else f"w4a16[{name}{tag},{act}]"))
-                    if bm > 1 and not per_row and act == "fp16":              # the exact-integer dot
+                    if name != "gemv_int":
+                        out.append(AotConfig(_w4a16_small_kernel, signature(args, cx), cx, warps, stages, min_cc,
+                                             f"w4a16[{name},{act}]" if not per_row else f"w4a16[{name}{tag},{act}]"))
+                    if name != "gemv" and not per_row and act == "fp16":      # the exact-integer dot
                         out.append(AotConfig(_w4a16_small_kernel, signature(args, dict(cx, INT_DOT=True)),
                                              dict(cx, INT_DOT=True), warps, stages, max(min_cc, 80),
                                              f"w4a16[{name},int_dot,{act}]"))

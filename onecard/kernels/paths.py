@@ -252,20 +252,23 @@ def decode_int_dot(tokens: int, cc: int) -> bool:
             and _Switches.on.get("decode_int_dot", DECODE_INT_DOT))
 
 
-# The batch-1 dense GEMV (M == 1: qkv, o_proj) with the exact-integer dot too: a tensor-core dot on 16 input rows,
-# 15 of them masked, 2 warps (gptq_gemm/triton._CONFIGS["gemv_int"]); sm90 SASS per weight in its loop 3.05
-# instructions against 6.1 (the batch-1 GEMV lost a third of its time when its dequantize step went from 5 to 3
-# instructions per weight: it is partly bound by instructions). Off until measured: set_batch1_int_dot.
+# Batch 1 with the exact-integer dot too: the dense GEMV (qkv, o_proj; gptq_gemm/triton._CONFIGS["gemv_int"], 2
+# warps) and the decode MoE's gate/up stage, each a tensor-core dot on 16 input rows, 15 of them masked. sm90 SASS
+# per loop: GEMV 6.1 -> 3.45 instructions per weight, MoE stage 1 693 -> 453 (the batch-1 GEMV lost a third of its
+# time when its dequantize step went from 5 to 3 instructions per weight: it is partly bound by instructions).
+# The MoE's down stage keeps its GEMV step (see fused_moe/stages.moe_stages). Off until measured:
+# set_batch1_int_dot.
 BATCH1_INT_DOT = False
 
 
 def set_batch1_int_dot(on: bool | None) -> None:
-    """The batch-1 GEMV's exact-integer dot on or off in this process; None: BATCH1_INT_DOT."""
+    """The batch-1 exact-integer dot on or off in this process; None: BATCH1_INT_DOT."""
     _set_switch("batch1_int_dot", on)
 
 
 def batch1_int_dot(cc: int) -> bool:
-    """Does the batch-1 dense GEMV take the exact-integer dot where its weights allow (sm80+, as decode_int_dot)?"""
+    """Do the batch-1 GEMV and MoE gate/up stage take the exact-integer dot where their weights allow (sm80+, as
+    decode_int_dot)?"""
     return tensor_core_dot(cc) and _Switches.on.get("batch1_int_dot", BATCH1_INT_DOT)
 
 

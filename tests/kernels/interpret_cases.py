@@ -50,10 +50,11 @@ MOE_ACT = (1, 5, 6)
 # rows: the last row pair half outside K)
 MOE_G128 = [(1, 256, 8, 200, 3), (1, 384, 6, 256, 2), (5, 256, 8, 200, 3), (16, 256, 8, 200, 3),
             (9, 128, 4, 136, 2)]
-# MOE_G128 cases at T > 1 (fp16) again with the exact-integer dot (paths.set_decode_int_dot: the weights enter
-# the dot as n - z, the scale multiplies each tile's sum; under the interpreter its dequantize step is the
-# shift-and-mask twin of the inline PTX, which tests/kernels/test_int4_ptx.py checks)
-MOE_INT = (2, 3, 4)
+# MOE_G128 cases (fp16) again with the exact-integer dot (paths.set_decode_int_dot at T > 1, set_batch1_int_dot at
+# T = 1, where only the gate/up stage takes it: the weights enter the dot as n - z, the scale multiplies each
+# tile's sum; under the interpreter its dequantize step is the shift-and-mask twin of the inline PTX, which
+# tests/kernels/test_int4_ptx.py checks)
+MOE_INT = (0, 1, 2, 3, 4)
 # (T, H, I, E, top_k, renormalize, residual?): the batch-1 block (one chunk of H per program; H not a multiple
 # of E; no residual; E not a power of two) and T > 1 (RMSNorm + router + fused_moe)
 NORM_MOE = [(1, 64, 32, 8, 2, True, True), (1, 200, 48, 6, 3, False, True), (1, 128, 40, 16, 4, True, False),
@@ -376,12 +377,13 @@ def run_case(name: str, seed: int) -> float:
     if kind.startswith("g128moeint"):
         from onecard.kernels import paths
         t = MOE_G128[int(kind[10:])][0]
-        paths.set_decode_int_dot(True)
+        setter = paths.set_batch1_int_dot if t == 1 else paths.set_decode_int_dot
+        setter(True)
         try:
-            assert paths.decode_int_dot(t, 80) and paths.choose_decode_moe(t, 80) == "decode16", t
+            assert (paths.batch1_int_dot(80) if t == 1 else paths.decode_int_dot(t, 80)), t
             return run_case(f"g128moe{kind[10:]}-{rest}", seed)
         finally:
-            paths.set_decode_int_dot(None)
+            setter(None)
     if kind.startswith("g128moe"):
         from onecard.kernels.fused_moe import ref
         from onecard.kernels.fused_moe import triton as tk

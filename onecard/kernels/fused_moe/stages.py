@@ -25,6 +25,7 @@ import triton.language as tl
 from onecard.kernels import paths
 from onecard.kernels.activation.triton import silu_and_mul
 from onecard.kernels.gptq_gemm.int4 import (
+    INT_DOT_ROWS,
     _dequant_tile_j,
     _group_sz,
     gemv_tile_mac,
@@ -32,6 +33,7 @@ from onecard.kernels.gptq_gemm.int4 import (
     magic_zero_scale,
     nibbles,
     row_input,
+    rows_input_t,
 )
 from onecard.kernels.gptq_gemm.triton import row_groups
 from onecard.kernels.triton_common import (
@@ -84,7 +86,7 @@ def _moe_decode_kernel(x_ptr, a_ptr, out_ptr, qa_ptr, za_ptr, sa_ptr, ga_ptr, qb
     PDL: stage 1 reads the routing the kernel just before wrote, so it waits first. Stage 2's routing is two
     kernels old (complete before any stage-2 program can start, see triton_common), so it reads the routing
     (from L2: .cg, never a stale L1 line) and its first weight tile before the wait, and only gu after it."""
-    tl.static_assert(not INT_DOT or STAGE == 1 or PRE_ACT, "stage 2 of the exact-integer dot loads silu * up")
+    tl.static_assert(not INT_DOT or STAGE == 1 or PRE_ACT, "stage 2 of the int dot loads silu * up")
     if STAGE == 1:
         pdl_enter(PDL)
     pid_n = tl.program_id(0)
@@ -133,51 +135,54 @@ def _moe_decode_kernel(x_ptr, a_ptr, out_ptr, qa_ptr, za_ptr, sa_ptr, ga_ptr, qb
         # both tiles' loads up front measured slower on the H200: fused MoE T=1 26.9 vs 21.5 us.)
         q0, s0, z0 = _decode_tile_load(q_ptr, s_ptr, z_ptr, t_begin, t_end, live, offs_r, offs_n, n_mask, z_shift,
                                        k8, N, group_size, num_groups, BLOCK_K8, BLOCK_N, FLOAT_W)
-        acc = tl.zeros((BLOCK_K8, BLOCK_N), dtype=tl.float32)            # row sums deferred past the loop
         t_loop = t_begin + 1
     else:
         # batch > 1: many tiles per program; a plain pipelined loop (peeling its first tile measured slower:
         # T=16 188 vs 172 us)
-        acc = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
         t_loop = t_begin
+    if INT_DOT:
+        acc = tl.zeros((BLOCK_N, INT_DOT_ROWS), dtype=tl.float32)        # transposed (int4.int_dot_tile)
+    elif BLOCK_T == 1:
+        acc = tl.zeros((BLOCK_K8, BLOCK_N), dtype=tl.float32)            # row sums deferred past the loop
+    else:
+        acc = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
     if STAGE == 2:
         pdl_enter(PDL)
     if live:
         if BLOCK_T == 1:
             acc = _decode_tile_mac(acc, q0, s0, z0, t_begin, t_end, x_ptr, a_ptr, a_row, q_ptr, z_ptr, s_ptr,
                                    g_ptr, offs_r, offs_n, n_mask, z_shift, k8, K, N, stride_a, offs_t, tok_mask,
-                                   pair, DT, BLOCK_T, BLOCK_N, BLOCK_K8, STAGE, FLOAT_W, PER_ROW, PRE_ACT)
-        if INT_DOT:
-            acc_t = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32)
-            for it in range(t_loop, t_end):
-                acc_t = _decode_tile_int_dot(acc_t, it, t_end, live, x_ptr, a_ptr, q_ptr, s_ptr, z_ptr, offs_n,
-                                             n_mask, z_shift, k8, N, group_size, num_groups, stride_a, offs_t,
-                                             tok_mask, pair, BLOCK_T, BLOCK_K8, STAGE, ASM)
-            acc = tl.permute(acc_t, (1, 0))
-        else:
-            for it in range(t_loop, t_end):
-                q, s_u, z_u = _decode_tile_load(q_ptr, s_ptr, z_ptr, it, t_end, live, offs_r, offs_n, n_mask,
-                                                z_shift, k8, N, group_size, num_groups, BLOCK_K8, BLOCK_N, FLOAT_W)
-                acc = _decode_tile_mac(acc, q, s_u, z_u, it, t_end, x_ptr, a_ptr, a_row, q_ptr, z_ptr, s_ptr,
-                                       g_ptr, offs_r, offs_n, n_mask, z_shift, k8, K, N, stride_a, offs_t,
-                                       tok_mask, pair, DT, BLOCK_T, BLOCK_N, BLOCK_K8, STAGE, FLOAT_W, PER_ROW,
-                                       PRE_ACT)
+                                   pair, DT, BLOCK_T, BLOCK_N, BLOCK_K8, STAGE, FLOAT_W, PER_ROW, PRE_ACT, INT_DOT,
+                                   ASM)
+        for it in range(t_loop, t_end):
+            q, s_u, z_u = _decode_tile_load(q_ptr, s_ptr, z_ptr, it, t_end, live, offs_r, offs_n, n_mask, z_shift,
+                                            k8, N, group_size, num_groups, BLOCK_K8, BLOCK_N, FLOAT_W)
+            acc = _decode_tile_mac(acc, q, s_u, z_u, it, t_end, x_ptr, a_ptr, a_row, q_ptr, z_ptr, s_ptr, g_ptr,
+                                   offs_r, offs_n, n_mask, z_shift, k8, K, N, stride_a, offs_t, tok_mask, pair,
+                                   DT, BLOCK_T, BLOCK_N, BLOCK_K8, STAGE, FLOAT_W, PER_ROW, PRE_ACT, INT_DOT, ASM)
     if live:
         if BLOCK_T == 1:
-            res = tl.sum(acc, axis=0)                                     # [BN]
+            if INT_DOT:
+                res = tl.sum(acc, axis=1)                                 # [BN]: column 0 (the rest are 0)
+            else:
+                res = tl.sum(acc, axis=0)                                 # [BN]
             if STAGE == 1:
                 tl.atomic_add(out_ptr + pair1 * stride_out + mat * N + offs_n, res, mask=n_mask, sem="relaxed")
             else:
                 res *= tl.load(topk_w_ptr + pair1)
                 tl.atomic_add(out_ptr + offs_n, res, mask=n_mask, sem="relaxed")
         else:
+            if INT_DOT:
+                res = tl.permute(acc, (1, 0))                             # [BT, BN]
+            else:
+                res = acc
             om = tok_mask[:, None] & n_mask[None, :]
             if STAGE == 1:
-                tl.atomic_add(out_ptr + pair.to(tl.int64)[:, None] * stride_out + mat * N + offs_n[None, :], acc,
+                tl.atomic_add(out_ptr + pair.to(tl.int64)[:, None] * stride_out + mat * N + offs_n[None, :], res,
                               mask=om, sem="relaxed")
             else:
                 rw = tl.load(topk_w_ptr + pair, mask=tok_mask, other=0.0)    # [BT]
-                tl.atomic_add(out_ptr + offs_t[:, None] * stride_out + offs_n[None, :], acc * rw[:, None],
+                tl.atomic_add(out_ptr + offs_t[:, None] * stride_out + offs_n[None, :], res * rw[:, None],
                               mask=om, sem="relaxed")
 
 
@@ -224,38 +229,51 @@ def _decode_tile_load(q_ptr, s_ptr, z_ptr, it, t_end, live, offs_r, offs_n, n_ma
 def _decode_tile_mac(acc, q, s_u, z_u, it, t_end, x_ptr, a_ptr, a_row, q_ptr, z_ptr, s_ptr, g_ptr, offs_r, offs_n,
                      n_mask, z_shift, k8, K, N, stride_a, offs_t, tok_mask, pair, DT: tl.constexpr,
                      BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K8: tl.constexpr, STAGE: tl.constexpr,
-                     FLOAT_W: tl.constexpr, PER_ROW: tl.constexpr, PRE_ACT: tl.constexpr):
-    """acc += inputs [rows of tile it] @ dequant(tile) for the tokens routed here (nothing past t_end)."""
+                     FLOAT_W: tl.constexpr, PER_ROW: tl.constexpr, PRE_ACT: tl.constexpr, INT_DOT: tl.constexpr,
+                     ASM: tl.constexpr):
+    """acc += inputs [rows of tile it] @ dequant(tile) for the tokens routed here (nothing past t_end).
+    INT_DOT: acc [BN, INT_DOT_ROWS] += int4.int_dot_tile on x's rows by token (stage 1) or the silu launch's rows
+    by pair (stage 2, T > 1)."""
     r = it * BLOCK_K8 + offs_r                                            # [BK8] packed rows
     r_mask = (r < k8) & (it < t_end)
     FAST: tl.constexpr = not FLOAT_W and not PER_ROW
-    if FAST:
-        zb, sc = magic_zero_scale(z_u, s_u, DT)
-    if BLOCK_T == 1 and FAST:
-        # the GEMV's tile step (scale and zero once per tile), on x's row or on silu(gate) * up
-        if STAGE == 1:
-            acc = gemv_tile_mac(acc, q, s_u, z_u, x_ptr + a_row * stride_a, r, r_mask, row_input, BLOCK_K8,
-                                BLOCK_N)
+    if INT_DOT:
+        one = tl.arange(0, INT_DOT_ROWS)                                  # batch 1: row 0 only
+        if BLOCK_T == 1:
+            acc += int_dot_tile(q, s_u, z_u, (x_ptr + a_row * stride_a, one, one < 1, 0), r, r_mask, rows_input_t,
+                                ASM)
+        elif STAGE == 1:
+            acc += int_dot_tile(q, s_u, z_u, (x_ptr, offs_t, tok_mask, stride_a), r, r_mask, rows_input_t, ASM)
         else:
-            acc = gemv_tile_mac(acc, q, s_u, z_u, (a_ptr, a_row, stride_a, K), r, r_mask, _gated_input,
-                                BLOCK_K8, BLOCK_N)
+            acc += int_dot_tile(q, s_u, z_u, (a_ptr, pair, tok_mask, stride_a), r, r_mask, rows_input_t, ASM)
     else:
-        for j in tl.static_range(8):
-            k = r * 8 + j                                                 # [BK8] input rows
-            if FLOAT_W:
-                w = tl.load(q_ptr + k[:, None] * N + offs_n[None, :],
-                            mask=r_mask[:, None] & n_mask[None, :], other=0.0).to(tl.float32)
-            elif FAST:
-                w = (nibbles(q, j, DT) - zb[None, :]) * sc[None, :]
+        if FAST:
+            zb, sc = magic_zero_scale(z_u, s_u, DT)
+        if BLOCK_T == 1 and FAST:
+            # the GEMV's tile step (scale and zero once per tile), on x's row or on silu(gate) * up
+            if STAGE == 1:
+                acc = gemv_tile_mac(acc, q, s_u, z_u, x_ptr + a_row * stride_a, r, r_mask, row_input, BLOCK_K8,
+                                    BLOCK_N)
             else:
-                w = _dequant_tile_j(q, j, s_u, z_u, s_ptr, z_ptr, g_ptr, k, r_mask, offs_n, n_mask, z_shift,
-                                    N, PER_ROW)                           # [BK8, BN] fp32
-            if BLOCK_T == 1:
-                av = _decode_input_row(x_ptr, a_ptr, a_row, stride_a, r, j, r_mask, K, STAGE)
-                acc += w.to(tl.float32) * av[:, None]
-            else:
-                a = _decode_inputs(x_ptr, a_ptr, k, r_mask, stride_a, offs_t, tok_mask, pair, K, DT, STAGE, PRE_ACT)
-                acc += dot(a, w.to(DT))                                   # [BT, BN]
+                acc = gemv_tile_mac(acc, q, s_u, z_u, (a_ptr, a_row, stride_a, K), r, r_mask, _gated_input,
+                                    BLOCK_K8, BLOCK_N)
+        else:
+            for j in tl.static_range(8):
+                k = r * 8 + j                                                 # [BK8] input rows
+                if FLOAT_W:
+                    w = tl.load(q_ptr + k[:, None] * N + offs_n[None, :],
+                                mask=r_mask[:, None] & n_mask[None, :], other=0.0).to(tl.float32)
+                elif FAST:
+                    w = (nibbles(q, j, DT) - zb[None, :]) * sc[None, :]
+                else:
+                    w = _dequant_tile_j(q, j, s_u, z_u, s_ptr, z_ptr, g_ptr, k, r_mask, offs_n, n_mask, z_shift,
+                                        N, PER_ROW)                           # [BK8, BN] fp32
+                if BLOCK_T == 1:
+                    av = _decode_input_row(x_ptr, a_ptr, a_row, stride_a, r, j, r_mask, K, STAGE)
+                    acc += w.to(tl.float32) * av[:, None]
+                else:
+                    a = _decode_inputs(x_ptr, a_ptr, k, r_mask, stride_a, offs_t, tok_mask, pair, K, DT, STAGE, PRE_ACT)
+                    acc += dot(a, w.to(DT))                                   # [BT, BN]
     return acc
 
 
@@ -275,24 +293,6 @@ def _decode_inputs(x_ptr, a_ptr, k, r_mask, stride_a, offs_t, tok_mask, pair, K,
         uv = tl.load(a_ptr + a_off + K, mask=am, other=0.0)
         a = (gv / (1.0 + tl.exp(-gv)) * uv).to(DT)
     return a
-
-
-@triton.jit
-def _decode_tile_int_dot(acc, it, t_end, live, x_ptr, a_ptr, q_ptr, s_ptr, z_ptr, offs_n, n_mask, z_shift, k8, N,
-                         group_size, num_groups, stride_a, offs_t, tok_mask, pair, BLOCK_T: tl.constexpr,
-                         BLOCK_K8: tl.constexpr, STAGE: tl.constexpr, ASM: tl.constexpr):
-    """acc [BN, BT] (transposed) += K tile ``it`` through int4.int_dot_tile: stage 1 on x's rows by token, stage 2
-    on the silu launch's rows by pair."""
-    r = it * BLOCK_K8 + tl.arange(0, BLOCK_K8)                            # [BK8] packed rows
-    r_mask = (r < k8) & (it < t_end)
-    q = tl.load(q_ptr + r[:, None] * N + offs_n[None, :], mask=(r_mask & live)[:, None] & n_mask[None, :], other=0)
-    g = tl.minimum((it * BLOCK_K8 * 8) // group_size, num_groups - 1)
-    s_u, z_u = _group_sz(s_ptr, z_ptr, g, offs_n, n_mask, z_shift, N)
-    if STAGE == 1:
-        acc += int_dot_tile(q, s_u, z_u, x_ptr, offs_t, tok_mask, stride_a, r, r_mask, BLOCK_T, ASM)
-    else:
-        acc += int_dot_tile(q, s_u, z_u, a_ptr, pair, tok_mask, stride_a, r, r_mask, BLOCK_T, ASM)
-    return acc
 
 
 def weight_args(w: MoEWeight, block_k8: int):
@@ -338,8 +338,10 @@ def moe_stages(x: torch.Tensor, gu: torch.Tensor, out32: torch.Tensor, w_gate: M
     assert k1 == x.shape[1] and n2 == x.shape[1] and k2 == n1, (x.shape, k1, n1, k2, n2)
     common = dict(TOP_K=top_k, BLOCK_TOPK=next_pow2(top_k), BLOCK_T=bt, BLOCK_N=bn, BLOCK_K8=bk8,
                   FLOAT_W=float_w, PDL=use_pdl, num_warps=warps, num_stages=stages, launch_pdl=use_pdl)
-    # the exact-integer dot: T > 1, fp16, int4 weights with one group per K tile (paths.decode_int_dot)
-    int_dot = bt > 1 and not float_w and x.dtype == torch.float16 and paths.decode_int_dot(t, compute_capability(dev))
+    # the exact-integer dot: fp16, int4 weights with one group per K tile (paths.decode_int_dot, batch1_int_dot)
+    cc = compute_capability(dev)
+    int_dot = (not float_w and x.dtype == torch.float16
+               and (paths.decode_int_dot(t, cc) if bt > 1 else paths.batch1_int_dot(cc)))
     common.update(ASM=not interpreting())
     tiles1 = triton.cdiv(n1, bn)
     s1, per1 = _split(2 * tiles1 * slots, triton.cdiv(k1 // 8, bk8), dev, per_sm)
@@ -348,13 +350,16 @@ def moe_stages(x: torch.Tensor, gu: torch.Tensor, out32: torch.Tensor, w_gate: M
         x.stride(0), 2 * n1, tiles1, per1, STAGE=1, PER_ROW=bool(pr1), INT_DOT=int_dot and not pr1, **common)
     tiles2 = triton.cdiv(n2, bn)
     s2, per2 = _split(tiles2 * slots, triton.cdiv(k2 // 8, bk8), dev, per_sm)
-    # stage 2 of the exact-integer dot loads silu(gate) * up (computing it there too spills: 255 registers on sm90)
+    # at T > 1 stage 2 of the exact-integer dot loads silu(gate) * up (computing it there spills: 255 registers
+    # on sm90). At batch 1 stage 2 keeps the GEMV step: a silu launch would add a launch to the batch-1 chain,
+    # and silu computed for the int dot's 16-row operand gave a longer loop (sm90 SASS 1,307 against 1,112).
     pre_act = bt > 1 and not float_w and (paths.decode_moe_act_launch(t) or int_dot)
+    int_dot2 = int_dot and bt > 1
     a2 = silu_and_mul(gu, x.dtype) if pre_act else gu                    # [T*k, I] model dtype | [T*k, 2I] fp32
     _moe_decode_kernel[(tiles2, s2, slots)](
         x, a2, out32, *down, *down, topk_ids, topk_w, active, t, n2, k2, gs2, ng2,
         gst2, a2.stride(0), n2, tiles2, per2, STAGE=2, PER_ROW=bool(pr2), PRE_ACT=pre_act,
-        INT_DOT=int_dot and not pr2, **common)
+        INT_DOT=int_dot2 and not pr2, **common)
 
 
 def stages_aot_configs(act: str, min_cc: int) -> list[AotConfig]:
@@ -382,7 +387,8 @@ def stages_aot_configs(act: str, min_cc: int) -> list[AotConfig]:
                     args = dict(args, a_ptr=f"*{act}")
                     out.append(AotConfig(_moe_decode_kernel, signature(args, cx), cx, warps, stages, min_cc,
                                          f"moe_decode[{name},stage=2,float=False,per_row={per_row},pre_act,{act}]"))
-                if bt > 1 and not float_w and not per_row and act == "fp16" and name == "decode16":   # int dot
+                if (not float_w and not per_row and act == "fp16" and name != "decode16-pre-sm80"
+                        and (bt > 1 or stage == 1)):                      # the exact-integer dot
                     cx = dict(cx, PRE_ACT=stage == 2, INT_DOT=True, ASM=True)
                     args = dict(args, a_ptr=f"*{act}")
                     out.append(AotConfig(_moe_decode_kernel, signature(args, cx), cx, warps, stages, max(min_cc, 80),

@@ -167,31 +167,38 @@ def interleaved_cols(we, wo):
     return tl.reshape(tl.join(tl.permute(we, (1, 0)), tl.permute(wo, (1, 0))), (we.shape[1], 2 * we.shape[0]))
 
 
-@triton.jit
-def int_dot_tile(q, s_u, z_u, a_ptr, rows, row_mask, stride_a, r, r_mask, BLOCK_T: tl.constexpr,
-                 ASM: tl.constexpr):
-    """fp32 [BN, BT] = s * ((n - z)^T @ A^T) for one K tile in one group: q [BK8, BN] int32 (packed rows r, masked
-    rows 0), scales and true zeros s_u, z_u [BN] fp32; A's rows ``rows`` [BT] (0 where not row_mask) of the
-    fp16 matrix at a_ptr (row stride stride_a), its columns 8r + j (0 where not r_mask).
+INT_DOT_ROWS: tl.constexpr = tl.constexpr(16)    # int_dot_tile's input rows BT: tl.dot's smallest size
 
-    The decode GEMMs' exact-integer dot (T > 1, fp16; paths.decode_int_dot). They are bound by instructions, not
-    bytes (the batch-16 MoE's time did not move with 4-24 programs per SM; sm90 SASS ~4.5-5 instructions per
-    weight in their loops against the ~5 that HBM bandwidth leaves per weight). Here the packed rows come as
-    pairs (2i, 2i+1) and byte_pair_diffs turns a byte of each pair into four exact n - z; the dot accumulates
-    in fp32 and the group's scale multiplies the tile's sum once instead of every weight. Products of fp16
-    inputs and small integers are exact, so the only roundings are the dot's fp32 sums and that one product:
-    closer to the fp32 reference than weights dequantized to fp16. The weights are the dot's FIRST operand:
-    second, the inputs' tensor-core fragments needed a register shuffle per mma (sm90 SASS: 841 instructions
-    per loop against 678 this way round)."""
+
+@triton.jit
+def rows_input_t(src, k, r_mask):
+    """fp16 [len(k), BT] = A[rows, k] transposed: an INPUT of int_dot_tile. src = (a_ptr, rows [BT], row_mask [BT],
+    row stride); 0 where not r_mask or not row_mask."""
+    a_ptr, rows, row_mask, stride = src
+    return tl.load(a_ptr + rows.to(tl.int64)[None, :] * stride + k[:, None], mask=r_mask[:, None] & row_mask[None, :],
+                   other=0.0)
+
+
+@triton.jit
+def int_dot_tile(q, s_u, z_u, src, r, r_mask, INPUT: tl.constexpr, ASM: tl.constexpr):
+    """fp32 [BN, BT] = s * ((n - z)^T @ A^T) for one K tile in one group: q [BK8, BN] int32 (packed rows r, masked
+    rows 0), scales and true zeros s_u, z_u [BN] fp32; A^T's rows 8r + j from ``INPUT(src, k, r_mask)`` (fp16
+    [BK8, BT], 0 where not r_mask: rows_input_t, or one that computes them, fused_moe/stages.py's silu * up).
+
+    The decode GEMMs' exact-integer dot (fp16; paths.decode_int_dot, paths.batch1_int_dot). Their loops are
+    bound by instructions, not bytes (the batch-16 MoE's time did not move with 4-24 programs per SM; sm90 SASS
+    4.5-6 instructions per weight against the ~5 that HBM bandwidth leaves per weight). Here the packed rows
+    come as pairs (2i, 2i+1) and byte_pair_diffs turns a byte of each pair into four exact n - z; the dot
+    accumulates in fp32 and the group's scale multiplies the tile's sum once instead of every weight. Products
+    of fp16 inputs and small integers are exact, so the only roundings are the dot's fp32 sums and that one
+    product: closer to the fp32 reference than weights dequantized to fp16. The weights are the dot's FIRST
+    operand: second, the inputs' tensor-core fragments needed a register shuffle per mma (sm90 SASS: 841
+    instructions per loop against 678 this way round). BT = INT_DOT_ROWS; batch 1 masks 15 of them."""
     qe, qo = tl.split(tl.permute(tl.reshape(q, (q.shape[0] // 2, 2, q.shape[1])), (0, 2, 1)))   # rows 2i, 2i+1
     ze, zo = pair_zeros(z_u)
-    a_rows = a_ptr + rows.to(tl.int64)[None, :] * stride_a                # [1, BT]
-    am = r_mask[:, None] & row_mask[None, :]
-    tile = tl.zeros((q.shape[1], BLOCK_T), dtype=tl.float32)              # [BN, BT]
+    tile = tl.zeros((q.shape[1], INT_DOT_ROWS), dtype=tl.float32)         # [BN, BT]
     for b in tl.static_range(4):                                          # byte b: nibbles 2b, 2b + 1
         e0, e1, o0, o1 = byte_pair_diffs(qe, qo, ze[None, :], zo[None, :], b, ASM)
-        a = tl.load(a_rows + (r * 8 + 2 * b)[:, None], mask=am, other=0.0)        # [BK8, BT]: inputs 8r + 2b
-        tile += tl.dot(interleaved_cols(e0, e1), a)
-        a = tl.load(a_rows + (r * 8 + 2 * b + 1)[:, None], mask=am, other=0.0)    # inputs 8r + 2b + 1
-        tile += tl.dot(interleaved_cols(o0, o1), a)
+        tile += tl.dot(interleaved_cols(e0, e1), INPUT(src, r * 8 + 2 * b, r_mask))       # inputs 8r + 2b
+        tile += tl.dot(interleaved_cols(o0, o1), INPUT(src, r * 8 + 2 * b + 1, r_mask))   # inputs 8r + 2b + 1
     return tile * s_u[:, None]

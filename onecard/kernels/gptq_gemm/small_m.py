@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from onecard.kernels.gptq_gemm.int4 import (
+    INT_DOT_ROWS,
     _dequant_tile_j,
     _group_sz,
     gemv_tile_mac,
@@ -19,11 +20,10 @@ from onecard.kernels.gptq_gemm.int4 import (
     magic_zero_scale,
     nibbles,
     row_input,
+    rows_input_t,
 )
 from onecard.kernels.triton_common import last_arrival, pdl_enter
 from onecard.kernels.triton_dot import dot
-
-DOT_ROWS: tl.constexpr = tl.constexpr(16)   # the exact-integer dot's input rows: tl.dot's smallest M (BLOCK_M <= 16)
 
 
 @triton.jit
@@ -49,10 +49,10 @@ def _small_tile_mac(acc, q, s_u, z_u, t, t_end, x_ptr, sc_ptr, qz_ptr, gidx_ptr,
     r_mask = (r < k8) & (t < t_end)                                       # x rows masked: exact zero
     if INT_DOT:
         if BLOCK_M == 1:
-            rows = tl.arange(0, DOT_ROWS)
-            acc += int_dot_tile(q, s_u, z_u, x_ptr, rows, rows < 1, stride_xm, r, r_mask, DOT_ROWS, ASM)
+            rows = tl.arange(0, INT_DOT_ROWS)
+            acc += int_dot_tile(q, s_u, z_u, (x_ptr, rows, rows < 1, stride_xm), r, r_mask, rows_input_t, ASM)
         else:
-            acc += int_dot_tile(q, s_u, z_u, x_ptr, offs_m, m_mask, stride_xm, r, r_mask, DOT_ROWS, ASM)
+            acc += int_dot_tile(q, s_u, z_u, (x_ptr, offs_m, m_mask, stride_xm), r, r_mask, rows_input_t, ASM)
     elif BLOCK_M == 1 and not PER_ROW:
         acc = gemv_tile_mac(acc, q, s_u, z_u, x_ptr, r, r_mask, row_input, BLOCK_K8, BLOCK_N)
     else:
@@ -102,9 +102,9 @@ def _w4a16_small_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_p
     k8 = K // 8
     z_shift = (offs_n % 8) * 4
     DT: tl.constexpr = x_ptr.dtype.element_ty
-    tl.static_assert(not INT_DOT or BLOCK_M == 1 or BLOCK_M == DOT_ROWS)
+    tl.static_assert(not INT_DOT or BLOCK_M == 1 or BLOCK_M == INT_DOT_ROWS)
     if INT_DOT:
-        acc = tl.zeros((BLOCK_N, DOT_ROWS), dtype=tl.float32)             # transposed (int_dot_tile)
+        acc = tl.zeros((BLOCK_N, INT_DOT_ROWS), dtype=tl.float32)             # transposed (int_dot_tile)
     elif BLOCK_M == 1:
         acc = tl.zeros((BLOCK_K8, BLOCK_N), dtype=tl.float32)
     else:

@@ -126,9 +126,11 @@ def cases(quick: bool):
         distinct = int(torch.unique(moe_r.route(logits, TOPK, True)[1]).numel())
         yield (f"fused_moe T={t}", lambda x=x, logits=logits: moe_t.fused_moe(x, logits, wg, wu, wd, TOPK, True),
                lambda x=x, logits=logits: moe_r.fused_moe(x, logits, wg, wu, wd, TOPK, True), distinct * per_expert)
-        if t == 16:   # the decode MoE's switches (kernels/paths.py), each on alone, against the same reference
-            for label, setter in (("silu launch", paths.set_decode_moe_act_launch),
-                                  ("int dot", paths.set_decode_int_dot)):
+        # the decode MoE's switches (kernels/paths.py), each on alone, against the same reference
+        switches = {1: (("int dot", paths.set_batch1_int_dot),),
+                    16: (("silu launch", paths.set_decode_moe_act_launch), ("int dot", paths.set_decode_int_dot))}
+        if t in switches:
+            for label, setter in switches[t]:
                 yield (f"fused_moe T={t} {label}",
                        lambda x=x, logits=logits, setter=setter: _switched(
                            setter, lambda: moe_t.fused_moe(x, logits, wg, wu, wd, TOPK, True)),

@@ -11,6 +11,9 @@ ids, routed weights and the compact ``active`` list (expert + 1 per slot; 0: the
      are complete after stage 1), times the routed weight, atomic_add into out32 [T, H]: the top-k sum is
      free. At T > 1 with paths.decode_moe_act_launch, silu(gate) * up is a launch of its own between the
      stages (activation/triton.silu_and_mul, into the model dtype) and stage 2 loads it (PRE_ACT).
+With the exact-integer dot (INT_DOT: paths.decode_int_dot at T > 1, both stages, stage 2 on the silu launch's
+rows; paths.batch1_int_dot at T = 1, stage 1 only) a tile step is gptq_gemm/int4.int_dot_tile: a tensor-core
+dot of the exact n - z with the inputs, the scale once per tile, into a transposed [BN, 16] accumulator.
 Both accumulators must be zero before stage 1 (the routing launch zeroes them). With PDL (sm90,
 triton_common) stage 2 reads the routing and its first weight tile before its wait: the routing was written
 two launches earlier. Split-K is chosen on the host from static sizes so that a tuned number of programs per

@@ -4,7 +4,9 @@ One launch per GEMM (plus a reduce kernel when 1 < M with split-K); the host sid
 split-K choice are in triton.py (``small_m_gemm``), which also says why the two split-K reductions differ.
 A program streams one or two [BK8, BN] int32 tiles of its K split (16-byte loads along N, scales/zeros once
 per tile: a tile lies in one group unless PER_ROW). M == 1 keeps a [BK8, BN] fp32 accumulator and reduces
-it once after the K loop; M > 1 uses tl.dot on a 16-row block.
+it once after the K loop; M > 1 uses tl.dot on a 16-row block. With the exact-integer dot (INT_DOT, fp16,
+one group per tile: paths.batch1_int_dot / decode_int_dot) every M takes int4.int_dot_tile, a tensor-core dot on
+16 input rows (M == 1: 15 masked) into a transposed [BN, 16] accumulator.
 """
 from __future__ import annotations
 

@@ -6,7 +6,8 @@ Paths (chosen by shape from the fixed table ``_CONFIGS``; no host syncs, so CUDA
     nibble j of packed row r is input row 8r + j, so the K sum is 8 strided sums — no reshapes, no repeated
     loads. The GEMV keeps a [BK8, BN] fp32 accumulator and reduces it once after the loop; skinny uses
     ``tl.dot``. The group mode (PER_ROW) is a constexpr there, so the common path carries no g_idx code (half
-    the registers).
+    the registers). With the exact-integer dot (paths.batch1_int_dot, decode_int_dot: fp16, one group per
+    tile) both take int4.int_dot_tile; M == 1 then runs the ``gemv_int`` config (2 warps).
   * larger M: tiled ``tl.dot``; on compute capability < 8.0 (no tensor cores for tl.dot) it dequantizes to
     fp16 with a Triton kernel and uses cuBLAS instead.
 Split-K reductions:

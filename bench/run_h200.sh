@@ -79,10 +79,10 @@ for p in $parts; do
           # the GPU tests of the kernels and the engine (~6 min; each scenario's JSON line is kept as it finishes)
           [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30 > /dev/null
           timeout 100 python3 bench/kernels_gpu.py --quick --only "${AB_KERNELS:-attn_in,M=1,T=1}"
-          timeout 240 python3 bench/long_context.py /tmp/q30 "$OUT/switch_ab.json" --scenarios "${AB_SCENARIOS:-1x512,16x512}" \
+          timeout 220 python3 bench/long_context.py /tmp/q30 "$OUT/switch_ab.json" --scenarios "${AB_SCENARIOS:-1x512,16x512}" \
               --policies "${SWITCH_POLICIES:-fill,fill+fuse_attn,fill+b1_int,fill+gemv4+moe1pps8,fill+moe_act,fill+int_dot,fill+fuse_attn+b1_int+gemv4+moe1pps8+int_dot}" \
               | tee "$OUT/switch_ab.log" | grep -v '^{'
-          timeout 170 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kernels_gpu.py tests/gpu/test_engine_gpu.py \
+          timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kernels_gpu.py tests/gpu/test_engine_gpu.py \
               2>&1 | tail -8 ;;
     ab) log ab  # A/B of source files, arms built as copies of this tree with files swapped in: AB_SWAP="PATH:.ab/FILE ..."
           # makes the base (/tmp/base: e.g. onecard/kernels/gptq_gemm/int4.py:.ab/int4_old.py, issue 25's dequant

@@ -89,11 +89,13 @@ def capability_record() -> dict:
 
 
 def _int_dot(on: bool | None) -> None:
-    """The exact-integer dot's switches (kernels/paths.py: batch 1 and T > 1) on, or back to their defaults."""
+    """The exact-integer dot's switches (kernels/paths.py: batch 1 and T > 1) and the fast silu on, or back to
+    their defaults."""
     from onecard.kernels import paths as kpaths
 
     kpaths.set_batch1_int_dot(on)
     kpaths.set_decode_int_dot(on)
+    kpaths.set_decode_fast_silu(on)
 
 
 def main(out: str | None = None) -> dict:
@@ -101,8 +103,8 @@ def main(out: str | None = None) -> dict:
     with tempfile.TemporaryDirectory() as d:
         paths = build_fixtures(Path(d))
         paths["coder_gptq_batch1"] = CODER
-        # the bundled coder (g128: one group per K tile) with the exact-integer dot on, one request at a time
-        # (the batch-1 GEMV and MoE gate/up) and all at once (the skinny GEMM and both T > 1 MoE stages)
+        # the bundled coder (g128: one group per K tile) with the exact-integer dot and the fast silu on, one
+        # request at a time (the batch-1 GEMV and MoE stages) and all at once (the skinny GEMM, T > 1 MoE stages)
         paths["coder_gptq_int_dot_batch1"] = CODER
         paths["coder_gptq_int_dot"] = CODER
         for name, path in paths.items():

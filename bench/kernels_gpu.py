@@ -127,8 +127,9 @@ def cases(quick: bool):
         yield (f"fused_moe T={t}", lambda x=x, logits=logits: moe_t.fused_moe(x, logits, wg, wu, wd, TOPK, True),
                lambda x=x, logits=logits: moe_r.fused_moe(x, logits, wg, wu, wd, TOPK, True), distinct * per_expert)
         # the decode MoE's switches (kernels/paths.py), each on alone, against the same reference
-        switches = {1: (("int dot", paths.set_batch1_int_dot),),
-                    16: (("silu launch", paths.set_decode_moe_act_launch), ("int dot", paths.set_decode_int_dot))}
+        switches = {1: (("int dot", paths.set_batch1_int_dot), ("fast silu", paths.set_decode_fast_silu)),
+                    16: (("silu launch", paths.set_decode_moe_act_launch), ("int dot", paths.set_decode_int_dot),
+                         ("fast silu", paths.set_decode_fast_silu))}
         if t in switches:
             for label, setter in switches[t]:
                 yield (f"fused_moe T={t} {label}",

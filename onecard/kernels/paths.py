@@ -252,7 +252,7 @@ def decode_int_dot(tokens: int, cc: int) -> bool:
             and _Switches.on.get("decode_int_dot", DECODE_INT_DOT))
 
 
-# Batch 1 with the exact-integer dot too: the dense GEMV (qkv, o_proj; gptq_gemm/triton._CONFIGS["gemv_int"], 2
+# Batch 1 with the exact-integer dot too: the dense GEMV (qkv, o_proj; gptq_gemm/triton.INT_DOT_GEMV, 2
 # warps) and the decode MoE's gate/up stage, each a tensor-core dot on 16 input rows, 15 of them masked. sm90 SASS
 # per loop: GEMV 6.1 -> 3.45 instructions per weight, MoE stage 1 693 -> 453 (the batch-1 GEMV lost a third of its
 # time when its dequantize step went from 5 to 3 instructions per weight: it is partly bound by instructions).
@@ -270,6 +270,23 @@ def batch1_int_dot(cc: int) -> bool:
     """Do the batch-1 GEMV and MoE gate/up stage take the exact-integer dot where their weights allow (sm80+, as
     decode_int_dot)?"""
     return tensor_core_dot(cc) and _Switches.on.get("batch1_int_dot", BATCH1_INT_DOT)
+
+
+# The decode MoE's silu (its down stage recomputes it for every input of its K tile; the silu launch of
+# DECODE_MOE_ACT_LAUNCH computes it once) with exp and the division in libdevice's fast forms, 6 instructions a
+# value instead of 13 (activation/triton.silu_mul). sm90 SASS of the down stage's K loop: batch 1 1,112 -> 934
+# (and 168 -> 128 registers), batch 16 with silu inline 2,224 -> 1,839. Off until measured: set_decode_fast_silu.
+DECODE_FAST_SILU = False
+
+
+def set_decode_fast_silu(on: bool | None) -> None:
+    """The decode MoE's fast silu on or off in this process; None: DECODE_FAST_SILU."""
+    _set_switch("decode_fast_silu", on)
+
+
+def decode_fast_silu() -> bool:
+    """Does the decode MoE compute silu in its fast form (activation/triton.silu_mul FAST)?"""
+    return _Switches.on.get("decode_fast_silu", DECODE_FAST_SILU)
 
 
 def triton_moe_config(tokens: int, cc: int) -> str:
@@ -570,6 +587,7 @@ __all__ = [
     "choose_dense_gemm",
     "choose_moe",
     "decode_attention_override",
+    "decode_fast_silu",
     "decode_int_dot",
     "decode_moe_act_launch",
     "dense_cublas_min_m",
@@ -583,6 +601,7 @@ __all__ = [
     "real_capability",
     "set_batch1_int_dot",
     "set_decode_attention_override",
+    "set_decode_fast_silu",
     "set_decode_int_dot",
     "set_decode_moe_act_launch",
     "set_emulated_capability",

@@ -57,6 +57,13 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+# May device code use what only the GPU compiler takes (inline PTX, libdevice)? Not under the interpreter, which
+# runs neither: there the helpers that use them (gptq_gemm/int4.byte_pair_diffs, activation/triton.silu_mul)
+# compute the same values with Triton ops. Fixed for the process, as the interpreter is (Triton reads the
+# variable at import).
+NATIVE = tl.constexpr(not interpreting())
+
+
 def compute_capability(device: torch.device) -> int:
     """Like 80 for sm80: kernels/paths.capability, the one capability question (ONECARD_EMULATE_CC honoured;
     the interpreter on the CPU counts as 80 so it exercises the tensor-core paths)."""

@@ -111,11 +111,18 @@ def test_every_dispatcher_config_is_listed():
     from onecard.kernels.attention import triton as attn
     from onecard.kernels.fused_moe import triton as moe
     from onecard.kernels.gptq_gemm import triton as gemm
-    assert {gemm.choose_config(m) for m in range(1, 5000)} == set(gemm._CONFIGS)
+    assert {gemm.choose_config(m) for m in range(1, 5000)} | {gemm.INT_DOT_GEMV} == set(gemm._CONFIGS)
     assert {moe.choose_config(t, cc) for t in range(1, 5000) for cc in (70, 90)} == \
         set(moe._CONFIGS) | set(moe.DECODE_CONFIGS)
     names = {c.name for c in gemm.aot_configs()} | {c.name for c in moe.aot_configs()}
-    assert all(f"w4a16[{n},fp16]" in names for n in gemm._CONFIGS)
+    assert all(f"w4a16[{n},fp16]" in names for n in gemm._CONFIGS if n != gemm.INT_DOT_GEMV)
+    # the exact-integer dot's variants (paths.batch1_int_dot, decode_int_dot: fp16 on sm80+)
+    assert {f"w4a16[{gemm.INT_DOT_GEMV},int_dot,fp16]", "w4a16[skinny,int_dot,fp16]",
+            "moe_decode[decode1,stage=1,int_dot,fp16]", "moe_decode[decode16,stage=1,int_dot,fp16]",
+            "moe_decode[decode16,stage=2,int_dot,fp16]"} <= names
+    # the fast silu's (paths.decode_fast_silu): stage 2 of every decode config
+    assert all(f"moe_decode[{n},stage=2,float={f},per_row={r},fast_silu,fp16]" in names for n in moe.DECODE_CONFIGS
+               for f, r in ((False, False), (False, True), (True, False)))
     assert all(f"moe[{n},gated={g},float={f},fp16]" in names for n in moe._CONFIGS
                for g in (True, False) for f in (True, False))
     assert all(f"moe_decode[{n},stage={s},float={f},per_row={r},fp16]" in names for n in moe.DECODE_CONFIGS

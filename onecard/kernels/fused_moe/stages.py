@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from onecard.kernels import paths
-from onecard.kernels.activation.triton import silu_and_mul
+from onecard.kernels.activation.triton import silu_and_mul, silu_mul
 from onecard.kernels.gptq_gemm.int4 import (
     INT_DOT_ROWS,
     _dequant_tile_j,
@@ -42,7 +42,6 @@ from onecard.kernels.gptq_gemm.triton import row_groups
 from onecard.kernels.triton_common import (
     AotConfig,
     compute_capability,
-    interpreting,
     next_pow2,
     num_sms,
     pdl_enter,
@@ -78,13 +77,14 @@ def _moe_decode_kernel(x_ptr, a_ptr, out_ptr, qa_ptr, za_ptr, sa_ptr, ga_ptr, qb
                        TOP_K: tl.constexpr, BLOCK_TOPK: tl.constexpr, BLOCK_T: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_K8: tl.constexpr, STAGE: tl.constexpr,
                        FLOAT_W: tl.constexpr, PER_ROW: tl.constexpr, PDL: tl.constexpr,
-                       PRE_ACT: tl.constexpr = False, INT_DOT: tl.constexpr = False, ASM: tl.constexpr = True):
+                       PRE_ACT: tl.constexpr = False, INT_DOT: tl.constexpr = False,
+                       FAST_SILU: tl.constexpr = False):
     """STAGE 1: gu[pair, mat*N + n] += x[t] @ W_mat[e] (mat 0 = gate (qa..), 1 = up (qb..)) over one K split.
     STAGE 2: out[t, n] += topk_w[pair] * (silu(gu[pair, :K]) * gu[pair, K:]) @ Wd[e] (qa.. = qb.. = down);
     PRE_ACT (T > 1): a_ptr holds silu(gate) * up already, [pairs, K] in the model dtype (paths.decode_moe_act_launch).
     INT_DOT (T > 1, fp16, one group per K tile; paths.decode_int_dot): int4.int_dot_tile, the weights entering
-    the dot as their exact n - z and the group's scale multiplying each tile's fp32 sum; ASM: its dequantize
-    step in inline PTX (False under the interpreter). Stage 2 then loads the silu launch's rows (PRE_ACT).
+    the dot as their exact n - z and the group's scale multiplying each tile's fp32 sum.
+    FAST_SILU (paths.decode_fast_silu): stage 2's silu in activation/triton.silu_mul's FAST form. Stage 2 then loads the silu launch's rows (PRE_ACT).
     active_ptr[slot] = expert + 1 (0: no expert in this slot, the program does nothing).
     PDL: stage 1 reads the routing the kernel just before wrote, so it waits first. Stage 2's routing is two
     kernels old (complete before any stage-2 program can start, see triton_common), so it reads the routing
@@ -156,13 +156,14 @@ def _moe_decode_kernel(x_ptr, a_ptr, out_ptr, qa_ptr, za_ptr, sa_ptr, ga_ptr, qb
             acc = _decode_tile_mac(acc, q0, s0, z0, t_begin, t_end, x_ptr, a_ptr, a_row, q_ptr, z_ptr, s_ptr,
                                    g_ptr, offs_r, offs_n, n_mask, z_shift, k8, K, N, stride_a, offs_t, tok_mask,
                                    pair, DT, BLOCK_T, BLOCK_N, BLOCK_K8, STAGE, FLOAT_W, PER_ROW, PRE_ACT, INT_DOT,
-                                   ASM)
+                                   FAST_SILU)
         for it in range(t_loop, t_end):
             q, s_u, z_u = _decode_tile_load(q_ptr, s_ptr, z_ptr, it, t_end, live, offs_r, offs_n, n_mask, z_shift,
                                             k8, N, group_size, num_groups, BLOCK_K8, BLOCK_N, FLOAT_W)
             acc = _decode_tile_mac(acc, q, s_u, z_u, it, t_end, x_ptr, a_ptr, a_row, q_ptr, z_ptr, s_ptr, g_ptr,
                                    offs_r, offs_n, n_mask, z_shift, k8, K, N, stride_a, offs_t, tok_mask, pair,
-                                   DT, BLOCK_T, BLOCK_N, BLOCK_K8, STAGE, FLOAT_W, PER_ROW, PRE_ACT, INT_DOT, ASM)
+                                   DT, BLOCK_T, BLOCK_N, BLOCK_K8, STAGE, FLOAT_W, PER_ROW, PRE_ACT, INT_DOT,
+                                   FAST_SILU)
     if live:
         if BLOCK_T == 1:
             if INT_DOT:
@@ -199,14 +200,27 @@ def _gated_input(src, r, j: tl.constexpr, r_mask):
     k = r * 8 + j
     gv = tl.load(a_ptr + a_row * stride_a + k, mask=r_mask, other=0.0)
     uv = tl.load(a_ptr + a_row * stride_a + K + k, mask=r_mask, other=0.0)
-    return gv / (1.0 + tl.exp(-gv)) * uv
+    return silu_mul(gv, uv)
 
 
 @triton.jit
-def _decode_input_row(x_ptr, a_ptr, a_row, stride_a, r, j: tl.constexpr, r_mask, K, STAGE: tl.constexpr):
+def _gated_input_fast(src, r, j: tl.constexpr, r_mask):
+    """_gated_input with silu_mul's FAST form (paths.decode_fast_silu)."""
+    a_ptr, a_row, stride_a, K = src
+    k = r * 8 + j
+    gv = tl.load(a_ptr + a_row * stride_a + k, mask=r_mask, other=0.0)
+    uv = tl.load(a_ptr + a_row * stride_a + K + k, mask=r_mask, other=0.0)
+    return silu_mul(gv, uv, True)
+
+
+@triton.jit
+def _decode_input_row(x_ptr, a_ptr, a_row, stride_a, r, j: tl.constexpr, r_mask, K, STAGE: tl.constexpr,
+                      FAST_SILU: tl.constexpr):
     """fp32 [BK8] inputs 8r + j of one pair: x's row (stage 1) or silu(gate) * up from the gu sums (stage 2)."""
     if STAGE == 1:
         return row_input(x_ptr + a_row * stride_a, r, j, r_mask)
+    elif FAST_SILU:
+        return _gated_input_fast((a_ptr, a_row, stride_a, K), r, j, r_mask)
     else:
         return _gated_input((a_ptr, a_row, stride_a, K), r, j, r_mask)
 
@@ -233,7 +247,7 @@ def _decode_tile_mac(acc, q, s_u, z_u, it, t_end, x_ptr, a_ptr, a_row, q_ptr, z_
                      n_mask, z_shift, k8, K, N, stride_a, offs_t, tok_mask, pair, DT: tl.constexpr,
                      BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K8: tl.constexpr, STAGE: tl.constexpr,
                      FLOAT_W: tl.constexpr, PER_ROW: tl.constexpr, PRE_ACT: tl.constexpr, INT_DOT: tl.constexpr,
-                     ASM: tl.constexpr):
+                     FAST_SILU: tl.constexpr):
     """acc += inputs [rows of tile it] @ dequant(tile) for the tokens routed here (nothing past t_end).
     INT_DOT: acc [BN, INT_DOT_ROWS] += int4.int_dot_tile on x's rows by token (stage 1) or the silu launch's rows
     by pair (stage 2, T > 1)."""
@@ -243,12 +257,11 @@ def _decode_tile_mac(acc, q, s_u, z_u, it, t_end, x_ptr, a_ptr, a_row, q_ptr, z_
     if INT_DOT:
         one = tl.arange(0, INT_DOT_ROWS)                                  # batch 1: row 0 only
         if BLOCK_T == 1:
-            acc += int_dot_tile(q, s_u, z_u, (x_ptr + a_row * stride_a, one, one < 1, 0), r, r_mask, rows_input_t,
-                                ASM)
+            acc += int_dot_tile(q, s_u, z_u, (x_ptr + a_row * stride_a, one, one < 1, 0), r, r_mask, rows_input_t)
         elif STAGE == 1:
-            acc += int_dot_tile(q, s_u, z_u, (x_ptr, offs_t, tok_mask, stride_a), r, r_mask, rows_input_t, ASM)
+            acc += int_dot_tile(q, s_u, z_u, (x_ptr, offs_t, tok_mask, stride_a), r, r_mask, rows_input_t)
         else:
-            acc += int_dot_tile(q, s_u, z_u, (a_ptr, pair, tok_mask, stride_a), r, r_mask, rows_input_t, ASM)
+            acc += int_dot_tile(q, s_u, z_u, (a_ptr, pair, tok_mask, stride_a), r, r_mask, rows_input_t)
     else:
         if FAST:
             zb, sc = magic_zero_scale(z_u, s_u, DT)
@@ -258,8 +271,8 @@ def _decode_tile_mac(acc, q, s_u, z_u, it, t_end, x_ptr, a_ptr, a_row, q_ptr, z_
                 acc = gemv_tile_mac(acc, q, s_u, z_u, x_ptr + a_row * stride_a, r, r_mask, row_input, BLOCK_K8,
                                     BLOCK_N)
             else:
-                acc = gemv_tile_mac(acc, q, s_u, z_u, (a_ptr, a_row, stride_a, K), r, r_mask, _gated_input,
-                                    BLOCK_K8, BLOCK_N)
+                acc = gemv_tile_mac(acc, q, s_u, z_u, (a_ptr, a_row, stride_a, K), r, r_mask,
+                                    _gated_input_fast if FAST_SILU else _gated_input, BLOCK_K8, BLOCK_N)
         else:
             for j in tl.static_range(8):
                 k = r * 8 + j                                                 # [BK8] input rows
@@ -272,17 +285,18 @@ def _decode_tile_mac(acc, q, s_u, z_u, it, t_end, x_ptr, a_ptr, a_row, q_ptr, z_
                     w = _dequant_tile_j(q, j, s_u, z_u, s_ptr, z_ptr, g_ptr, k, r_mask, offs_n, n_mask, z_shift,
                                         N, PER_ROW)                           # [BK8, BN] fp32
                 if BLOCK_T == 1:
-                    av = _decode_input_row(x_ptr, a_ptr, a_row, stride_a, r, j, r_mask, K, STAGE)
+                    av = _decode_input_row(x_ptr, a_ptr, a_row, stride_a, r, j, r_mask, K, STAGE, FAST_SILU)
                     acc += w.to(tl.float32) * av[:, None]
                 else:
-                    a = _decode_inputs(x_ptr, a_ptr, k, r_mask, stride_a, offs_t, tok_mask, pair, K, DT, STAGE, PRE_ACT)
+                    a = _decode_inputs(x_ptr, a_ptr, k, r_mask, stride_a, offs_t, tok_mask, pair, K, DT, STAGE,
+                                       PRE_ACT, FAST_SILU)
                     acc += dot(a, w.to(DT))                                   # [BT, BN]
     return acc
 
 
 @triton.jit
 def _decode_inputs(x_ptr, a_ptr, k, r_mask, stride_a, offs_t, tok_mask, pair, K, DT: tl.constexpr,
-                   STAGE: tl.constexpr, PRE_ACT: tl.constexpr):
+                   STAGE: tl.constexpr, PRE_ACT: tl.constexpr, FAST_SILU: tl.constexpr):
     """[BT, len(k)] inputs k of the tokens routed here, model dtype, 0 where masked: x's rows (stage 1), the
     silu launch's rows (PRE_ACT) or silu(gate) * up from the gu sums."""
     am = tok_mask[:, None] & r_mask[None, :]
@@ -294,7 +308,7 @@ def _decode_inputs(x_ptr, a_ptr, k, r_mask, stride_a, offs_t, tok_mask, pair, K,
         a_off = pair.to(tl.int64)[:, None] * stride_a + k[None, :]
         gv = tl.load(a_ptr + a_off, mask=am, other=0.0)
         uv = tl.load(a_ptr + a_off + K, mask=am, other=0.0)
-        a = (gv / (1.0 + tl.exp(-gv)) * uv).to(DT)
+        a = silu_mul(gv, uv, FAST_SILU).to(DT)
     return a
 
 
@@ -345,7 +359,6 @@ def moe_stages(x: torch.Tensor, gu: torch.Tensor, out32: torch.Tensor, w_gate: M
     cc = compute_capability(dev)
     int_dot = (not float_w and x.dtype == torch.float16
                and (paths.decode_int_dot(t, cc) if bt > 1 else paths.batch1_int_dot(cc)))
-    common.update(ASM=not interpreting())
     tiles1 = triton.cdiv(n1, bn)
     s1, per1 = _split(2 * tiles1 * slots, triton.cdiv(k1 // 8, bk8), dev, per_sm)
     _moe_decode_kernel[(2 * tiles1, s1, slots)](
@@ -358,11 +371,12 @@ def moe_stages(x: torch.Tensor, gu: torch.Tensor, out32: torch.Tensor, w_gate: M
     # and silu computed for the int dot's 16-row operand gave a longer loop (sm90 SASS 1,307 against 1,112).
     pre_act = bt > 1 and not float_w and (paths.decode_moe_act_launch(t) or int_dot)
     int_dot2 = int_dot and bt > 1
-    a2 = silu_and_mul(gu, x.dtype) if pre_act else gu                    # [T*k, I] model dtype | [T*k, 2I] fp32
+    fast = paths.decode_fast_silu()
+    a2 = silu_and_mul(gu, x.dtype, fast) if pre_act else gu              # [T*k, I] model dtype | [T*k, 2I] fp32
     _moe_decode_kernel[(tiles2, s2, slots)](
         x, a2, out32, *down, *down, topk_ids, topk_w, active, t, n2, k2, gs2, ng2,
         gst2, a2.stride(0), n2, tiles2, per2, STAGE=2, PER_ROW=bool(pr2), PRE_ACT=pre_act,
-        INT_DOT=int_dot2 and not pr2, **common)
+        INT_DOT=int_dot2 and not pr2, FAST_SILU=fast and not pre_act, **common)
 
 
 def stages_aot_configs(act: str, min_cc: int) -> list[AotConfig]:
@@ -372,7 +386,7 @@ def stages_aot_configs(act: str, min_cc: int) -> list[AotConfig]:
         for float_w, per_row in ((False, False), (False, True), (True, False)):
             for stage in (1, 2):
                 cx = dict(TOP_K=8, BLOCK_TOPK=8, BLOCK_T=bt, BLOCK_N=bn, BLOCK_K8=bk8, STAGE=stage,
-                          FLOAT_W=float_w, PER_ROW=per_row, PDL=False, PRE_ACT=False, INT_DOT=False, ASM=True)
+                          FLOAT_W=float_w, PER_ROW=per_row, PDL=False, PRE_ACT=False, INT_DOT=False, FAST_SILU=False)
                 wt = f"*{act}" if float_w else "*i32"
                 args = dict(x_ptr=f"*{act}", a_ptr=f"*{act}" if stage == 1 else "*fp32", out_ptr="*fp32",
                             qa_ptr=wt, za_ptr="*i32", sa_ptr="*fp16", ga_ptr="*i32",
@@ -385,6 +399,10 @@ def stages_aot_configs(act: str, min_cc: int) -> list[AotConfig]:
                     args.update(za_ptr=wt, sa_ptr=wt, ga_ptr=wt, zb_ptr=wt, sb_ptr=wt, gb_ptr=wt)
                 out.append(AotConfig(_moe_decode_kernel, signature(args, cx), cx, warps, stages, min_cc,
                                      f"moe_decode[{name},stage={stage},float={float_w},per_row={per_row},{act}]"))
+                if stage == 2:                                            # silu inline in its FAST form
+                    out.append(AotConfig(_moe_decode_kernel, signature(args, dict(cx, FAST_SILU=True)),
+                                         dict(cx, FAST_SILU=True), warps, stages, min_cc,
+                                         f"moe_decode[{name},stage=2,float={float_w},per_row={per_row},fast_silu,{act}]"))
                 if stage == 2 and bt > 1 and not float_w:                 # the separate silu launch's input
                     cx = dict(cx, PRE_ACT=True)
                     args = dict(args, a_ptr=f"*{act}")
@@ -392,7 +410,7 @@ def stages_aot_configs(act: str, min_cc: int) -> list[AotConfig]:
                                          f"moe_decode[{name},stage=2,float=False,per_row={per_row},pre_act,{act}]"))
                 if (not float_w and not per_row and act == "fp16" and name != "decode16-pre-sm80"
                         and (bt > 1 or stage == 1)):                      # the exact-integer dot
-                    cx = dict(cx, PRE_ACT=stage == 2, INT_DOT=True, ASM=True)
+                    cx = dict(cx, PRE_ACT=stage == 2, INT_DOT=True)
                     args = dict(args, a_ptr=f"*{act}")
                     out.append(AotConfig(_moe_decode_kernel, signature(args, cx), cx, warps, stages, max(min_cc, 80),
                                          f"moe_decode[{name},stage={stage},int_dot,{act}]"))

@@ -9,6 +9,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from onecard.kernels.triton_common import NATIVE
+
 
 @triton.jit
 def _dequant_tile_j(q, j: tl.constexpr, s_u, z_u, sc_ptr, qz_ptr, gidx_ptr, k, r_mask, offs_n, n_mask, z_shift,
@@ -136,18 +138,18 @@ PAIR_DIFFS_PTX = tl.constexpr(tuple(_pair_diffs_ptx(b) for b in range(4)))   # t
 
 
 @triton.jit
-def byte_pair_diffs(qe, qo, ze, zo, B: tl.constexpr, ASM: tl.constexpr):
+def byte_pair_diffs(qe, qo, ze, zo, B: tl.constexpr):
     """Byte B of packed rows 2i (qe) and 2i+1 (qo), int32 [R, BN] each -> fp16 [R, BN] x 4: n - z of nibble 2B in
     row 2i, in row 2i+1, then of nibble 2B+1 in row 2i, in row 2i+1 — exact small integers.
 
-    ASM (a GPU; PAIR_DIFFS_PTX): ONE prmt puts byte B of both rows in the two 16-bit halves of a word; ONE lop3
+    On a GPU (triton_common.NATIVE; PAIR_DIFFS_PTX): ONE prmt puts byte B of both rows in the two 16-bit halves of a word; ONE lop3
     each keeps the low nibbles under fp16 1024.0 (0x6400: 1024 + n) and the high nibbles, which sit 4 bits up,
     under 64.0 (0x5400: 64 + n, the mantissa's unit being 1/16 there); ONE sub.f16x2 each takes away 1024 + z,
     64 + z (pair_zeros): exact. 1.25 instructions per weight instead of a shift, an and-or, a pack and an fp16
     subtract. Each 32-bit result holds a row pair of one column: two consecutive inputs, as a tensor-core
     fragment holds them (interleaved_cols).
-    Not ASM (the interpreter, which runs no inline PTX): the same values from shifts and masks."""
-    if ASM:
+    Under the interpreter, which runs no inline PTX: the same values from shifts and masks."""
+    if NATIVE:
         return tl.inline_asm_elementwise(
             asm=PAIR_DIFFS_PTX[B], constraints="=h,=h,=h,=h,r,r,r,r", args=[qe, qo, ze, zo],
             dtype=(tl.float16, tl.float16, tl.float16, tl.float16), is_pure=True, pack=1)
@@ -180,7 +182,7 @@ def rows_input_t(src, k, r_mask):
 
 
 @triton.jit
-def int_dot_tile(q, s_u, z_u, src, r, r_mask, INPUT: tl.constexpr, ASM: tl.constexpr):
+def int_dot_tile(q, s_u, z_u, src, r, r_mask, INPUT: tl.constexpr):
     """fp32 [BN, BT] = s * ((n - z)^T @ A^T) for one K tile in one group: q [BK8, BN] int32 (packed rows r, masked
     rows 0), scales and true zeros s_u, z_u [BN] fp32; A^T's rows 8r + j from ``INPUT(src, k, r_mask)`` (fp16
     [BK8, BT], 0 where not r_mask: rows_input_t, or one that computes them, fused_moe/stages.py's silu * up).
@@ -198,7 +200,7 @@ def int_dot_tile(q, s_u, z_u, src, r, r_mask, INPUT: tl.constexpr, ASM: tl.const
     ze, zo = pair_zeros(z_u)
     tile = tl.zeros((q.shape[1], INT_DOT_ROWS), dtype=tl.float32)         # [BN, BT]
     for b in tl.static_range(4):                                          # byte b: nibbles 2b, 2b + 1
-        e0, e1, o0, o1 = byte_pair_diffs(qe, qo, ze[None, :], zo[None, :], b, ASM)
+        e0, e1, o0, o1 = byte_pair_diffs(qe, qo, ze[None, :], zo[None, :], b)
         tile += tl.dot(interleaved_cols(e0, e1), INPUT(src, r * 8 + 2 * b, r_mask))       # inputs 8r + 2b
         tile += tl.dot(interleaved_cols(o0, o1), INPUT(src, r * 8 + 2 * b + 1, r_mask))   # inputs 8r + 2b + 1
     return tile * s_u[:, None]

@@ -44,7 +44,7 @@ def _small_tile_load(qw_ptr, sc_ptr, qz_ptr, t, t_end, offs_r, offs_n, n_mask, z
 @triton.jit
 def _small_tile_mac(acc, q, s_u, z_u, t, t_end, x_ptr, sc_ptr, qz_ptr, gidx_ptr, offs_r, offs_m, m_mask, offs_n, n_mask,
                     z_shift, k8, N, stride_xm, DT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K8: tl.constexpr, PER_ROW: tl.constexpr, INT_DOT: tl.constexpr, ASM: tl.constexpr):
+                    BLOCK_K8: tl.constexpr, PER_ROW: tl.constexpr, INT_DOT: tl.constexpr):
     """acc += x[:, rows of tile t] @ dequant(q) (nothing for t >= t_end); see _w4a16_small_kernel for the three
     accumulator forms."""
     r = t * BLOCK_K8 + offs_r                                             # [BK8] packed rows
@@ -52,9 +52,9 @@ def _small_tile_mac(acc, q, s_u, z_u, t, t_end, x_ptr, sc_ptr, qz_ptr, gidx_ptr,
     if INT_DOT:
         if BLOCK_M == 1:
             rows = tl.arange(0, INT_DOT_ROWS)
-            acc += int_dot_tile(q, s_u, z_u, (x_ptr, rows, rows < 1, stride_xm), r, r_mask, rows_input_t, ASM)
+            acc += int_dot_tile(q, s_u, z_u, (x_ptr, rows, rows < 1, stride_xm), r, r_mask, rows_input_t)
         else:
-            acc += int_dot_tile(q, s_u, z_u, (x_ptr, offs_m, m_mask, stride_xm), r, r_mask, rows_input_t, ASM)
+            acc += int_dot_tile(q, s_u, z_u, (x_ptr, offs_m, m_mask, stride_xm), r, r_mask, rows_input_t)
     elif BLOCK_M == 1 and not PER_ROW:
         acc = gemv_tile_mac(acc, q, s_u, z_u, x_ptr, r, r_mask, row_input, BLOCK_K8, BLOCK_N)
     else:
@@ -81,7 +81,7 @@ def _w4a16_small_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_p
                         M, N, K, group_size, num_groups, tiles_per_split, stride_xm, has_bias,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K8: tl.constexpr,
                         PER_ROW: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
-                        INT_DOT: tl.constexpr = False, ASM: tl.constexpr = True):
+                        INT_DOT: tl.constexpr = False):
     """Decode GEMM, M <= 16, one launch. BLOCK_M == 1: GEMV with a [BK8, BN] fp32 accumulator whose row sum is
     deferred past the K loop; the scale and zero are applied once per tile (int4.gemv_tile_mac), so the inner
     loop is a shift, a LOP3 and an FMA per weight. Else tl.dot on a 16-row block with
@@ -92,8 +92,7 @@ def _w4a16_small_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_p
     M == 1: the first two K tiles' weights load before the PDL wait (they overlap the previous kernel's tail).
     INT_DOT (fp16, not PER_ROW; paths.decode_int_dot at M > 1, paths.batch1_int_dot at M == 1): each tile
     through int4.int_dot_tile (exact n - z in a tensor-core dot, the scale once per tile) into a transposed
-    [BN, 16] accumulator of 16 input rows (M == 1: rows 1-15 masked, so their columns stay exact zeros); ASM:
-    its dequantize step in inline PTX (False under the interpreter)."""
+    [BN, 16] accumulator of 16 input rows (M == 1: rows 1-15 masked, so their columns stay exact zeros)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)                      # [BN]
@@ -122,10 +121,10 @@ def _w4a16_small_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_p
         pdl_enter(PDL)
         acc = _small_tile_mac(acc, q0, s0, z0, t_begin, t_end, x_ptr, sc_ptr, qz_ptr, gidx_ptr, offs_r, offs_m,
                               m_mask, offs_n, n_mask, z_shift, k8, N, stride_xm, DT, BLOCK_M, BLOCK_N, BLOCK_K8,
-                              PER_ROW, INT_DOT, ASM)
+                              PER_ROW, INT_DOT)
         acc = _small_tile_mac(acc, q1, s1, z1, t_begin + 1, t_end, x_ptr, sc_ptr, qz_ptr, gidx_ptr, offs_r,
                               offs_m, m_mask, offs_n, n_mask, z_shift, k8, N, stride_xm, DT, BLOCK_M, BLOCK_N,
-                              BLOCK_K8, PER_ROW, INT_DOT, ASM)
+                              BLOCK_K8, PER_ROW, INT_DOT)
         t_loop = t_begin + 2
     else:
         # M > 1: a plain pipelined loop (peeling the first tiles measured slower for tl.dot)
@@ -136,7 +135,7 @@ def _w4a16_small_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_p
                                        group_size, num_groups, BLOCK_K8)
         acc = _small_tile_mac(acc, q, s_u, z_u, t, t_end, x_ptr, sc_ptr, qz_ptr, gidx_ptr, offs_r, offs_m,
                               m_mask, offs_n, n_mask, z_shift, k8, N, stride_xm, DT, BLOCK_M, BLOCK_N, BLOCK_K8,
-                              PER_ROW, INT_DOT, ASM)
+                              PER_ROW, INT_DOT)
     if INT_DOT and BLOCK_M == 1:
         res = tl.sum(acc, axis=1)[None, :]                                # [1, BN]: column 0 (the rest are 0)
     elif INT_DOT:

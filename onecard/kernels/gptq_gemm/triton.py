@@ -39,7 +39,6 @@ from onecard.kernels.gptq_gemm.small_m import _w4a16_small_kernel
 from onecard.kernels.triton_common import (
     AotConfig,
     compute_capability,
-    interpreting,
     next_pow2,
     num_sms,
     pdl,
@@ -138,17 +137,18 @@ def _dequant_kernel(qw_ptr, qz_ptr, sc_ptr, gidx_ptr, out_ptr, N, K, group_size,
 # (USE_DOT is implied by BLOCK_M > 1 there), tiled runs _w4a16_kernel. BK8 16 = 128 inputs = one g128 group.
 # gemv/skinny from bench/tune_decode.py on the H200 (weights rotated out of L2, graph replay): gemv BN 64 with
 # 4 warps at 8 programs/SM: qkv 15.3 -> 7.3 us, o_proj 9.8 -> 6.7 us against BN 128, 8 warps, 12/SM.
+INT_DOT_GEMV = "gemv_int"             # M == 1's config under paths.batch1_int_dot (small_m_gemm's choice)
 _CONFIGS = {
     "gemv": (1, 64, 16, False, 4, 2),
     # M == 1 with the exact-integer dot (paths.batch1_int_dot): a tensor-core dot on 16 rows, 15 masked; 2 warps
-    # (sm90 SASS, loop per weight: 3.05 instructions at 2 warps with mma, 4.8 at 4 warps, where it becomes a wgmma)
-    "gemv_int": (1, 64, 16, True, 2, 2),
+    # (sm90 SASS, K loop per weight: 3.4 instructions at 2 warps with mma, 4.8 at 4 warps, where it is a wgmma)
+    INT_DOT_GEMV: (1, 64, 16, True, 2, 2),
     "skinny": (16, 128, 16, True, 4, 2),
     "tiled": (64, 128, 16, True, 8, 3),
 }
 SMALL_M_MAX = paths.SMALL_M_MAX
 # split-K target: enough [BK8, BN] tiles in flight per SM to cover HBM latency
-SMALL_PROGRAMS_PER_SM = {"gemv": 8, "gemv_int": 8, "skinny": 12}
+SMALL_PROGRAMS_PER_SM = {"gemv": 8, INT_DOT_GEMV: 8, "skinny": 12}
 GEMV_MAX_SPLITS = 16                  # M == 1: the last split reads all partials as one [16, BN] tile
 SKINNY_MAX_SPLITS = 32                # M > 1: atomics, so only a bound on the grid
 _REDUCE_BLOCK = 1024
@@ -230,7 +230,7 @@ def small_m_gemm(x: torch.Tensor, w: GPTQWeight, bias: torch.Tensor | None = Non
     # the exact-integer dot (int4.int_dot_tile): fp16, one group per K tile, the paths switch for M rows
     int_dot = (not per_row and x.dtype == torch.float16
                and (paths.decode_int_dot(m, cc) if m > 1 else paths.batch1_int_dot(cc)))
-    g = small_grid(m, n, k, dev, tuning, "gemv_int" if int_dot and m == 1 else None)
+    g = small_grid(m, n, k, dev, tuning, INT_DOT_GEMV if int_dot and m == 1 else None)
     bm, bn, bk8, warps, stages = g.block_m, g.block_n, g.block_k8, g.num_warps, g.num_stages
     grid_n, splits, tiles_per_split = g.grid_n, g.splits, g.tiles_per_split
     out = torch.empty(m, n, dtype=x.dtype, device=dev)
@@ -246,7 +246,7 @@ def small_m_gemm(x: torch.Tensor, w: GPTQWeight, bias: torch.Tensor | None = Non
         x, w.qweight, w.qzeros, w.scales, gidx, bias_arg, out, part, workspace.counters(dev, "gemm", grid_n),
         m, n, k, w.group_size, w.num_groups, tiles_per_split, x.stride(0), int(bias is not None),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K8=bk8, PER_ROW=bool(per_row), BLOCK_S=GEMV_MAX_SPLITS, PDL=use_pdl,
-        INT_DOT=int_dot, ASM=not interpreting(), num_warps=warps, num_stages=stages, launch_pdl=use_pdl)
+        INT_DOT=int_dot, num_warps=warps, num_stages=stages, launch_pdl=use_pdl)
     if splits > 1 and m > 1:
         _splitk_reduce_kernel[(triton.cdiv(m * n, _REDUCE_BLOCK),)](
             part, bias_arg, out, m * n, n, 1, BLOCK=_REDUCE_BLOCK, HAS_BIAS=bias is not None, PDL=use_pdl,
@@ -310,16 +310,16 @@ def aot_configs() -> list[AotConfig]:
     for act, min_cc in (("fp16", 70), ("bf16", 80)):
         for name, (bm, bn, bk8, use_dot, warps, stages) in _CONFIGS.items():
             if bm <= SMALL_M_MAX:
-                for per_row in ((False,) if name == "gemv_int" else (False, True)):
+                for per_row in ((False,) if name == INT_DOT_GEMV else (False, True)):
                     cx = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K8=bk8, PER_ROW=per_row, BLOCK_S=GEMV_MAX_SPLITS,
-                              PDL=False, INT_DOT=False, ASM=True)
+                              PDL=False, INT_DOT=False)
                     args = dict(x_ptr=f"*{act}", qw_ptr="*i32", qz_ptr="*i32", sc_ptr="*fp16", gidx_ptr="*i32",
                                 bias_ptr=f"*{act}", out_ptr=f"*{act}", part_ptr="*fp32", cnt_ptr="*i32",
                                 M="i32", N="i32",
                                 K="i32", group_size="i32", num_groups="i32", tiles_per_split="i32",
                                 stride_xm="i32", has_bias="i32")
                     tag = "" if not per_row else ",per_row"
-                    if name != "gemv_int":
+                    if name != INT_DOT_GEMV:
                         out.append(AotConfig(_w4a16_small_kernel, signature(args, cx), cx, warps, stages, min_cc,
                                              f"w4a16[{name},{act}]" if not per_row else f"w4a16[{name}{tag},{act}]"))
                     if name != "gemv" and not per_row and act == "fp16":      # the exact-integer dot

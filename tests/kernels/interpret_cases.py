@@ -32,7 +32,7 @@ GEMM = [(1, 64, 40, 32, False, True), (1, 256, 16, 256, True, False), (3, 136, 4
 # group; 17 packed rows, the last row pair half outside K), M = 2, 16 (N = 264: a partial column tile), 4; M = 1
 # with 8 K splits of one tile each and with 2 splits of 3 tiles (the loop past the two prefetched tiles)
 GEMM_INT = (2, 6, 7, 8, 10, 11)
-INT_CASES = ("gemmint", "g128moeint")
+INT_CASES = ("gemmint", "g128moeint", "attn_inint")
 # (T, H, E): the decode router GEMV: one H chunk, several chunks (T > 1), H past one chunk at T = 1
 ROUTER = [(1, 64, 8), (3, 72, 6), (16, 256, 12), (5, 2048, 16), (1, 5000, 3)]
 # (T, H, I, E, top_k, renormalize, desc_act): decode1 (T = 1), decode16 (T <= 16; split-K, shared experts),
@@ -62,7 +62,8 @@ NORM_MOE = [(1, 64, 32, 8, 2, True, True), (1, 200, 48, 6, 3, False, True), (1, 
 # (H, Hq, Hkv, D, input, slot, T): a layer's attention input (attn_in: RMSNorm + qkv + q/k norm + RoPE + KV
 # store), g128 weights. T = 1: the one-launch kernel (x fp32 with a residual, as after a batch-1 MoE: 2 K splits;
 # no residual, slot -1 (nothing stored): 3 splits, one running the K loop past its two prefetched tiles; x in
-# the model dtype with a residual: 3 splits of one tile); T = 3: dispatch's composition of the three Triton ops
+# the model dtype with a residual: 3 splits of one tile); T = 3: dispatch's composition of the three Triton ops.
+# The T = 1 cases run again in fp16 with the K loop on the exact-integer dot (attn_inint: paths.set_batch1_int_dot)
 ATTN_IN = [(256, 4, 2, 64, "x32res", 5, 1), (1152, 2, 1, 128, "nores", -1, 1), (384, 2, 2, 64, "res", 3, 1),
            (256, 2, 1, 64, "res", 2, 3)]
 # (seq_lens, query_lens, Hq, Hkv, block_size, num_decode_tokens): prefill, chunk over prefix, split-KV decode
@@ -107,6 +108,7 @@ CASES = ([f"gemm{i}-{dt}" for i in range(len(GEMM)) for dt in (F32, F16)] + ["de
          + [f"moeact{i}-{dt}" for i in MOE_ACT for dt in (F32, F16)]
          + [f"g128moeint{i}-{F16}" for i in MOE_INT]
          + [f"gemmint{i}-{F16}" for i in GEMM_INT]
+         + [f"attn_inint{i}-{F16}" for i in range(len(ATTN_IN)) if ATTN_IN[i][6] == 1]
          + [f"router{i}-{dt}" for i in range(len(ROUTER)) for dt in (F32, F16)]
          + [f"norm_moe{i}-{w}-{dt}" for i in range(len(NORM_MOE)) for w in ("float", "gptq") for dt in (F32, F16)]
          + [f"attn{i}-{dt}" for i in range(len(ATTN)) for dt in (F32, F16)]
@@ -236,7 +238,8 @@ def _fp8_ulps(ca, cb, k_scale: float, v_scale: float, fmt: str) -> float:
     return ulps
 
 
-def _attn_in_run(i: int, dt, seed: int, cache_dt, k_scale: float = 1.0, v_scale: float = 1.0):
+def _attn_in_run(i: int, dt, seed: int, cache_dt, k_scale: float = 1.0, v_scale: float = 1.0,
+                 int_dot: bool = False):
     """ATTN_IN case i through dispatch's Triton backend and through the reference: -> ((q, residual_out) Triton,
     (q, residual_out) ref, Triton's (K, V) caches, ref's (K, V) caches)."""
     import torch
@@ -261,6 +264,7 @@ def _attn_in_run(i: int, dt, seed: int, cache_dt, k_scale: float = 1.0, v_scale:
     args = (nw, 1e-6, w, None, qw, kw, pos, cos_sin)
     from onecard.kernels import paths
     paths.set_fused_attn_input(True)                                      # whatever the table's default
+    paths.set_batch1_int_dot(int_dot)
     try:
         with dispatch.use_backend("triton"):
             if t == 1:
@@ -269,6 +273,7 @@ def _attn_in_run(i: int, dt, seed: int, cache_dt, k_scale: float = 1.0, v_scale:
             a = dispatch.norm_qkv_rope_store(x, res, *args, *ca, slots, k_scale, v_scale)
     finally:
         paths.set_fused_attn_input(None)
+        paths.set_batch1_int_dot(None)
     b = ref.norm_qkv_rope_store(x, res, *args, *cb, slots, k_scale, v_scale)
     return a, b, ca, cb
 
@@ -433,6 +438,9 @@ def run_case(name: str, seed: int) -> float:
         t, h, e = ROUTER[int(kind[6:])]
         x, w = torch.randn(t, h + 3).to(dt)[:, :h], (torch.randn(e, h) / math.sqrt(h)).to(dt)  # x: strided rows
         return _rel(tk.moe_router(x, w), ref.moe_router(x.float(), w.float()))
+    if kind.startswith("attn_inint"):                                     # the K loop on the int dot
+        (qa, ra), (qb, rb), ca, cb = _attn_in_run(int(kind[10:]), dt, seed, dt, int_dot=True)
+        return max(_rel(qa, qb), _rel(ra, rb), _rel(torch.cat(ca), torch.cat(cb)))
     if kind.startswith("attn_in"):
         (qa, ra), (qb, rb), ca, cb = _attn_in_run(int(kind[7:]), dt, seed, dt)
         return max(_rel(qa, qb), _rel(ra, rb), _rel(torch.cat(ca), torch.cat(cb)))

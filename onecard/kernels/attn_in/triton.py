@@ -22,6 +22,10 @@ loop is its (int4.gemv_tile_mac, the first two tiles' weights loaded before the 
     slot_mapping[0]; a v head goes to the V cache as it is (fp8 caches: value / scale, attention/fp8.py).
 Numerics differ from the composed ops in one rounding: the normalised row is not rounded to the model dtype
 before the GEMV (its products are fp32 here).
+With the exact-integer dot (INT_DOT: paths.batch1_int_dot, fp16) the K loop is the int-dot GEMV's
+(int4.int_dot_tile on the grid of gptq_gemm/triton.INT_DOT_GEMV): the scratch row u holds h * nw rounded to fp16
+(the dot's operand: one rounding of the input, as the composed ops' normalised row has), the rows' partial sums
+come from its [BN, 16] accumulator (15 rows masked).
 """
 from __future__ import annotations
 
@@ -29,26 +33,39 @@ import torch
 import triton
 import triton.language as tl
 
-from onecard.kernels import workspace
+from onecard.kernels import paths, workspace
 from onecard.kernels.attention.fp8 import fmt_code, kernel_view, kv_store_value
 from onecard.kernels.attention.triton import KV_FORMATS
 from onecard.kernels.attn_in.ref import head_counts
-from onecard.kernels.gptq_gemm.int4 import gemv_tile_mac, row_input
+from onecard.kernels.gptq_gemm.int4 import INT_DOT_ROWS, gemv_tile_mac, int_dot_tile, row_input, rows_input_t
 from onecard.kernels.gptq_gemm.small_m import _small_tile_load
-from onecard.kernels.gptq_gemm.triton import GEMV_MAX_SPLITS, SmallGrid, row_groups, small_grid
+from onecard.kernels.gptq_gemm.triton import GEMV_MAX_SPLITS, INT_DOT_GEMV, SmallGrid, row_groups, small_grid
 from onecard.kernels.rope.triton import rms_rope
-from onecard.kernels.triton_common import AotConfig, last_arrival, pdl, pdl_enter, signature
+from onecard.kernels.triton_common import (
+    AotConfig,
+    compute_capability,
+    last_arrival,
+    pdl,
+    pdl_enter,
+    signature,
+)
 from onecard.kernels.types import GPTQWeight
 
 
-def _grid(x: torch.Tensor, w: object, bias: torch.Tensor | None, k_cache: torch.Tensor) -> SmallGrid | None:
-    """The launch shape (the batch-1 GEMV's) where the kernel applies, else None: one token, GPTQ weights whose K
-    tiles each lie in one group (no g_idx), no bias, whole heads per column tile (D a power of two, a multiple
-    of the GEMV's BN), q | k | v columns."""
+def _int_dot(dt: torch.dtype, device: torch.device) -> bool:
+    """Does the K loop take the exact-integer dot (paths.batch1_int_dot, an fp16 model)?"""
+    return dt == torch.float16 and paths.batch1_int_dot(compute_capability(device))
+
+
+def _grid(x: torch.Tensor, w: object, bias: torch.Tensor | None, k_cache: torch.Tensor,
+          int_dot: bool = False) -> SmallGrid | None:
+    """The launch shape (the batch-1 GEMV's, or its int-dot config's) where the kernel applies, else None: one
+    token, GPTQ weights whose K tiles each lie in one group (no g_idx), no bias, whole heads per column tile (D a
+    power of two, a multiple of the GEMV's BN), q | k | v columns."""
     if x.shape[0] != 1 or bias is not None or not isinstance(w, GPTQWeight) or x.stride(-1) != 1:
         return None
     hq, hkv, d = head_counts(w.out_features, k_cache)
-    g = small_grid(1, w.out_features, w.in_features, x.device)
+    g = small_grid(1, w.out_features, w.in_features, x.device, config=INT_DOT_GEMV if int_dot else None)
     ok = (w.g_idx is None and not row_groups(w, g.block_k8)[0] and d & (d - 1) == 0 and d % g.block_n == 0
           and hq >= 1 and (hq + 2 * hkv) * d == w.out_features and k_cache.is_contiguous()
           and w.in_features % 8 == 0)
@@ -71,12 +88,18 @@ def _row_h(x_ptr, res_ptr, k, k_mask, HAS_RES: tl.constexpr):
 
 
 @triton.jit
-def _mac(acc, q, s_u, z_u, t, t_begin, t_end, u_ptr, offs_r, k8, BLOCK_K8: tl.constexpr, BLOCK_N: tl.constexpr):
+def _mac(acc, q, s_u, z_u, t, t_begin, t_end, u_ptr, offs_r, k8, BLOCK_K8: tl.constexpr, BLOCK_N: tl.constexpr,
+         INT_DOT: tl.constexpr):
     """The GEMV's tile step on this program's scratch row u (h * nw of its K range, from the prologue)."""
     r = t * BLOCK_K8 + offs_r                                             # [BK8] packed rows
     r_mask = (r < k8) & (t < t_end)                                       # inputs masked: exact zeros
-    return gemv_tile_mac(acc, q, s_u, z_u, u_ptr, (t - t_begin) * BLOCK_K8 + offs_r, r_mask, row_input, BLOCK_K8,
-                         BLOCK_N)
+    if INT_DOT:
+        one = tl.arange(0, INT_DOT_ROWS)                                  # u is row 0; rows 1-15 masked
+        return acc + int_dot_tile(q, s_u, z_u, (u_ptr, one, one < 1, 0), (t - t_begin) * BLOCK_K8 + offs_r, r_mask,
+                                  rows_input_t)
+    else:
+        return gemv_tile_mac(acc, q, s_u, z_u, u_ptr, (t - t_begin) * BLOCK_K8 + offs_r, r_mask, row_input,
+                             BLOCK_K8, BLOCK_N)
 
 
 @triton.jit
@@ -84,7 +107,7 @@ def _norm_qkv_kernel(x_ptr, res_ptr, nw_ptr, res_out_ptr, qw_ptr, qz_ptr, sc_ptr
                      q_out_ptr, kc_ptr, vc_ptr, slot_ptr, pos_ptr, cs_ptr, qn_ptr, kn_ptr,
                      N, K, group_size, num_groups, tiles_per_split, HQ, HKV, eps, k_scale, v_scale,
                      BLOCK_N: tl.constexpr, BLOCK_K8: tl.constexpr, BLOCK_S: tl.constexpr, HALF: tl.constexpr,
-                     HAS_RES: tl.constexpr, KV_FMT: tl.constexpr, PDL: tl.constexpr):
+                     HAS_RES: tl.constexpr, KV_FMT: tl.constexpr, PDL: tl.constexpr, INT_DOT: tl.constexpr = False):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     grid_n = tl.num_programs(0)
@@ -116,18 +139,22 @@ def _norm_qkv_kernel(x_ptr, res_ptr, nw_ptr, res_out_ptr, qw_ptr, qz_ptr, sc_ptr
         k_mask = k < K
         h = _row_h(x_ptr, res_ptr, k, k_mask, HAS_RES)
         sq += h * h
-        tl.store(u_ptr + (t - t_begin) * TILE_K + offs_k, h * tl.load(nw_ptr + k, mask=k_mask, other=0.0).to(tl.float32))
+        u = h * tl.load(nw_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
+        tl.store(u_ptr + (t - t_begin) * TILE_K + offs_k, u.to(u_ptr.dtype.element_ty))   # fp16 with INT_DOT
         if HAS_RES and pid_n == 0:
             tl.store(res_out_ptr + k, h.to(res_out_ptr.dtype.element_ty), mask=k_mask)
     tl.debug_barrier()                                                    # the scratch row, written by every thread
-    acc = tl.zeros((BLOCK_K8, BLOCK_N), dtype=tl.float32)
-    acc = _mac(acc, q0, s0, z0, t_begin, t_begin, t_end, u_ptr, offs_r, k8, BLOCK_K8, BLOCK_N)
-    acc = _mac(acc, q1, s1, z1, t_begin + 1, t_begin, t_end, u_ptr, offs_r, k8, BLOCK_K8, BLOCK_N)
+    if INT_DOT:
+        acc = tl.zeros((BLOCK_N, INT_DOT_ROWS), dtype=tl.float32)        # transposed (int4.int_dot_tile)
+    else:
+        acc = tl.zeros((BLOCK_K8, BLOCK_N), dtype=tl.float32)
+    acc = _mac(acc, q0, s0, z0, t_begin, t_begin, t_end, u_ptr, offs_r, k8, BLOCK_K8, BLOCK_N, INT_DOT)
+    acc = _mac(acc, q1, s1, z1, t_begin + 1, t_begin, t_end, u_ptr, offs_r, k8, BLOCK_K8, BLOCK_N, INT_DOT)
     for t in range(t_begin + 2, t_end):
         q, s_u, z_u = _small_tile_load(qw_ptr, sc_ptr, qz_ptr, t, t_end, offs_r, offs_n, n_mask, z_shift, k8, N,
                                        group_size, num_groups, BLOCK_K8)
-        acc = _mac(acc, q, s_u, z_u, t, t_begin, t_end, u_ptr, offs_r, k8, BLOCK_K8, BLOCK_N)
-    tl.store(part_ptr + pid_k * N + offs_n, tl.sum(acc, axis=0), mask=n_mask)
+        acc = _mac(acc, q, s_u, z_u, t, t_begin, t_end, u_ptr, offs_r, k8, BLOCK_K8, BLOCK_N, INT_DOT)
+    tl.store(part_ptr + pid_k * N + offs_n, tl.sum(acc, axis=1 if INT_DOT else 0), mask=n_mask)
     tl.store(ssq_ptr + pid_k * grid_n + pid_n, tl.sum(sq, axis=0))
     head = (pid_n * BLOCK_N) // D
     if last_arrival(cnt_ptr + head, splits * (D // BLOCK_N)):
@@ -169,18 +196,20 @@ def norm_qkv_rope_store(x: torch.Tensor, residual: torch.Tensor | None, norm_wei
                         v_scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """x [1, H] (the model dtype, or fp32 with a residual), residual [1, H] | None -> (q_out [1, Hq, D],
     residual_out [1, H]); the caches are written in place. Only where ``supported``."""
-    g = _grid(x, w, bias, k_cache)
+    dt = residual.dtype if residual is not None else x.dtype
+    int_dot = _int_dot(dt, x.device)
+    g = _grid(x, w, bias, k_cache, int_dot)
     assert g is not None, (x.shape, type(w), bias is None)
     assert v_cache.is_contiguous() and cos_sin_cache.is_contiguous() and cos_sin_cache.dtype == torch.float32
     dev, h = x.device, x.shape[1]
     n = w.out_features
     hq, hkv, d = head_counts(n, k_cache)
-    dt = residual.dtype if residual is not None else x.dtype
     q_out = torch.empty(1, hq, d, dtype=dt, device=dev)
     res_out = torch.empty(1, h, dtype=dt, device=dev) if residual is not None else x
     part = torch.empty(g.splits, n, dtype=torch.float32, device=dev)      # [S, N] partial rows
     ssq = torch.empty(g.splits, g.grid_n, dtype=torch.float32, device=dev)
-    u = torch.empty(g.splits * g.grid_n * g.tiles_per_split * g.block_k8 * 8, dtype=torch.float32, device=dev)
+    u = torch.empty(g.splits * g.grid_n * g.tiles_per_split * g.block_k8 * 8,
+                    dtype=torch.float16 if int_dot else torch.float32, device=dev)
     use_pdl = pdl(dev, 1)
     _norm_qkv_kernel[(g.grid_n, g.splits)](
         x, residual if residual is not None else x, norm_weight, res_out, w.qweight, w.qzeros, w.scales, u, part, ssq,
@@ -188,7 +217,7 @@ def norm_qkv_rope_store(x: torch.Tensor, residual: torch.Tensor | None, norm_wei
         slot_mapping, positions, cos_sin_cache, q_weight, k_weight,
         n, h, w.group_size, w.num_groups, g.tiles_per_split, hq, hkv, eps, float(k_scale), float(v_scale),
         BLOCK_N=g.block_n, BLOCK_K8=g.block_k8, BLOCK_S=GEMV_MAX_SPLITS, HALF=d // 2,
-        HAS_RES=residual is not None, KV_FMT=fmt_code(k_cache), PDL=use_pdl,
+        HAS_RES=residual is not None, KV_FMT=fmt_code(k_cache), PDL=use_pdl, INT_DOT=int_dot,
         num_warps=g.num_warps, num_stages=g.num_stages, launch_pdl=use_pdl)
     return q_out, res_out
 
@@ -198,12 +227,13 @@ def aot_configs() -> list[AotConfig]:
     residual (x in fp32 after a batch-1 MoE), into each KV format (attention.triton.KV_FORMATS)."""
     out = []
     g = small_grid(1, 5120, 2048, torch.device("cpu"))
+    gi = small_grid(1, 5120, 2048, torch.device("cpu"), config=INT_DOT_GEMV)
     for act, act_cc in (("fp16", 70), ("bf16", 80)):
         for has_res, x_t in ((False, act), (True, "fp32")):
             for kv_tag, kv_fmt, kv_cc in KV_FORMATS:
                 cache = f"*{act}" if kv_fmt == 0 else "*u8"
                 cx = dict(BLOCK_N=g.block_n, BLOCK_K8=g.block_k8, BLOCK_S=GEMV_MAX_SPLITS, HALF=64,
-                          HAS_RES=has_res, KV_FMT=kv_fmt, PDL=False)
+                          HAS_RES=has_res, KV_FMT=kv_fmt, PDL=False, INT_DOT=False)
                 args = dict(x_ptr=f"*{x_t}", res_ptr=f"*{act}", nw_ptr=f"*{act}", res_out_ptr=f"*{act}",
                             qw_ptr="*i32", qz_ptr="*i32", sc_ptr="*fp16", u_ptr="*fp32", part_ptr="*fp32",
                             ssq_ptr="*fp32",
@@ -213,6 +243,11 @@ def aot_configs() -> list[AotConfig]:
                             eps="fp32", k_scale="fp32", v_scale="fp32")
                 out.append(AotConfig(_norm_qkv_kernel, signature(args, cx), cx, g.num_warps, g.num_stages,
                                      max(act_cc, kv_cc), f"norm_qkv[res={has_res},{act}{kv_tag}]"))
+                if act == "fp16":                                         # the exact-integer dot's K loop
+                    cx_i = dict(cx, INT_DOT=True)
+                    out.append(AotConfig(_norm_qkv_kernel, signature(dict(args, u_ptr="*fp16"), cx_i), cx_i,
+                                         gi.num_warps, gi.num_stages, max(80, kv_cc),
+                                         f"norm_qkv[res={has_res},int_dot,{act}{kv_tag}]"))
     return out
 
 

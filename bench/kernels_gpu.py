@@ -233,6 +233,7 @@ def _attn_in_cases():
     rows written."""
     from types import SimpleNamespace
 
+    from onecard.kernels import paths
     from onecard.kernels.attn_in import ref as ai_r
     from onecard.kernels.attn_in import triton as ai_t
     from onecard.kernels.gptq_gemm import triton as g_t
@@ -256,6 +257,9 @@ def _attn_in_cases():
     nbytes = w.nbytes() + H * 2 * 4
     yield "attn_in T=1 (norm+qkv+rope+store)", run(ai_t.norm_qkv_rope_store), run(ai_r.norm_qkv_rope_store), nbytes
     yield "attn_in T=1 (unfused)", run(ai_r.norm_qkv_rope_store, ops=unfused), run(ai_r.norm_qkv_rope_store), nbytes
+    fused = run(ai_t.norm_qkv_rope_store)                                 # its K loop on the exact-integer dot
+    yield ("attn_in T=1 (norm+qkv+rope+store) int dot", lambda: _switched(paths.set_batch1_int_dot, fused),
+           run(ai_r.norm_qkv_rope_store), nbytes)
 
 
 def main() -> None:

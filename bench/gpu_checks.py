@@ -93,7 +93,6 @@ def _int_dot(on: bool | None) -> None:
     their defaults."""
     from onecard.kernels import paths as kpaths
 
-    kpaths.set_batch1_int_dot(on)
     kpaths.set_decode_int_dot(on)
     kpaths.set_decode_fast_silu(on)
 

@@ -182,8 +182,9 @@ def choose_decode_moe(tokens: int, cc: int) -> str:
 
 # A decoder layer's attention input at batch 1 as ONE launch (attn_in/triton.py: the input RMSNorm folded into the
 # qkv GEMV, q/k norm + RoPE + the KV store in each head's last-arriving program) instead of three (rms_norm, the
-# GEMV, qk_norm_rope_store). Off until the full-model A/B has run on a GPU (built 2026-12-06, when no device
-# started; BENCHMARKS.md has the call); ``set_fused_attn_input`` turns it on in a process.
+# GEMV, qk_norm_rope_store). OFF: faster alone, slower in the model (H100, 2026-12-06, switchab: graph µs 9.4
+# against 10.5 for the three launches; batch 1 at 512 tokens 418.8 -> 413.2 tok/s). ``set_fused_attn_input``
+# turns it on in a process.
 FUSE_ATTN_INPUT = False
 
 
@@ -214,8 +215,10 @@ def fused_attn_input(tokens: int) -> bool:
 # Decode MoE at T > 1: silu(gate) * up as a launch of its own between the two stages, stage 2 then loading it as
 # stage 1 loads x. Without it every stage-2 program recomputes silu for its K tile (exp and a division per value,
 # each value once per column tile of the down projection: 16 times at the served shape). Identical values either
-# way (the same fp32 formula, rounded to the model dtype before the dot). Off until measured: set_decode_moe_act_launch
-# (the A/B: run_h200.sh ab with AB_ALT carrying a paths.py that sets it).
+# way (the same fp32 formula, rounded to the model dtype before the dot). Measured alone (H100, 2026-12-06,
+# switchab): batch 16 at 512 tokens 2,614 -> 2,906 tok/s. Left off as a switch of its own: DECODE_INT_DOT (on)
+# implies it where it applies and gains more (3,134); it still matters where the int dot does not (bf16, g_idx,
+# below sm80).
 DECODE_MOE_ACT_LAUNCH = False
 
 
@@ -235,8 +238,10 @@ def decode_moe_act_launch(tokens: int) -> bool:
 # tile's fp32 sum once, instead of a shift, an and-or, a pack, a subtract and a multiply per weight; the MoE's
 # stage 2 then loads the silu launch's rows. sm90 SASS per loop: MoE stage 1 1,255 -> 834 instructions, stage 2
 # 1,254 -> 818; these loops are bound by instructions (the MoE's time did not move with 4-24 programs per SM).
-# Off until measured: set_decode_int_dot.
-DECODE_INT_DOT = False
+# ON from 2026-12-06 (H100, bench/run_h200.sh switchab, one engine, alternating; BENCHMARKS.md): batch 16 at 512
+# tokens 2,614 -> 3,134 tok/s (+20%), 16 x 8k 1,555 -> 1,735; graph µs fused MoE T=16 166 -> 149, o_proj M=16
+# 10.0 -> 9.0 (qkv 11.4 -> 11.8); batch 1 unchanged. set_decode_int_dot(False) turns it off in a process.
+DECODE_INT_DOT = True
 
 
 def set_decode_int_dot(on: bool | None) -> None:
@@ -256,8 +261,11 @@ def decode_int_dot(tokens: int, cc: int) -> bool:
 # warps) and the decode MoE's gate/up stage, each a tensor-core dot on 16 input rows, 15 of them masked. sm90 SASS
 # per loop: GEMV 6.1 -> 3.45 instructions per weight, MoE stage 1 693 -> 453 (the batch-1 GEMV lost a third of its
 # time when its dequantize step went from 5 to 3 instructions per weight: it is partly bound by instructions).
-# The MoE's down stage keeps its GEMV step (see fused_moe/stages.moe_stages). Off until measured:
-# set_batch1_int_dot.
+# The MoE's down stage keeps its GEMV step (see fused_moe/stages.moe_stages). OFF: measured slower (H100,
+# 2026-12-06, switchab): graph µs qkv M=1 5.5 -> 8.0, o_proj 4.2 -> 6.0, fused MoE T=1 19.9 -> 23.7; batch 1 at
+# 512 tokens 418.8 -> 354.8 tok/s. Fewer instructions do not help a launch whose programs each stream 1-3 tiles
+# at 2 warps: latency, not issue, bounds it. (Also: with it on, the g128 coder's batch-1 greedy text from CUDA
+# graphs differed from eager in 2 of 3 runs, bench/gpu_checks.py; not looked into.)
 BATCH1_INT_DOT = False
 
 
@@ -275,8 +283,10 @@ def batch1_int_dot(cc: int) -> bool:
 # The decode MoE's silu (its down stage recomputes it for every input of its K tile; the silu launch of
 # DECODE_MOE_ACT_LAUNCH computes it once) with exp and the division in libdevice's fast forms, 6 instructions a
 # value instead of 13 (activation/triton.silu_mul). sm90 SASS of the down stage's K loop: batch 1 1,112 -> 934
-# (and 168 -> 128 registers), batch 16 with silu inline 2,224 -> 1,839. Off until measured: set_decode_fast_silu.
-DECODE_FAST_SILU = False
+# (and 168 -> 128 registers), batch 16 with silu inline 2,224 -> 1,839. ON from 2026-12-06 (H100, switchab):
+# batch 1 at 512 tokens 418.8 -> 427.9 tok/s with graphs bound at 1.5k tokens, 410.8 -> 415.1 at the served
+# 65,536; batch 16 2,614 -> 2,679 with silu inline (with DECODE_INT_DOT the silu launch takes it instead).
+DECODE_FAST_SILU = True
 
 
 def set_decode_fast_silu(on: bool | None) -> None:

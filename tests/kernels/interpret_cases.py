@@ -108,6 +108,9 @@ CASES = ([f"gemm{i}-{dt}" for i in range(len(GEMM)) for dt in (F32, F16)] + ["de
          + [f"moeact{i}-{dt}" for i in MOE_ACT for dt in (F32, F16)]
          + [f"g128moeint{i}-{F16}" for i in MOE_INT]
          + [f"gemmint{i}-{F16}" for i in GEMM_INT]
+         # the same at 1 < T <= 16 with the int dot forced off (on by default there): the dequantized-fp16 paths
+         + [f"g128moenoint{i}-{F16}" for i in MOE_INT if MOE_G128[i][0] > 1]
+         + [f"gemmnoint{i}-{F16}" for i in GEMM_INT if GEMM[i][0] > 1]
          + [f"attn_inint{i}-{F16}" for i in range(len(ATTN_IN)) if ATTN_IN[i][6] == 1]
          + [f"router{i}-{dt}" for i in range(len(ROUTER)) for dt in (F32, F16)]
          + [f"norm_moe{i}-{w}-{dt}" for i in range(len(NORM_MOE)) for w in ("float", "gptq") for dt in (F32, F16)]
@@ -356,6 +359,13 @@ def run_case(name: str, seed: int) -> float:
         return _fp8_case(name, seed)
     dt = torch.float16 if name.endswith(F16) else torch.float32
     kind, _, rest = name.partition("-")
+    if kind.startswith(("g128moenoint", "gemmnoint")):                   # the T > 1 int dot forced off
+        from onecard.kernels import paths
+        paths.set_decode_int_dot(False)
+        try:
+            return run_case(kind.replace("noint", "") + f"-{rest}", seed)
+        finally:
+            paths.set_decode_int_dot(None)
     if kind.startswith("gemmint"):
         from onecard.kernels import paths
         m = GEMM[int(kind[7:])][0]

@@ -56,9 +56,11 @@ from onecard.kernels.types import GPTQWeight, MoEWeight
 # decode1 2 warps 16/SM: 29.3 -> 27.4 us; decode16 2 warps: 186 -> 169 us (BK8 32 runs out of registers).
 # Below sm80 tl.dot is FMA code holding its tiles in registers: decode16 on 2 warps spills there (sm70,
 # JIT-aligned compile at the served shape: 160 B of stack per thread in stage 1, 336 B in stage 2); on 4 warps
-# it has none (tests/kernels/test_aot.py checks). Not timed on a V100 (none available).
+# it has none (tests/kernels/test_aot.py checks). Not timed on a V100 (none available). decode1 16 -> 8 programs per
+# SM on 2026-12-06 (tune_decode on the H100, whole MoE T=1: 23.20 -> 22.25 µs; in the model with the GEMV's 8 -> 4,
+# batch 1 at 512 tokens 418.8 -> 429.7 tok/s, BENCHMARKS.md).
 DECODE_CONFIGS = {
-    "decode1": (1, 64, 16, 2, 2, 16),
+    "decode1": (1, 64, 16, 2, 2, 8),
     "decode16": (16, 128, 16, 2, 2, 12),
     "decode16-pre-sm80": (16, 128, 16, 4, 2, 12),
 }

@@ -147,8 +147,10 @@ _CONFIGS = {
     "tiled": (64, 128, 16, True, 8, 3),
 }
 SMALL_M_MAX = paths.SMALL_M_MAX
-# split-K target: enough [BK8, BN] tiles in flight per SM to cover HBM latency
-SMALL_PROGRAMS_PER_SM = {"gemv": 8, INT_DOT_GEMV: 8, "skinny": 12}
+# split-K target: enough [BK8, BN] tiles in flight per SM to cover HBM latency. gemv 8 -> 4 on 2026-12-06: the GEMV
+# has 128 registers at 4 warps, so 4 programs fit an SM and 8 per SM made the qkv GEMV two waves (tune_decode on
+# the H100: 6.25 -> 5.83 µs; with decode1 at 8 per SM, batch 1 at 512 tokens 418.8 -> 429.7 tok/s, switchab).
+SMALL_PROGRAMS_PER_SM = {"gemv": 4, INT_DOT_GEMV: 8, "skinny": 12}
 GEMV_MAX_SPLITS = 16                  # M == 1: the last split reads all partials as one [16, BN] tile
 SKINNY_MAX_SPLITS = 32                # M > 1: atomics, so only a bound on the grid
 _REDUCE_BLOCK = 1024

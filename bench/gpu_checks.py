@@ -88,24 +88,14 @@ def capability_record() -> dict:
             "emulated": kpaths.emulated_capability()}
 
 
-def _int_dot(on: bool | None) -> None:
-    """The exact-integer dot's switches (kernels/paths.py: batch 1 and T > 1) and the fast silu on, or back to
-    their defaults."""
-    from onecard.kernels import paths as kpaths
-
-    kpaths.set_decode_int_dot(on)
-    kpaths.set_decode_fast_silu(on)
-
-
 def main(out: str | None = None) -> dict:
     res: dict = {"_paths": capability_record()}
     with tempfile.TemporaryDirectory() as d:
         paths = build_fixtures(Path(d))
         paths["coder_gptq_batch1"] = CODER
-        # the bundled coder (g128: one group per K tile) with the exact-integer dot and the fast silu on, one
-        # request at a time (the batch-1 GEMV and MoE stages) and all at once (the skinny GEMM, T > 1 MoE stages)
-        paths["coder_gptq_int_dot_batch1"] = CODER
-        paths["coder_gptq_int_dot"] = CODER
+        # the bundled coder (g128: one group per K tile) all at once: its skinny GEMMs and T > 1 MoE stages take
+        # the exact-integer dot (paths.DECODE_INT_DOT)
+        paths["coder_gptq_batched"] = CODER
         for name, path in paths.items():
             dtype = "float16" if "gptq" in name else "float32"
             serial = name.endswith("batch1")
@@ -114,19 +104,13 @@ def main(out: str | None = None) -> dict:
                 "graphs_vs_eager": (("triton", dtype, True), ("triton", dtype, False)),
                 "async_vs_sync": (("triton", dtype, False), ("triton", dtype, False, True)),
             }
-            if "int_dot" in name:
-                checks.pop("async_vs_sync")           # the same kernels as graphs_vs_eager's: covered above
-            _int_dot(True if "int_dot" in name else None)
-            try:
-                for check, (a_args, b_args) in checks.items():
-                    try:
-                        a, b = greedy(path, *a_args, serial=serial), greedy(path, *b_args, serial=serial)
-                        res[f"{name}/{check}"] = {"identical": a == b, "prefix_agreement": agreement(a, b)}
-                    except Exception as e:
-                        res[f"{name}/{check}"] = {"error": repr(e)[:500]}
-                    print(f"{name:9s} {check:16s} {res[f'{name}/{check}']}", flush=True)
-            finally:
-                _int_dot(None)
+            for check, (a_args, b_args) in checks.items():
+                try:
+                    a, b = greedy(path, *a_args, serial=serial), greedy(path, *b_args, serial=serial)
+                    res[f"{name}/{check}"] = {"identical": a == b, "prefix_agreement": agreement(a, b)}
+                except Exception as e:
+                    res[f"{name}/{check}"] = {"error": repr(e)[:500]}
+                print(f"{name:9s} {check:16s} {res[f'{name}/{check}']}", flush=True)
     if out:
         Path(out).write_text(json.dumps(res, indent=1))
     return res

@@ -283,10 +283,12 @@ def batch1_int_dot(cc: int) -> bool:
 # The decode MoE's silu (its down stage recomputes it for every input of its K tile; the silu launch of
 # DECODE_MOE_ACT_LAUNCH computes it once) with exp and the division in libdevice's fast forms, 6 instructions a
 # value instead of 13 (activation/triton.silu_mul). sm90 SASS of the down stage's K loop: batch 1 1,112 -> 934
-# (and 168 -> 128 registers), batch 16 with silu inline 2,224 -> 1,839. ON from 2026-12-06 (H100, switchab):
-# batch 1 at 512 tokens 418.8 -> 427.9 tok/s with graphs bound at 1.5k tokens, 410.8 -> 415.1 at the served
-# 65,536; batch 16 2,614 -> 2,679 with silu inline (with DECODE_INT_DOT the silu launch takes it instead).
-DECODE_FAST_SILU = True
+# (and 168 -> 128 registers), batch 16 with silu inline 2,224 -> 1,839. OFF (H100, 2026-12-06, switchab): alone it
+# wins (batch 1 at 512 tokens 418.8 -> 427.9 tok/s with graphs bound at 1.5k tokens, 410.8 -> 415.1 at the
+# served 65,536; batch 16 with silu inline 2,614 -> 2,679), but with the decode configs shipped the same day
+# (gemv 4 and decode1 8 programs/SM: 419.1 at the served bound) it loses (416.0); at batch 16 DECODE_INT_DOT's
+# silu launch replaces the inline silu it speeds up (3,124 either way).
+DECODE_FAST_SILU = False
 
 
 def set_decode_fast_silu(on: bool | None) -> None:

@@ -373,7 +373,7 @@ def moe_stages(x: torch.Tensor, gu: torch.Tensor, out32: torch.Tensor, w_gate: M
     # and silu computed for the int dot's 16-row operand gave a longer loop (sm90 SASS 1,307 against 1,112).
     pre_act = bt > 1 and not float_w and (paths.decode_moe_act_launch(t) or int_dot)
     int_dot2 = int_dot and bt > 1
-    fast = paths.decode_fast_silu()
+    fast = paths.decode_fast_silu() and not float_w and not pr2          # the measured loops: int4, one group a tile
     a2 = silu_and_mul(gu, x.dtype, fast) if pre_act else gu              # [T*k, I] model dtype | [T*k, 2I] fp32
     _moe_decode_kernel[(tiles2, s2, slots)](
         x, a2, out32, *down, *down, topk_ids, topk_w, active, t, n2, k2, gs2, ng2,
@@ -401,7 +401,7 @@ def stages_aot_configs(act: str, min_cc: int) -> list[AotConfig]:
                     args.update(za_ptr=wt, sa_ptr=wt, ga_ptr=wt, zb_ptr=wt, sb_ptr=wt, gb_ptr=wt)
                 out.append(AotConfig(_moe_decode_kernel, signature(args, cx), cx, warps, stages, min_cc,
                                      f"moe_decode[{name},stage={stage},float={float_w},per_row={per_row},{act}]"))
-                if stage == 2:                                            # silu inline in its FAST form
+                if stage == 2 and not float_w and not per_row:            # silu inline in its FAST form
                     out.append(AotConfig(_moe_decode_kernel, signature(args, dict(cx, FAST_SILU=True)),
                                          dict(cx, FAST_SILU=True), warps, stages, min_cc,
                                          f"moe_decode[{name},stage=2,float={float_w},per_row={per_row},fast_silu,{act}]"))

@@ -249,13 +249,6 @@ def set_decode_int_dot(on: bool | None) -> None:
     _set_switch("decode_int_dot", on)
 
 
-def decode_int_dot(tokens: int, cc: int) -> bool:
-    """Do the decode GEMMs of a ``tokens``-token step take the exact-integer dot where their weights allow? Only
-    with tensor-core dots (sm80+): below, tl.dot is FMA code and the transposed, interleaved operands cost more
-    than the dequantize step saves (sm70 SASS of the skinny loop: 3,123 -> 3,918 instructions)."""
-    return (1 < tokens <= DECODE_MAX_TOKENS and tensor_core_dot(cc)
-            and _Switches.on.get("decode_int_dot", DECODE_INT_DOT))
-
 
 # Batch 1 with the exact-integer dot too: the dense GEMV (qkv, o_proj; gptq_gemm/triton.INT_DOT_GEMV, 2
 # warps) and the decode MoE's gate/up stage, each a tensor-core dot on 16 input rows, 15 of them masked. sm90 SASS
@@ -274,10 +267,16 @@ def set_batch1_int_dot(on: bool | None) -> None:
     _set_switch("batch1_int_dot", on)
 
 
-def batch1_int_dot(cc: int) -> bool:
-    """Do the batch-1 GEMV and MoE gate/up stage take the exact-integer dot where their weights allow (sm80+, as
-    decode_int_dot)?"""
-    return tensor_core_dot(cc) and _Switches.on.get("batch1_int_dot", BATCH1_INT_DOT)
+def int_dot(tokens: int, cc: int) -> bool:
+    """Do the decode GEMMs of a ``tokens``-token step take the exact-integer dot where their weights allow? Batch 1:
+    BATCH1_INT_DOT; 2..DECODE_MAX_TOKENS: DECODE_INT_DOT. Only with tensor-core dots (sm80+): below, tl.dot is FMA
+    code and the transposed, interleaved operands cost more than the dequantize step saves (sm70 SASS of the
+    skinny loop: 3,123 -> 3,918 instructions)."""
+    if not (1 <= tokens <= DECODE_MAX_TOKENS and tensor_core_dot(cc)):
+        return False
+    if tokens == 1:
+        return _Switches.on.get("batch1_int_dot", BATCH1_INT_DOT)
+    return _Switches.on.get("decode_int_dot", DECODE_INT_DOT)
 
 
 # The decode MoE's silu (its down stage recomputes it for every input of its K tile; the silu launch of
@@ -591,7 +590,6 @@ __all__ = [
     "as_int",
     "attention_launch",
     "attention_tiles",
-    "batch1_int_dot",
     "bf16_allowed",
     "capability",
     "choose",
@@ -600,7 +598,6 @@ __all__ = [
     "choose_moe",
     "decode_attention_override",
     "decode_fast_silu",
-    "decode_int_dot",
     "decode_moe_act_launch",
     "dense_cublas_min_m",
     "describe",
@@ -608,6 +605,7 @@ __all__ = [
     "emulated_capability",
     "fused_attn_input",
     "grouped_gemm_dtype",
+    "int_dot",
     "next_pow2",
     "per_expert_moe",
     "real_capability",

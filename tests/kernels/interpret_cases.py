@@ -345,6 +345,20 @@ def _verify_attn_case(i: int, dt, seed: int) -> float:
     return _rel(out, ref.paged_attention(q_real.float(), kc.float(), vc.float(), md, s))
 
 
+def _int_dot_case(case: str, tokens: int, on: bool, seed: int) -> float:
+    """run_case(case) with the exact-integer dot's switch for a ``tokens``-token step (batch 1 or T > 1) forced
+    on or off; the path table must then answer accordingly (paths.int_dot, at the interpreter's sm80)."""
+    from onecard.kernels import paths
+
+    setter = paths.set_batch1_int_dot if tokens == 1 else paths.set_decode_int_dot
+    setter(on)
+    try:
+        assert paths.int_dot(tokens, 80) == on, (case, tokens)
+        return run_case(case, seed)
+    finally:
+        setter(None)
+
+
 def run_case(name: str, seed: int) -> float:
     import torch
     from kernels_testlib import make_paged_batch, random_gptq
@@ -359,23 +373,12 @@ def run_case(name: str, seed: int) -> float:
         return _fp8_case(name, seed)
     dt = torch.float16 if name.endswith(F16) else torch.float32
     kind, _, rest = name.partition("-")
-    if kind.startswith(("g128moenoint", "gemmnoint")):                   # the T > 1 int dot forced off
-        from onecard.kernels import paths
-        paths.set_decode_int_dot(False)
-        try:
-            return run_case(kind.replace("noint", "") + f"-{rest}", seed)
-        finally:
-            paths.set_decode_int_dot(None)
-    if kind.startswith("gemmint"):
-        from onecard.kernels import paths
-        m = GEMM[int(kind[7:])][0]
-        setter = paths.set_batch1_int_dot if m == 1 else paths.set_decode_int_dot
-        setter(True)
-        try:
-            assert (paths.batch1_int_dot(80) if m == 1 else paths.decode_int_dot(m, 80)), m
-            return run_case(f"gemm{kind[7:]}-{rest}", seed)
-        finally:
-            setter(None)
+    if kind.startswith(("gemmint", "gemmnoint", "g128moeint", "g128moenoint")):   # the int dot forced on / off
+        on = "noint" not in kind
+        base = kind.replace("int" if on else "noint", "", 1)
+        gemm = base.startswith("gemm")
+        tokens = GEMM[int(base[4:])][0] if gemm else MOE_G128[int(base[7:])][0]
+        return _int_dot_case(f"{base}-{rest}", tokens, on, seed)
     if kind.startswith("gemm"):
         from onecard.kernels.gptq_gemm import ref
         from onecard.kernels.gptq_gemm import triton as tk
@@ -389,16 +392,6 @@ def run_case(name: str, seed: int) -> float:
         from onecard.kernels.gptq_gemm import triton as tk
         w, _ = random_gptq(64, 24, 16, desc_act=True, seed=seed)
         return _rel(tk.dequantize(w, torch.float32), ref.dequantize_gptq(w))
-    if kind.startswith("g128moeint"):
-        from onecard.kernels import paths
-        t = MOE_G128[int(kind[10:])][0]
-        setter = paths.set_batch1_int_dot if t == 1 else paths.set_decode_int_dot
-        setter(True)
-        try:
-            assert (paths.batch1_int_dot(80) if t == 1 else paths.decode_int_dot(t, 80)), t
-            return run_case(f"g128moe{kind[10:]}-{rest}", seed)
-        finally:
-            setter(None)
     if kind.startswith("g128moe"):
         from onecard.kernels.fused_moe import ref
         from onecard.kernels.fused_moe import triton as tk

@@ -116,7 +116,7 @@ def test_every_dispatcher_config_is_listed():
         set(moe._CONFIGS) | set(moe.DECODE_CONFIGS)
     names = {c.name for c in gemm.aot_configs()} | {c.name for c in moe.aot_configs()}
     assert all(f"w4a16[{n},fp16]" in names for n in gemm._CONFIGS if n != gemm.INT_DOT_GEMV)
-    # the exact-integer dot's variants (paths.batch1_int_dot, decode_int_dot: fp16 on sm80+)
+    # the exact-integer dot's variants (paths.int_dot: fp16 on sm80+)
     assert {f"w4a16[{gemm.INT_DOT_GEMV},int_dot,fp16]", "w4a16[skinny,int_dot,fp16]",
             "moe_decode[decode1,stage=1,int_dot,fp16]", "moe_decode[decode16,stage=1,int_dot,fp16]",
             "moe_decode[decode16,stage=2,int_dot,fp16]"} <= names

@@ -22,7 +22,7 @@ loop is its (int4.gemv_tile_mac, the first two tiles' weights loaded before the 
     slot_mapping[0]; a v head goes to the V cache as it is (fp8 caches: value / scale, attention/fp8.py).
 Numerics differ from the composed ops in one rounding: the normalised row is not rounded to the model dtype
 before the GEMV (its products are fp32 here).
-With the exact-integer dot (INT_DOT: paths.batch1_int_dot, fp16) the K loop is the int-dot GEMV's
+With the exact-integer dot (INT_DOT: paths.int_dot at batch 1, fp16) the K loop is the int-dot GEMV's
 (int4.int_dot_tile on the grid of gptq_gemm/triton.INT_DOT_GEMV): the scratch row u holds h * nw rounded to fp16
 (the dot's operand: one rounding of the input, as the composed ops' normalised row has), the rows' partial sums
 come from its [BN, 16] accumulator (15 rows masked).
@@ -53,8 +53,8 @@ from onecard.kernels.types import GPTQWeight
 
 
 def _int_dot(dt: torch.dtype, device: torch.device) -> bool:
-    """Does the K loop take the exact-integer dot (paths.batch1_int_dot, an fp16 model)?"""
-    return dt == torch.float16 and paths.batch1_int_dot(compute_capability(device))
+    """Does the K loop take the exact-integer dot (paths.int_dot at batch 1, an fp16 model)?"""
+    return dt == torch.float16 and paths.int_dot(1, compute_capability(device))
 
 
 def _grid(x: torch.Tensor, w: object, bias: torch.Tensor | None, k_cache: torch.Tensor,

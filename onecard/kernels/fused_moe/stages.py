@@ -11,8 +11,8 @@ ids, routed weights and the compact ``active`` list (expert + 1 per slot; 0: the
      are complete after stage 1), times the routed weight, atomic_add into out32 [T, H]: the top-k sum is
      free. At T > 1 with paths.decode_moe_act_launch, silu(gate) * up is a launch of its own between the
      stages (activation/triton.silu_and_mul, into the model dtype) and stage 2 loads it (PRE_ACT).
-With the exact-integer dot (INT_DOT: paths.decode_int_dot at T > 1, both stages, stage 2 on the silu launch's
-rows; paths.batch1_int_dot at T = 1, stage 1 only) a tile step is gptq_gemm/int4.int_dot_tile: a tensor-core
+With the exact-integer dot (INT_DOT: paths.int_dot; at T > 1 both stages, stage 2 on the silu launch's
+rows; at T = 1 stage 1 only) a tile step is gptq_gemm/int4.int_dot_tile: a tensor-core
 dot of the exact n - z with the inputs, the scale once per tile, into a transposed [BN, 16] accumulator.
 Both accumulators must be zero before stage 1 (the routing launch zeroes them). With PDL (sm90,
 triton_common) stage 2 reads the routing and its first weight tile before its wait: the routing was written
@@ -84,9 +84,10 @@ def _moe_decode_kernel(x_ptr, a_ptr, out_ptr, qa_ptr, za_ptr, sa_ptr, ga_ptr, qb
     """STAGE 1: gu[pair, mat*N + n] += x[t] @ W_mat[e] (mat 0 = gate (qa..), 1 = up (qb..)) over one K split.
     STAGE 2: out[t, n] += topk_w[pair] * (silu(gu[pair, :K]) * gu[pair, K:]) @ Wd[e] (qa.. = qb.. = down);
     PRE_ACT (T > 1): a_ptr holds silu(gate) * up already, [pairs, K] in the model dtype (paths.decode_moe_act_launch).
-    INT_DOT (T > 1, fp16, one group per K tile; paths.decode_int_dot): int4.int_dot_tile, the weights entering
-    the dot as their exact n - z and the group's scale multiplying each tile's fp32 sum.
-    FAST_SILU (paths.decode_fast_silu): stage 2's silu in activation/triton.silu_mul's FAST form. Stage 2 then loads the silu launch's rows (PRE_ACT).
+    INT_DOT (T > 1, fp16, one group per K tile; paths.int_dot): int4.int_dot_tile, the weights entering
+    the dot as their exact n - z and the group's scale multiplying each tile's fp32 sum; stage 2 then loads the
+    silu launch's rows (PRE_ACT).
+    FAST_SILU (paths.decode_fast_silu): stage 2's silu in activation/triton.silu_mul's FAST form.
     active_ptr[slot] = expert + 1 (0: no expert in this slot, the program does nothing).
     PDL: stage 1 reads the routing the kernel just before wrote, so it waits first. Stage 2's routing is two
     kernels old (complete before any stage-2 program can start, see triton_common), so it reads the routing
@@ -198,21 +199,23 @@ def _gated_input(src, r, j: tl.constexpr, r_mask):
     INPUT of gemv_tile_mac. src = (a_ptr, a_row, stride_a, K), the row's parts rather than its pointer: the
     address is formed after k, as the kernel did before the GEMV step was shared (a row pointer formed
     before the loop reordered the PTX)."""
-    a_ptr, a_row, stride_a, K = src
-    k = r * 8 + j
-    gv = tl.load(a_ptr + a_row * stride_a + k, mask=r_mask, other=0.0)
-    uv = tl.load(a_ptr + a_row * stride_a + K + k, mask=r_mask, other=0.0)
-    return silu_mul(gv, uv)
+    return _gated_row(src, r, j, r_mask, False)
 
 
 @triton.jit
 def _gated_input_fast(src, r, j: tl.constexpr, r_mask):
     """_gated_input with silu_mul's FAST form (paths.decode_fast_silu)."""
+    return _gated_row(src, r, j, r_mask, True)
+
+
+@triton.jit
+def _gated_row(src, r, j: tl.constexpr, r_mask, FAST: tl.constexpr):
+    """The two INPUTs' body (an INPUT's signature has no room for FAST)."""
     a_ptr, a_row, stride_a, K = src
     k = r * 8 + j
     gv = tl.load(a_ptr + a_row * stride_a + k, mask=r_mask, other=0.0)
     uv = tl.load(a_ptr + a_row * stride_a + K + k, mask=r_mask, other=0.0)
-    return silu_mul(gv, uv, True)
+    return silu_mul(gv, uv, FAST)
 
 
 @triton.jit
@@ -357,10 +360,10 @@ def moe_stages(x: torch.Tensor, gu: torch.Tensor, out32: torch.Tensor, w_gate: M
     assert k1 == x.shape[1] and n2 == x.shape[1] and k2 == n1, (x.shape, k1, n1, k2, n2)
     common = dict(TOP_K=top_k, BLOCK_TOPK=next_pow2(top_k), BLOCK_T=bt, BLOCK_N=bn, BLOCK_K8=bk8,
                   FLOAT_W=float_w, PDL=use_pdl, num_warps=warps, num_stages=stages, launch_pdl=use_pdl)
-    # the exact-integer dot: fp16, int4 weights with one group per K tile (paths.decode_int_dot, batch1_int_dot)
+    # the exact-integer dot: fp16, int4 weights with one group per K tile (paths.int_dot)
     cc = compute_capability(dev)
     int_dot = (not float_w and x.dtype == torch.float16
-               and (paths.decode_int_dot(t, cc) if bt > 1 else paths.batch1_int_dot(cc)))
+               and paths.int_dot(t, cc))
     tiles1 = triton.cdiv(n1, bn)
     s1, per1 = _split(2 * tiles1 * slots, triton.cdiv(k1 // 8, bk8), dev, per_sm)
     _moe_decode_kernel[(2 * tiles1, s1, slots)](

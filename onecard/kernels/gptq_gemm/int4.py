@@ -187,7 +187,7 @@ def int_dot_tile(q, s_u, z_u, src, r, r_mask, INPUT: tl.constexpr):
     rows 0), scales and true zeros s_u, z_u [BN] fp32; A^T's rows 8r + j from ``INPUT(src, k, r_mask)`` (fp16
     [BK8, BT], 0 where not r_mask: rows_input_t, or one that computes them, fused_moe/stages.py's silu * up).
 
-    The decode GEMMs' exact-integer dot (fp16; paths.decode_int_dot, paths.batch1_int_dot). Their loops are
+    The decode GEMMs' exact-integer dot (fp16; paths.int_dot). Their loops are
     bound by instructions, not bytes (the batch-16 MoE's time did not move with 4-24 programs per SM; sm90 SASS
     4.5-6 instructions per weight against the ~5 that HBM bandwidth leaves per weight). Here the packed rows
     come as pairs (2i, 2i+1) and byte_pair_diffs turns a byte of each pair into four exact n - z; the dot

@@ -5,7 +5,7 @@ split-K choice are in triton.py (``small_m_gemm``), which also says why the two 
 A program streams one or two [BK8, BN] int32 tiles of its K split (16-byte loads along N, scales/zeros once
 per tile: a tile lies in one group unless PER_ROW). M == 1 keeps a [BK8, BN] fp32 accumulator and reduces
 it once after the K loop; M > 1 uses tl.dot on a 16-row block. With the exact-integer dot (INT_DOT, fp16,
-one group per tile: paths.batch1_int_dot / decode_int_dot) every M takes int4.int_dot_tile, a tensor-core dot on
+one group per tile: paths.int_dot) every M takes int4.int_dot_tile, a tensor-core dot on
 16 input rows (M == 1: 15 masked) into a transposed [BN, 16] accumulator.
 """
 from __future__ import annotations
@@ -90,7 +90,7 @@ def _w4a16_small_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_p
     column tile to arrive at cnt_ptr[pid_n] sums them in split order (deterministic), adds the bias and casts.
     BLOCK_M > 1: fp32 atomic_add into part_ptr [M, N] (zeroed by the caller); the reduce kernel finishes.
     M == 1: the first two K tiles' weights load before the PDL wait (they overlap the previous kernel's tail).
-    INT_DOT (fp16, not PER_ROW; paths.decode_int_dot at M > 1, paths.batch1_int_dot at M == 1): each tile
+    INT_DOT (fp16, not PER_ROW; paths.int_dot): each tile
     through int4.int_dot_tile (exact n - z in a tensor-core dot, the scale once per tile) into a transposed
     [BN, 16] accumulator of 16 input rows (M == 1: rows 1-15 masked, so their columns stay exact zeros)."""
     pid_n = tl.program_id(0)

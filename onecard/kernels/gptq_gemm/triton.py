@@ -6,7 +6,7 @@ Paths (chosen by shape from the fixed table ``_CONFIGS``; no host syncs, so CUDA
     nibble j of packed row r is input row 8r + j, so the K sum is 8 strided sums — no reshapes, no repeated
     loads. The GEMV keeps a [BK8, BN] fp32 accumulator and reduces it once after the loop; skinny uses
     ``tl.dot``. The group mode (PER_ROW) is a constexpr there, so the common path carries no g_idx code (half
-    the registers). With the exact-integer dot (paths.batch1_int_dot, decode_int_dot: fp16, one group per
+    the registers). With the exact-integer dot (paths.int_dot: fp16, one group per
     tile) both take int4.int_dot_tile; M == 1 then runs the ``gemv_int`` config (2 warps).
   * larger M: tiled ``tl.dot``; on compute capability < 8.0 (no tensor cores for tl.dot) it dequantizes to
     fp16 with a Triton kernel and uses cuBLAS instead.
@@ -137,10 +137,10 @@ def _dequant_kernel(qw_ptr, qz_ptr, sc_ptr, gidx_ptr, out_ptr, N, K, group_size,
 # (USE_DOT is implied by BLOCK_M > 1 there), tiled runs _w4a16_kernel. BK8 16 = 128 inputs = one g128 group.
 # gemv/skinny from bench/tune_decode.py on the H200 (weights rotated out of L2, graph replay): gemv BN 64 with
 # 4 warps at 8 programs/SM: qkv 15.3 -> 7.3 us, o_proj 9.8 -> 6.7 us against BN 128, 8 warps, 12/SM.
-INT_DOT_GEMV = "gemv_int"             # M == 1's config under paths.batch1_int_dot (small_m_gemm's choice)
+INT_DOT_GEMV = "gemv_int"             # M == 1's config under paths.BATCH1_INT_DOT (small_m_gemm's choice)
 _CONFIGS = {
     "gemv": (1, 64, 16, False, 4, 2),
-    # M == 1 with the exact-integer dot (paths.batch1_int_dot): a tensor-core dot on 16 rows, 15 masked; 2 warps
+    # M == 1 with the exact-integer dot (paths.BATCH1_INT_DOT): a tensor-core dot on 16 rows, 15 masked; 2 warps
     # (sm90 SASS, K loop per weight: 3.4 instructions at 2 warps with mma, 4.8 at 4 warps, where it is a wgmma)
     INT_DOT_GEMV: (1, 64, 16, True, 2, 2),
     "skinny": (16, 128, 16, True, 4, 2),
@@ -231,7 +231,7 @@ def small_m_gemm(x: torch.Tensor, w: GPTQWeight, bias: torch.Tensor | None = Non
     cc = compute_capability(dev)
     # the exact-integer dot (int4.int_dot_tile): fp16, one group per K tile, the paths switch for M rows
     int_dot = (not per_row and x.dtype == torch.float16
-               and (paths.decode_int_dot(m, cc) if m > 1 else paths.batch1_int_dot(cc)))
+               and paths.int_dot(m, cc))
     g = small_grid(m, n, k, dev, tuning, INT_DOT_GEMV if int_dot and m == 1 else None)
     bm, bn, bk8, warps, stages = g.block_m, g.block_n, g.block_k8, g.num_warps, g.num_stages
     grid_n, splits, tiles_per_split = g.grid_n, g.splits, g.tiles_per_split

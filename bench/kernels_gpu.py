@@ -104,6 +104,11 @@ def cases(quick: bool):
             nbytes = w.nbytes() + x.numel() * 2 + m * n * 2
             yield (f"w4a16 {name} M={m}", lambda x=x, w=w: g_t.w4a16_gemm(x, w),
                    lambda x=x, w=w: g_r.w4a16_gemm(x, w), nbytes)
+            if m == 1:         # accumulating into a zeroed fp32 row (paths.batch1_accumulate; the memset here
+                acc = torch.zeros(1, n, device=DEV)                # is the input norm's job in the model)
+                yield (f"w4a16 {name} M=1 accumulate (+memset)",
+                       lambda x=x, w=w, acc=acc: g_t.small_m_gemm(x, w, accumulate=acc.zero_()),
+                       lambda x=x, w=w: g_r.w4a16_gemm(x, w), nbytes)
             if m in (1, 16):   # the exact-integer dot (paths.set_batch1_int_dot / set_decode_int_dot)
                 setter = paths.set_batch1_int_dot if m == 1 else paths.set_decode_int_dot
                 yield (f"w4a16 {name} M={m} int dot",

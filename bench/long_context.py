@@ -139,10 +139,15 @@ def switch_setters() -> dict:
 
     return {"fuse_attn": paths.set_fused_attn_input, "moe_act": paths.set_decode_moe_act_launch,
             "int_dot": paths.set_decode_int_dot, "b1_int": paths.set_batch1_int_dot,
+            "b1_acc": paths.set_batch1_accumulate,
             "fast_silu": paths.set_decode_fast_silu,
             "gemv4": _table_override(gemm.SMALL_PROGRAMS_PER_SM, "gemv", 4),
             "moe1pps8": _table_override(stages.DECODE_CONFIGS, "decode1",
-                                        stages.DECODE_CONFIGS["decode1"][:5] + (8,))}
+                                        stages.DECODE_CONFIGS["decode1"][:5] + (8,)),
+            # decode1 at 6/SM: stage 1's 192 column programs x 4 splits = 768 fit one wave of the 8 per SM its
+            # 128 registers allow on 132 SMs (at 8/SM: 6 splits, 1,152 programs, 96 in a second wave)
+            "moe1pps6": _table_override(stages.DECODE_CONFIGS, "decode1",
+                                        stages.DECODE_CONFIGS["decode1"][:5] + (6,))}
 
 
 SWITCHES: dict = {}                              # filled on first use (imports onecard)

@@ -31,6 +31,11 @@ Ops (all tensors on one device; "T" = flattened tokens):
       positions, cos_sin_cache, k_cache, v_cache, slot_mapping, k_scale=1.0, v_scale=1.0) -> (q_out[T,Hq,D],
       residual_out[T,H]): rms_norm, the fused q | k | v projection w (GPTQWeight, or float [N, H]), then
       qk_norm_rope_store (attn_in/ref.py); one launch on the Triton backend at batch 1 (attn_in/triton.py)
+  attention_block(x[T,H], residual[T,H]|None, norm_weight[H], eps, w_qkv, b_qkv[N]|None, q_weight, k_weight,
+      positions, cos_sin_cache, k_cache, v_cache, md, scale, w_o, b_o[H]|None, k_scale=1.0, v_scale=1.0)
+      -> (out[T,H], residual_out[T,H]): norm_qkv_rope_store, paged_attention, the o projection w_o (attn_in/ref.py);
+      out in the model dtype, or fp32 on the Triton batch-1 path with accumulating GEMVs (paths.batch1_accumulate;
+      the next rms_norm / norm_moe takes it as x)
   silu_and_mul(x[T,2I]) -> [T,I]   (silu(x[:, :I]) * x[:, I:])
 """
 from __future__ import annotations
@@ -186,6 +191,20 @@ def norm_qkv_rope_store(x, residual, norm_weight, eps, w, bias, q_weight, k_weig
         if tk.supported(x, w, bias, k_cache):
             return tk.norm_qkv_rope_store(*args)
     return ref.norm_qkv_rope_store(*args, ops=sys.modules[__name__])      # the three ops, each as dispatched
+
+
+def attention_block(x, residual, norm_weight, eps, w_qkv, b_qkv, q_weight, k_weight, positions, cos_sin_cache,
+                    k_cache, v_cache, md, scale, w_o, b_o, k_scale=1.0, v_scale=1.0):
+    from onecard.kernels.attn_in import ref
+
+    args = (x, residual, norm_weight, eps, w_qkv, b_qkv, q_weight, k_weight, positions, cos_sin_cache, k_cache,
+            v_cache, md, scale, w_o, b_o, k_scale, v_scale)
+    if backend_for(x.device) == "triton" and paths.batch1_accumulate(x.shape[0]):
+        from onecard.kernels.attn_in import triton as tk
+
+        if tk.accumulate_supported(x, residual, w_qkv, w_o, k_cache):
+            return tk.attention_block(*args)
+    return ref.attention_block(*args, ops=sys.modules[__name__])         # the three ops, each as dispatched
 
 
 def silu_and_mul(x):

@@ -212,6 +212,26 @@ def fused_attn_input(tokens: int) -> bool:
     return tokens == 1 and _Switches.on.get("fuse_attn_input", FUSE_ATTN_INPUT)
 
 
+# A decoder layer's attention block at batch 1 with its two GEMVs accumulating (attn_in/triton.attention_block):
+# the input RMSNorm zeroes one fp32 row [N_qkv + H]; the qkv and o_proj GEMVs' K splits add their partial sums
+# into it with fp32 atomics (no partials, no arrival counter, no last-arriving program that reads the partials
+# back and rounds them: two dependent round trips to L2 off each GEMV's critical path); qk_norm_rope_store and
+# the next RMSNorm / norm_moe read the fp32 sums. Numerics: the GEMVs' outputs are not rounded to the model
+# dtype before the q/k norm and the residual add, and the order of the splits' fp32 additions varies (as the
+# decode MoE's stages' already does). ``set_batch1_accumulate`` turns it on in a process.
+BATCH1_ACCUMULATE = False
+
+
+def set_batch1_accumulate(on: bool | None) -> None:
+    """The batch-1 attention block's accumulating GEMVs on or off in this process; None: BATCH1_ACCUMULATE."""
+    _set_switch("batch1_accumulate", on)
+
+
+def batch1_accumulate(tokens: int) -> bool:
+    """Does a ``tokens``-token forward run its attention blocks with accumulating GEMVs (batch 1 only)?"""
+    return tokens == 1 and _Switches.on.get("batch1_accumulate", BATCH1_ACCUMULATE)
+
+
 # Decode MoE at T > 1: silu(gate) * up as a launch of its own between the two stages, stage 2 then loading it as
 # stage 1 loads x. Without it every stage-2 program recomputes silu for its K tile (exp and a division per value,
 # each value once per column tile of the down projection: 16 times at the served shape). Identical values either

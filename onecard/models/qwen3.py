@@ -5,8 +5,8 @@ flattened variable-length batch (see kernels/attention/metadata.py; ``layer_ids`
 dry forwards); ``compute_logits(hidden[B, H]) -> [B, V]`` fp32.
 Weights: ``weight_specs()`` declares which checkpoint tensor fills which parameter (names, shapes, fused q/k/v and
 gate/up, stacked experts; see models/weights.py); models/loader.py places them.
-Per layer: RMSNorm(+residual) → qkv → per-head q/k RMSNorm + RoPE, K/V into the cache (with fused q/k/v one op,
-``norm_qkv_rope_store``, which its batch-1 kernel runs in one launch) → paged attention → o_proj →
+Per layer: RMSNorm(+residual) → qkv → per-head q/k RMSNorm + RoPE, K/V into the cache → paged attention → o_proj
+(with fused q/k/v one op, ``attention_block``, whose batch-1 path may return fp32 sums) →
 RMSNorm(+residual) → MLP (dense SiLU-gated, or sparse MoE: router → softmax → top-k → renormalise → experts; the
 MoE layer calls the norm and the experts as one op, ``norm_moe``, which its batch-1 kernels fuse).
 """
@@ -72,17 +72,16 @@ class Attention(nn.Module):
                          positions: torch.Tensor, cos_sin: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor],
                          md: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
         """The layer's input RMSNorm (``norm_weight``, residual add), then ``forward`` -> (out [T, H],
-        residual_out [T, H]); with fused q/k/v one op (norm_qkv_rope_store: one launch at batch 1)."""
+        residual_out [T, H]); with fused q/k/v one op (attention_block; out may be fp32 sums at batch 1)."""
         if not self.fuse_qkv:
             h, residual = ops.rms_norm(x, norm_weight, self.eps, residual)
             return self.forward(h, positions, cos_sin, kv_cache, md), residual
-        lin = self.qkv_proj
+        lin, o = self.qkv_proj, self.o_proj
         k_cache, v_cache = kv_cache
-        q, residual = ops.norm_qkv_rope_store(x, residual, norm_weight, self.eps,
-                                              lin.gptq if lin.gptq is not None else lin.weight, lin.bias,
-                                              self.q_norm, self.k_norm, positions, cos_sin, k_cache, v_cache,
-                                              md.slot_mapping, self.k_scale, self.v_scale)
-        return self._attend(q, kv_cache, md), residual
+        return ops.attention_block(x, residual, norm_weight, self.eps,
+                                   lin.gptq if lin.gptq is not None else lin.weight, lin.bias, self.q_norm,
+                                   self.k_norm, positions, cos_sin, k_cache, v_cache, md, self.scale,
+                                   o.gptq if o.gptq is not None else o.weight, o.bias, self.k_scale, self.v_scale)
 
     def _attend(self, q: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor],
                 md: AttentionMetadata) -> torch.Tensor:

@@ -83,16 +83,19 @@ def _paged_attn_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, qsl_ptr
                        HQ: tl.constexpr, HKV: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
                        D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
                        KV_FMT: tl.constexpr, PREFETCH: tl.constexpr = 0):
-    pdl_enter(PDL)                                                        # before the early return
     seq = tl.program_id(0)
     qblk = tl.program_id(1)
     kvh = tl.program_id(2) // num_segments
     segment = tl.program_id(2) % num_segments
-    q_start = tl.load(qsl_ptr + seq)
-    q_len = tl.load(qsl_ptr + seq + 1) - q_start
+    # the step's metadata is not the previous kernel's output: its loads are issued before the PDL wait; q and
+    # the new tokens' K/V (the previous kernel's) only after it. Every program waits before it may return
+    # (triton_common.pdl_enter: a program that exits unwaited would let the next kernel start too early).
+    q_start = tl.load(qsl_ptr + seq, cache_modifier=".cg")                # .cg: buffers rewritten every step
+    q_len = tl.load(qsl_ptr + seq + 1, cache_modifier=".cg") - q_start
+    seq_len = tl.load(seqlen_ptr + seq, cache_modifier=".cg")
+    pdl_enter(PDL)
     if qblk * BLOCK_Q >= q_len:
         return
-    seq_len = tl.load(seqlen_ptr + seq)
     ctx_len = seq_len - q_len
     # keys this query block can see: [0, ctx_len + last q_idx + 1)
     kv_end = tl.minimum(seq_len, ctx_len + (qblk + 1) * BLOCK_Q)
@@ -198,12 +201,13 @@ def _merge_segments(part_ptr, ml_ptr, base, n_seg, offs_d, D: tl.constexpr, BLOC
 def _segment_reduce_kernel(part_ptr, ml_ptr, out_ptr, seqlen_ptr, stride_ot, stride_oh, num_segments, block_n,
                            min_seg_tiles, HQ: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr,
                            PDL: tl.constexpr):
-    """Merge the filled segments of decode row ``tok`` (= its sequence), BLOCK_S at a time (online rescale)."""
-    pdl_enter(PDL)
+    """Merge the filled segments of decode row ``tok`` (= its sequence), BLOCK_S at a time (online rescale).
+    The sequence length (the step's metadata) is loaded before the PDL wait, the partials after it."""
     tok = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
-    n_tiles = tl.cdiv(tl.load(seqlen_ptr + tok), block_n)
+    n_tiles = tl.cdiv(tl.load(seqlen_ptr + tok, cache_modifier=".cg"), block_n)
     n_seg = tl.cdiv(n_tiles, _segment_tiles(n_tiles, num_segments, min_seg_tiles))   # filled segments
+    pdl_enter(PDL)
     offs_d = tl.arange(0, D)
     o = _merge_segments(part_ptr, ml_ptr, (tok * HQ + h) * num_segments, n_seg, offs_d, D, BLOCK_S)
     tl.store(out_ptr + tok * stride_ot + h * stride_oh + offs_d, o.to(out_ptr.dtype.element_ty))
@@ -216,16 +220,17 @@ def _segment_reduce_rows_kernel(part_ptr, ml_ptr, out_ptr, qsl_ptr, seqlen_ptr, 
     """Merge the filled segments of query row ``q_idx`` of sequence ``seq`` (a split small-q launch: any rows per
     sequence). Its q-block's program cut keys [0, kv_end) into the segments, so the filled count is derived from
     that q-block's kv_end as the attention kernel did; a segment that held none of this row's visible keys
-    (causal) left m = -1e30, l = 0, acc = 0, which the merge weighs to nothing."""
-    pdl_enter(PDL)
+    (causal) left m = -1e30, l = 0, acc = 0, which the merge weighs to nothing. Metadata before the PDL wait,
+    the partials after it (as the attention kernel)."""
     seq = tl.program_id(0)
     q_idx = tl.program_id(1)
     h = tl.program_id(2)
-    q_start = tl.load(qsl_ptr + seq)
-    q_len = tl.load(qsl_ptr + seq + 1) - q_start
+    q_start = tl.load(qsl_ptr + seq, cache_modifier=".cg")
+    q_len = tl.load(qsl_ptr + seq + 1, cache_modifier=".cg") - q_start
+    seq_len = tl.load(seqlen_ptr + seq, cache_modifier=".cg")
+    pdl_enter(PDL)
     if q_idx >= q_len:
         return
-    seq_len = tl.load(seqlen_ptr + seq)
     kv_end = tl.minimum(seq_len, seq_len - q_len + (q_idx // BLOCK_Q + 1) * BLOCK_Q)   # as the kernel's q-block
     n_tiles = tl.cdiv(kv_end, block_n)
     n_seg = tl.cdiv(n_tiles, _segment_tiles(n_tiles, num_segments, min_seg_tiles))   # filled segments

@@ -8,6 +8,12 @@ norm_qkv_rope_store(x[T,H], residual[T,H]|None, norm_weight[H], eps, w, bias[N]|
   w: the fused projection, GPTQWeight [H -> N] or float [N, H]; N = (Hq + 2 Hkv) D, q | k | v columns;
   Hkv and D come from the cache. ``ops``: where the steps come from (dispatch passes itself, so its backend
   choice and GEMM paths apply to each step when the one-launch kernel does not).
+
+attention_block(x, residual, norm_weight, eps, w_qkv, b_qkv, q_weight, k_weight, positions, cos_sin_cache,
+    k_cache, v_cache, md, scale, w_o, b_o, k_scale=1.0, v_scale=1.0) -> (out[T,H], residual_out[T,H])
+  A decoder layer's attention block: norm_qkv_rope_store, paged attention over md, the o projection w_o
+  (GPTQWeight, or float [H, Hq D]) with bias b_o. out is in the model dtype here (attn_in/triton.py's batch-1
+  path returns fp32 sums).
 """
 from __future__ import annotations
 
@@ -16,12 +22,15 @@ from types import SimpleNamespace
 import torch
 import torch.nn.functional as F
 
+from onecard.kernels.attention.metadata import AttentionMetadata
+from onecard.kernels.attention.ref import paged_attention
 from onecard.kernels.gptq_gemm.ref import w4a16_gemm
 from onecard.kernels.norm.ref import rms_norm
 from onecard.kernels.rope.ref import qk_norm_rope_store
 from onecard.kernels.types import GPTQWeight
 
-_REF = SimpleNamespace(rms_norm=rms_norm, w4a16_gemm=w4a16_gemm, qk_norm_rope_store=qk_norm_rope_store)
+_REF = SimpleNamespace(rms_norm=rms_norm, w4a16_gemm=w4a16_gemm, qk_norm_rope_store=qk_norm_rope_store,
+                       paged_attention=paged_attention)
 
 
 def head_counts(out_features: int, k_cache: torch.Tensor) -> tuple[int, int, int]:
@@ -46,3 +55,26 @@ def norm_qkv_rope_store(x: torch.Tensor, residual: torch.Tensor | None, norm_wei
                                    k_weight, positions, cos_sin_cache, eps, k_cache, v_cache, slot_mapping,
                                    k_scale, v_scale)
     return q_out, residual_out
+
+
+def attention_block(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+                    w_qkv: GPTQWeight | torch.Tensor, b_qkv: torch.Tensor | None, q_weight: torch.Tensor,
+                    k_weight: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
+                    k_cache: torch.Tensor, v_cache: torch.Tensor, md: AttentionMetadata, scale: float,
+                    w_o: GPTQWeight | torch.Tensor, b_o: torch.Tensor | None, k_scale: float = 1.0,
+                    v_scale: float = 1.0, ops: object = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``ops``: as norm_qkv_rope_store's (None: these references; dispatch passes itself, and its
+    norm_qkv_rope_store then picks its own path)."""
+    t = x.shape[0]
+    if ops is None:
+        q, residual_out = norm_qkv_rope_store(x, residual, norm_weight, eps, w_qkv, b_qkv, q_weight, k_weight,
+                                              positions, cos_sin_cache, k_cache, v_cache, md.slot_mapping,
+                                              k_scale, v_scale)
+        ops = _REF
+    else:
+        q, residual_out = ops.norm_qkv_rope_store(x, residual, norm_weight, eps, w_qkv, b_qkv, q_weight, k_weight,
+                                                  positions, cos_sin_cache, k_cache, v_cache, md.slot_mapping,
+                                                  k_scale, v_scale)
+    o = ops.paged_attention(q, k_cache, v_cache, md, scale, k_scale, v_scale).reshape(t, -1)   # [T, Hq D]
+    out = ops.w4a16_gemm(o, w_o, b_o) if isinstance(w_o, GPTQWeight) else F.linear(o, w_o, b_o)
+    return out, residual_out

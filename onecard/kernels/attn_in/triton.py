@@ -35,6 +35,7 @@ import triton.language as tl
 
 from onecard.kernels import paths, workspace
 from onecard.kernels.attention.fp8 import fmt_code, kernel_view, kv_store_value
+from onecard.kernels.attention.metadata import AttentionMetadata
 from onecard.kernels.attention.triton import KV_FORMATS
 from onecard.kernels.attn_in.ref import head_counts
 from onecard.kernels.gptq_gemm.int4 import INT_DOT_ROWS, gemv_tile_mac, int_dot_tile, row_input, rows_input_t
@@ -220,6 +221,52 @@ def norm_qkv_rope_store(x: torch.Tensor, residual: torch.Tensor | None, norm_wei
         HAS_RES=residual is not None, KV_FMT=fmt_code(k_cache), PDL=use_pdl, INT_DOT=int_dot,
         num_warps=g.num_warps, num_stages=g.num_stages, launch_pdl=use_pdl)
     return q_out, res_out
+
+
+def accumulate_supported(x: torch.Tensor, residual: torch.Tensor | None, w_qkv: object, w_o: object,
+                         k_cache: torch.Tensor) -> bool:
+    """Whether ``attention_block`` takes this call: one token, paths.batch1_accumulate, both projections GPTQ,
+    q | k | v columns of whole heads."""
+    if x.shape[0] != 1 or not (isinstance(w_qkv, GPTQWeight) and isinstance(w_o, GPTQWeight)):
+        return False
+    hq, hkv, d = head_counts(w_qkv.out_features, k_cache)
+    return (paths.batch1_accumulate(1) and hq >= 1 and (hq + 2 * hkv) * d == w_qkv.out_features
+            and w_o.in_features == hq * d and w_o.out_features == x.shape[1])
+
+
+def attention_block(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+                    w_qkv: GPTQWeight, b_qkv: torch.Tensor | None, q_weight: torch.Tensor, k_weight: torch.Tensor,
+                    positions: torch.Tensor, cos_sin_cache: torch.Tensor, k_cache: torch.Tensor,
+                    v_cache: torch.Tensor, md: AttentionMetadata, scale: float, w_o: GPTQWeight,
+                    b_o: torch.Tensor | None, k_scale: float = 1.0,
+                    v_scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch-1 attention block with accumulating GEMVs (paths.batch1_accumulate; only where
+    ``accumulate_supported``): contract as ref.attention_block, but out [1, H] comes back as fp32 sums (the next
+    rms_norm / norm_moe takes fp32 x). Five launches, each waiting for the one before (PDL on sm90):
+      rms_norm      the input norm (+ residual add); it also zeroes acc = fp32 [1, N + H]
+      GEMV qkv      K splits add into acc[:, :N] (gptq_gemm/small_m ACCUM: fp32 atomics, no last arriver)
+      qk_norm_rope_store  reads the fp32 q | k | v sums, stores q in the model dtype and k, v into the cache
+      paged_attention (+ its split-KV reduce)
+      GEMV o_proj   K splits add into acc[:, N:]: two launches after its zeroing, which is complete by then
+                    (each launch's wait covers the one before, whose own wait covered its predecessor)."""
+    from onecard.kernels.attention.triton import paged_attention
+    from onecard.kernels.gptq_gemm.triton import small_m_gemm
+    from onecard.kernels.norm.triton import rms_norm
+    from onecard.kernels.rope.triton import qk_norm_rope_store
+
+    assert accumulate_supported(x, residual, w_qkv, w_o, k_cache)
+    n, h = w_qkv.out_features, w_o.out_features
+    hq, hkv, d = head_counts(n, k_cache)
+    acc = torch.empty(1, n + h, dtype=torch.float32, device=x.device)    # zeroed by the norm's launch
+    hn, residual_out = rms_norm(x, norm_weight, eps, residual, zero=acc)
+    qkv = small_m_gemm(hn, w_qkv, b_qkv, accumulate=acc[:, :n])           # [1, N] fp32 sums
+    q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
+    q_out = qk_norm_rope_store(q.reshape(1, hq, d), k.reshape(1, hkv, d), v.reshape(1, hkv, d), q_weight,
+                               k_weight, positions, cos_sin_cache, eps, k_cache, v_cache, md.slot_mapping,
+                               k_scale, v_scale, out_dtype=hn.dtype)        # [1, Hq, D] model dtype
+    o = paged_attention(q_out, k_cache, v_cache, md, scale, k_scale, v_scale)    # [1, Hq, D]
+    out = small_m_gemm(o.reshape(1, hq * d), w_o, b_o, accumulate=acc[:, n:])    # [1, H] fp32 sums
+    return out, residual_out
 
 
 def aot_configs() -> list[AotConfig]:

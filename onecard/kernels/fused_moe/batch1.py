@@ -35,10 +35,12 @@ MAX_EXPERTS = 1024                    # the last arriver's top-k holds every log
 NORM_ROUTE_WARPS = 4
 
 
-def supported(x: torch.Tensor, gate: torch.Tensor, top_k: int) -> bool:
+def supported(x: torch.Tensor, gate: torch.Tensor, top_k: int, residual: torch.Tensor | None = None) -> bool:
+    """x may be fp32 with a residual (the model dtype is the residual's then)."""
     e, h = gate.shape
+    dt = residual.dtype if residual is not None else x.dtype
     return (x.shape[0] == 1 and h == x.shape[1] and h <= MAX_HIDDEN and top_k <= e <= MAX_EXPERTS
-            and gate.is_contiguous() and gate.dtype == x.dtype)
+            and gate.is_contiguous() and gate.dtype == dt)
 
 
 @triton.jit
@@ -89,7 +91,7 @@ def norm_moe(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.
              gate: torch.Tensor, w_gate: MoEWeight, w_up: MoEWeight, w_down: MoEWeight, top_k: int,
              renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """x [1, H] (model dtype or fp32), residual [1, H] | None -> (moe out [1, H] fp32, residual_out [1, H])."""
-    assert supported(x, gate, top_k), (x.shape, gate.shape, top_k)
+    assert supported(x, gate, top_k, residual), (x.shape, gate.shape, top_k)
     if x.stride(-1) != 1:
         x = x.contiguous()
     dev, h = x.device, x.shape[1]
@@ -116,14 +118,14 @@ def norm_moe(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.
 def aot_configs(act: str, min_cc: int) -> list[AotConfig]:
     """The served shape (H 2048, E 128, k 8) with the residual (the model always has one here)."""
     out: list[AotConfig] = []
-    for renorm in (True, False):
+    for renorm, x_t in ((True, act), (False, act), (True, "fp32"), (False, "fp32")):   # fp32: attention_block's
         cx = dict(TOP_K=8, BLOCK_K=8, BLOCK_H=2048, BLOCK_E=128, RENORM=renorm, HAS_RES=True, PDL=False)
-        args = dict(x_ptr=f"*{act}", res_ptr=f"*{act}", nw_ptr=f"*{act}", gate_ptr=f"*{act}", h_ptr=f"*{act}",
+        args = dict(x_ptr=f"*{x_t}", res_ptr=f"*{act}", nw_ptr=f"*{act}", gate_ptr=f"*{act}", h_ptr=f"*{act}",
                     res_out_ptr=f"*{act}", logits_ptr=f"*{act}", topk_w_ptr="*fp32", ids_ptr="*i32",
                     active_ptr="*i32", gu_ptr="*fp32", out32_ptr="*fp32", cnt_ptr="*i32", H="i32", E="i32",
                     GU_N="i32", eps="fp32")
         out.append(AotConfig(_norm_route_kernel, signature(args, cx), cx, NORM_ROUTE_WARPS, 1, min_cc,
-                             f"norm_route[renorm={renorm},{act}]"))
+                             f"norm_route[renorm={renorm}{',x=fp32' if x_t == 'fp32' else ''},{act}]"))
     return out
 
 

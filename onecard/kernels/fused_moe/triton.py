@@ -256,7 +256,7 @@ def norm_moe(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.
              gate: torch.Tensor, w_gate: MoEWeight, w_up: MoEWeight, w_down: MoEWeight, top_k: int,
              renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Batch 1: batch1.norm_moe (three launches, fp32 out); otherwise RMSNorm, router and fused_moe here."""
-    if batch1.supported(x, gate, top_k):
+    if batch1.supported(x, gate, top_k, residual):
         return batch1.norm_moe(x, residual, norm_weight, eps, gate, w_gate, w_up, w_down, top_k, renormalize)
     from onecard.kernels.norm.triton import rms_norm
 

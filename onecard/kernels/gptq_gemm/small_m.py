@@ -81,7 +81,7 @@ def _w4a16_small_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_p
                         M, N, K, group_size, num_groups, tiles_per_split, stride_xm, has_bias,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K8: tl.constexpr,
                         PER_ROW: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
-                        INT_DOT: tl.constexpr = False):
+                        INT_DOT: tl.constexpr = False, ACCUM: tl.constexpr = False):
     """Decode GEMM, M <= 16, one launch. BLOCK_M == 1: GEMV with a [BK8, BN] fp32 accumulator whose row sum is
     deferred past the K loop; the scale and zero are applied once per tile (int4.gemv_tile_mac), so the inner
     loop is a shift, a LOP3 and an FMA per weight. Else tl.dot on a 16-row block with
@@ -92,7 +92,9 @@ def _w4a16_small_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_p
     M == 1: the first two K tiles' weights load before the PDL wait (they overlap the previous kernel's tail).
     INT_DOT (fp16, not PER_ROW; paths.int_dot): each tile
     through int4.int_dot_tile (exact n - z in a tensor-core dot, the scale once per tile) into a transposed
-    [BN, 16] accumulator of 16 input rows (M == 1: rows 1-15 masked, so their columns stay exact zeros)."""
+    [BN, 16] accumulator of 16 input rows (M == 1: rows 1-15 masked, so their columns stay exact zeros).
+    ACCUM (M == 1; paths.batch1_accumulate): out_ptr is an fp32 row that an earlier launch zeroed; every split
+    adds its partial sums (and split 0 the bias) with fp32 atomics: no partials, no counter, no last arriver."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)                      # [BN]
@@ -147,7 +149,12 @@ def _w4a16_small_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_p
     o_off = offs_m[:, None] * N + offs_n[None, :]
     o_mask = m_mask[:, None] & n_mask[None, :]
     splits = tl.num_programs(1)
-    if splits > 1 and BLOCK_M == 1:
+    if ACCUM:
+        tl.static_assert(BLOCK_M == 1, "ACCUM: batch 1 only")
+        if has_bias != 0:                                                 # once: split 0 adds the bias
+            res += tl.load(bias_ptr + offs_n, mask=n_mask & (pid_k == 0), other=0.0).to(tl.float32)[None, :]
+        tl.atomic_add(out_ptr + o_off, res, mask=o_mask, sem="relaxed")
+    elif splits > 1 and BLOCK_M == 1:
         tl.store(part_ptr + pid_k * N + o_off, res, mask=o_mask)
         if last_arrival(cnt_ptr + pid_n, splits):
             offs_s = tl.arange(0, BLOCK_S)                                # every split's row at once

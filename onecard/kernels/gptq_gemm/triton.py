@@ -220,10 +220,13 @@ def small_grid(m: int, n: int, k: int, device: torch.device,
 
 
 def small_m_gemm(x: torch.Tensor, w: GPTQWeight, bias: torch.Tensor | None = None,
-                 tuning: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
+                 tuning: tuple[int, int, int, int, int] | None = None,
+                 accumulate: torch.Tensor | None = None) -> torch.Tensor:
     """M <= SMALL_M_MAX (``small_grid``). M == 1: one launch (the last split finishes); M > 1: memset,
     atomics, reduce. CUDA-graph safe (the arrival counters are persistent, kernels/workspace.py).
-    ``tuning``: see small_grid."""
+    ``tuning``: see small_grid. ``accumulate`` (M == 1): an fp32 [1, N] row (unit stride) that an earlier
+    launch on this stream zeroed; the splits add into it with atomics (no counter, no last arriver) and it is
+    returned."""
     m, k = x.shape
     n = w.out_features
     dev = x.device
@@ -235,9 +238,13 @@ def small_m_gemm(x: torch.Tensor, w: GPTQWeight, bias: torch.Tensor | None = Non
     g = small_grid(m, n, k, dev, tuning, INT_DOT_GEMV if int_dot and m == 1 else None)
     bm, bn, bk8, warps, stages = g.block_m, g.block_n, g.block_k8, g.num_warps, g.num_stages
     grid_n, splits, tiles_per_split = g.grid_n, g.splits, g.tiles_per_split
-    out = torch.empty(m, n, dtype=x.dtype, device=dev)
+    accum = accumulate is not None
+    if accum:
+        assert m == 1 and accumulate.dtype == torch.float32 and accumulate.shape == (1, n), accumulate.shape
+        assert accumulate.stride(-1) == 1
+    out = accumulate if accum else torch.empty(m, n, dtype=x.dtype, device=dev)
     bias_arg = bias if bias is not None else out
-    if splits == 1:
+    if splits == 1 or accum:
         part = out.float()[:0]
     elif m == 1:
         part = torch.empty(splits, 1, n, dtype=torch.float32, device=dev)
@@ -248,7 +255,7 @@ def small_m_gemm(x: torch.Tensor, w: GPTQWeight, bias: torch.Tensor | None = Non
         x, w.qweight, w.qzeros, w.scales, gidx, bias_arg, out, part, workspace.counters(dev, "gemm", grid_n),
         m, n, k, w.group_size, w.num_groups, tiles_per_split, x.stride(0), int(bias is not None),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K8=bk8, PER_ROW=bool(per_row), BLOCK_S=GEMV_MAX_SPLITS, PDL=use_pdl,
-        INT_DOT=int_dot, num_warps=warps, num_stages=stages, launch_pdl=use_pdl)
+        INT_DOT=int_dot, ACCUM=accum, num_warps=warps, num_stages=stages, launch_pdl=use_pdl)
     if splits > 1 and m > 1:
         _splitk_reduce_kernel[(triton.cdiv(m * n, _REDUCE_BLOCK),)](
             part, bias_arg, out, m * n, n, 1, BLOCK=_REDUCE_BLOCK, HAS_BIAS=bias is not None, PDL=use_pdl,
@@ -314,7 +321,7 @@ def aot_configs() -> list[AotConfig]:
             if bm <= SMALL_M_MAX:
                 for per_row in ((False,) if name == INT_DOT_GEMV else (False, True)):
                     cx = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K8=bk8, PER_ROW=per_row, BLOCK_S=GEMV_MAX_SPLITS,
-                              PDL=False, INT_DOT=False)
+                              PDL=False, INT_DOT=False, ACCUM=False)
                     args = dict(x_ptr=f"*{act}", qw_ptr="*i32", qz_ptr="*i32", sc_ptr="*fp16", gidx_ptr="*i32",
                                 bias_ptr=f"*{act}", out_ptr=f"*{act}", part_ptr="*fp32", cnt_ptr="*i32",
                                 M="i32", N="i32",
@@ -324,6 +331,11 @@ def aot_configs() -> list[AotConfig]:
                     if name != INT_DOT_GEMV:
                         out.append(AotConfig(_w4a16_small_kernel, signature(args, cx), cx, warps, stages, min_cc,
                                              f"w4a16[{name},{act}]" if not per_row else f"w4a16[{name}{tag},{act}]"))
+                    if name == "gemv":                    # accumulating into fp32 (paths.batch1_accumulate)
+                        out.append(AotConfig(_w4a16_small_kernel,
+                                             signature(dict(args, out_ptr="*fp32"), dict(cx, ACCUM=True)),
+                                             dict(cx, ACCUM=True), warps, stages, min_cc,
+                                             f"w4a16[{name}{tag},accum,{act}]"))
                     if name != "gemv" and not per_row and act == "fp16":      # the exact-integer dot
                         out.append(AotConfig(_w4a16_small_kernel, signature(args, dict(cx, INT_DOT=True)),
                                              dict(cx, INT_DOT=True), warps, stages, max(min_cc, 80),

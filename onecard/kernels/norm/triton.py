@@ -30,13 +30,19 @@ def inv_rms(h, H, eps):
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, H, eps, stride_x, stride_r,
-                     BLOCK: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr):
+def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, H, eps, stride_x, stride_r, zero_ptr, zero_n,
+                     BLOCK: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr, ZERO: tl.constexpr = False):
+    """ZERO: program 0 also sets fp32 zero_ptr[0:zero_n] to 0 (after the wait: the memory may be an earlier
+    launch's), for GEMVs after it that accumulate there (paths.batch1_accumulate)."""
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < H
     w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)       # a weight: may load before the wait
     pdl_enter(PDL)
+    if ZERO:
+        if row == 0:
+            for z in range(0, zero_n, BLOCK):
+                tl.store(zero_ptr + z + offs, tl.zeros((BLOCK,), dtype=tl.float32), mask=z + offs < zero_n)
     x = residual_add(x_ptr, res_ptr, row, stride_x, stride_r, offs, mask, res_out_ptr.dtype.element_ty,
                      HAS_RES)
     if HAS_RES:
@@ -46,9 +52,11 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, H, eps, stride
     tl.store(out_ptr + row * H + offs, (h * rstd * w).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
-             residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
+             zero: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``zero``: a contiguous fp32 tensor the launch also sets to 0 (for accumulating GEMVs after it)."""
     t, h = x.shape
+    assert zero is None or (zero.dtype == torch.float32 and zero.is_contiguous() and t > 0)
     assert x.stride(1) == 1 and (residual is None or residual.stride(1) == 1)
     dt = x.dtype if residual is None else residual.dtype                 # x may be fp32 (ref.py)
     out = torch.empty(t, h, dtype=dt, device=x.device)
@@ -57,7 +65,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
         res = residual if residual is not None else x
         use_pdl = pdl(x.device, t)
         _rms_norm_kernel[(t,)](x, res, weight, out, res_out, h, eps, x.stride(0), res.stride(0),
-                               BLOCK=next_pow2(h), HAS_RES=residual is not None, PDL=use_pdl,
+                               zero if zero is not None else out, zero.numel() if zero is not None else 0,
+                               BLOCK=next_pow2(h), HAS_RES=residual is not None, PDL=use_pdl, ZERO=zero is not None,
                                num_warps=4 if h <= 4096 else 8, launch_pdl=use_pdl)
     return out, res_out
 
@@ -68,10 +77,13 @@ def aot_configs() -> list[AotConfig]:
     for act, min_cc in (("fp16", 70), ("bf16", 80)):
         for h in (2048,):
             # x in fp32 with a residual: the layer after a batch-1 MoE (fused_moe/batch1.py)
-            for has_res, x_t in ((False, act), (True, act), (True, "fp32")):
-                cx = dict(BLOCK=h, HAS_RES=has_res, PDL=False)          # the AOT test sets PDL per target
+            # ZERO: the batch-1 attention block's input norm (paths.batch1_accumulate; x fp32 after a MoE layer)
+            for has_res, x_t, zero in ((False, act, False), (True, act, False), (True, "fp32", False),
+                                       (False, act, True), (True, act, True), (True, "fp32", True)):
+                cx = dict(BLOCK=h, HAS_RES=has_res, PDL=False, ZERO=zero)  # the AOT test sets PDL per target
                 args = dict(x_ptr=f"*{x_t}", res_ptr=f"*{act}", w_ptr=f"*{act}", out_ptr=f"*{act}",
-                            res_out_ptr=f"*{act}", H="i32", eps="fp32", stride_x="i32", stride_r="i32")
+                            res_out_ptr=f"*{act}", H="i32", eps="fp32", stride_x="i32", stride_r="i32",
+                            zero_ptr="*fp32" if zero else f"*{act}", zero_n="i32")
                 out.append(AotConfig(_rms_norm_kernel, signature(args, cx), cx, 4, 1, min_cc,
-                                     f"rms_norm[{h},res={has_res},x={x_t},{act}]"))
+                                     f"rms_norm[{h},res={has_res},x={x_t}{',zero' if zero else ''},{act}]"))
     return out

@@ -55,17 +55,20 @@ def _qk_norm_rope_kernel(q_ptr, k_ptr, qw_ptr, kw_ptr, pos_ptr, cs_ptr, qo_ptr, 
                          HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr,
                          STORE_KV: tl.constexpr, PDL: tl.constexpr, KV_FMT: tl.constexpr):
     """STORE_KV: ko_ptr is the K cache and k goes to row slot_mapping[tok] of it (skipped when < 0), and v
-    [T, HKV, D] is copied to the same row of the V cache: the KV store needs no launch of its own."""
-    pdl_enter(PDL)
+    [T, HKV, D] is copied to the same row of the V cache: the KV store needs no launch of its own.
+    PDL: the step's inputs (position, slot) and the rotation's cos/sin are not the previous kernel's output, so
+    their dependent loads (position, then cos/sin) are issued before the wait; q, k, v after it."""
     tok = tl.program_id(0).to(tl.int64)
-    pos = tl.load(pos_ptr + tok).to(tl.int64)
+    pos = tl.load(pos_ptr + tok, cache_modifier=".cg").to(tl.int64)      # .cg: rewritten every step
     offs_d = tl.arange(0, HALF)
     cos = tl.load(cs_ptr + pos * 2 * HALF + offs_d)
     sin = tl.load(cs_ptr + pos * 2 * HALF + HALF + offs_d)
+    if STORE_KV:
+        slot = tl.load(slot_ptr + tok, cache_modifier=".cg").to(tl.int64)
+    pdl_enter(PDL)
     _norm_rope_heads(q_ptr, qo_ptr, qw_ptr, stride_qt, stride_qh, tok, tok, True, cos, sin, eps, HQ, 1.0,
                      BLOCK_HQ, HALF, 0)
     if STORE_KV:
-        slot = tl.load(slot_ptr + tok).to(tl.int64)
         _norm_rope_heads(k_ptr, ko_ptr, kw_ptr, stride_kt, stride_kh, tok, slot, slot >= 0, cos, sin, eps, HKV,
                          k_scale, BLOCK_HKV, HALF, KV_FMT)
         offs = tl.arange(0, BLOCK_HKV * 2 * HALF)
@@ -89,20 +92,22 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
 def qk_norm_rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: torch.Tensor,
                        k_weight: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor, eps: float,
                        k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
-                       k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
+                       k_scale: float = 1.0, v_scale: float = 1.0,
+                       out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``out_dtype``: q_out's (default q's; q, k, v may be fp32 sums: attn_in/triton.attention_block)."""
     assert k_cache.is_contiguous() and v_cache.is_contiguous() and v.stride(2) == 1
     assert v.stride(1) == v.shape[2], "v heads must be contiguous within a token"
     return _launch(q, k, q_weight, k_weight, positions, cos_sin_cache, eps, k_cache, v, v_cache, slot_mapping,
-                   k_scale, v_scale)
+                   k_scale, v_scale, out_dtype)
 
 
 def _launch(q, k, q_weight, k_weight, positions, cos_sin_cache, eps, k_out, v, v_cache, slot_mapping, k_scale,
-            v_scale):
+            v_scale, out_dtype=None):
     t, hq, d = q.shape
     hkv = k.shape[1]
     assert d == next_pow2(d) and q.stride(2) == 1 and k.stride(2) == 1 and cos_sin_cache.is_contiguous()
     assert cos_sin_cache.dtype == torch.float32
-    q_out = torch.empty(t, hq, d, dtype=q.dtype, device=q.device)
+    q_out = torch.empty(t, hq, d, dtype=out_dtype or q.dtype, device=q.device)
     store = v is not None
     fmt = fmt_code(k_out) if store else 0
     if t > 0:
@@ -123,14 +128,16 @@ def aot_configs() -> list[AotConfig]:
     into each KV format (attention.triton.KV_FORMATS: native, fp8_e5m2 on every target, fp8_e4m3 sm89+)."""
     out = []
     for act, act_cc in (("fp16", 70), ("bf16", 80)):
-        for store in (False, True):
+        # q, k, v as fp32 sums: the batch-1 attention block's (paths.batch1_accumulate), storing into the cache
+        for store, src in ((False, act), (True, act), (True, "fp32")):
             for kv_tag, kv_fmt, kv_cc in (KV_FORMATS if store else KV_FORMATS[:1]):
                 cache = f"*{act}" if kv_fmt == 0 else "*u8"
                 cx = dict(HALF=64, BLOCK_HQ=32, BLOCK_HKV=4, STORE_KV=store, PDL=False, KV_FMT=kv_fmt)
-                args = dict(q_ptr=f"*{act}", k_ptr=f"*{act}", qw_ptr=f"*{act}", kw_ptr=f"*{act}", pos_ptr="*i64",
-                            cs_ptr="*fp32", qo_ptr=f"*{act}", ko_ptr=cache, v_ptr=f"*{act}", vc_ptr=cache,
+                args = dict(q_ptr=f"*{src}", k_ptr=f"*{src}", qw_ptr=f"*{act}", kw_ptr=f"*{act}", pos_ptr="*i64",
+                            cs_ptr="*fp32", qo_ptr=f"*{act}", ko_ptr=cache, v_ptr=f"*{src}", vc_ptr=cache,
                             slot_ptr="*i64", stride_vt="i32", stride_qt="i32", stride_qh="i32", stride_kt="i32",
                             stride_kh="i32", HQ="i32", HKV="i32", eps="fp32", k_scale="fp32", v_scale="fp32")
+                tag = ",src=fp32" if src == "fp32" else ""
                 out.append(AotConfig(_qk_norm_rope_kernel, signature(args, cx), cx, 4, 1, max(act_cc, kv_cc),
-                                     f"qk_norm_rope[store={store},{act}{kv_tag}]"))
+                                     f"qk_norm_rope[store={store}{tag},{act}{kv_tag}]"))
     return out

@@ -39,10 +39,9 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, H, eps, stride
     mask = offs < H
     w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)       # a weight: may load before the wait
     pdl_enter(PDL)
-    if ZERO:
-        if row == 0:
-            for z in range(0, zero_n, BLOCK):
-                tl.store(zero_ptr + z + offs, tl.zeros((BLOCK,), dtype=tl.float32), mask=z + offs < zero_n)
+    if ZERO:                                                              # program 0 stores the zeros
+        for z in range(0, zero_n, BLOCK):
+            tl.store(zero_ptr + z + offs, tl.zeros((BLOCK,), dtype=tl.float32), mask=(z + offs < zero_n) & (row == 0))
     x = residual_add(x_ptr, res_ptr, row, stride_x, stride_r, offs, mask, res_out_ptr.dtype.element_ty,
                      HAS_RES)
     if HAS_RES:

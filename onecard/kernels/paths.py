@@ -232,6 +232,23 @@ def batch1_accumulate(tokens: int) -> bool:
     return tokens == 1 and _Switches.on.get("batch1_accumulate", BATCH1_ACCUMULATE)
 
 
+# The batch-1 router's top-k (fused_moe/batch1.py's last-arriving program, on the decode step's critical path) by
+# rank (fused_moe/decode.topk_rank_of: a [E, E] compare and two selects) instead of TOP_K rounds of max, each a
+# cross-warp reduction: the same keys, so the same experts, order and ties. ``set_batch1_rank_topk`` turns it on
+# in a process.
+BATCH1_RANK_TOPK = False
+
+
+def set_batch1_rank_topk(on: bool | None) -> None:
+    """The batch-1 router's rank top-k on or off in this process; None: BATCH1_RANK_TOPK."""
+    _set_switch("batch1_rank_topk", on)
+
+
+def batch1_rank_topk() -> bool:
+    """Does the batch-1 router find its top-k by rank (fused_moe/decode.topk_rank_of)?"""
+    return _Switches.on.get("batch1_rank_topk", BATCH1_RANK_TOPK)
+
+
 # Decode MoE at T > 1: silu(gate) * up as a launch of its own between the two stages, stage 2 then loading it as
 # stage 1 loads x. Without it every stage-2 program recomputes silu for its K tile (exp and a division per value,
 # each value once per column tile of the down projection: 16 times at the served shape). Identical values either

@@ -121,6 +121,8 @@ CASES = ([f"gemm{i}-{dt}" for i in range(len(GEMM)) for dt in (F32, F16)] + ["de
          + [f"attnblock{i}-{dt}" for i in range(len(ATTN_BLOCK)) for dt in (F32, F16)]
          + [f"rms_norm-zero-{dt}" for dt in (F32, F16)]
          + [f"coderb1acc-{F16}"]
+         + [f"topkrank{i}" for i in range(5)]                              # topk_cases.TOPK
+         + [f"norm_moerank{i}-gptq-{dt}" for i in range(len(NORM_MOE)) if NORM_MOE[i][0] == 1 for dt in (F32, F16)]
          + [f"router{i}-{dt}" for i in range(len(ROUTER)) for dt in (F32, F16)]
          + [f"norm_moe{i}-{w}-{dt}" for i in range(len(NORM_MOE)) for w in ("float", "gptq") for dt in (F32, F16)]
          + [f"attn{i}-{dt}" for i in range(len(ATTN)) for dt in (F32, F16)]
@@ -485,6 +487,16 @@ def run_case(name: str, seed: int) -> float:
         gemm = base.startswith("gemm")
         tokens = GEMM[int(base[4:])][0] if gemm else MOE_G128[int(base[7:])][0]
         return _int_dot_case(f"{base}-{rest}", tokens, on, seed)
+    if kind.startswith("topkrank"):                                      # 0: bit-identical to topk_of
+        from topk_cases import topk_rank_case
+        return topk_rank_case(int(kind[8:]), seed)
+    if kind.startswith("norm_moerank"):                                  # the batch-1 router's top-k by rank
+        from onecard.kernels import paths
+        paths.set_batch1_rank_topk(True)
+        try:
+            return run_case(f"norm_moe{kind[12:]}-{rest}", seed)
+        finally:
+            paths.set_batch1_rank_topk(None)
     if kind == "coderb1acc":
         return _coder_b1acc_case(seed)
     if kind.startswith("gemmacc"):

@@ -120,6 +120,14 @@ def test_every_dispatcher_config_is_listed():
     assert {f"w4a16[{gemm.INT_DOT_GEMV},int_dot,fp16]", "w4a16[skinny,int_dot,fp16]",
             "moe_decode[decode1,stage=1,int_dot,fp16]", "moe_decode[decode16,stage=1,int_dot,fp16]",
             "moe_decode[decode16,stage=2,int_dot,fp16]"} <= names
+    # the batch-1 attention block's accumulating GEMVs and the launches around them (paths.batch1_accumulate), the
+    # batch-1 router's rank top-k (paths.batch1_rank_topk)
+    from onecard.kernels.norm import triton as norm
+    from onecard.kernels.rope import triton as rope
+    assert {"w4a16[gemv,accum,fp16]", "w4a16[gemv,per_row,accum,fp16]", "norm_route[renorm=True,x=fp32,fp16]",
+            "norm_route[renorm=True,x=fp32,rank,fp16]", "norm_route[renorm=True,rank,fp16]"} <= names
+    assert "rms_norm[2048,res=True,x=fp32,zero,fp16]" in {c.name for c in norm.aot_configs()}
+    assert "qk_norm_rope[store=True,src=fp32,fp16]" in {c.name for c in rope.aot_configs()}
     # the fast silu's (paths.decode_fast_silu: int4 weights, one group per tile): stage 2 of every decode config
     assert all(f"moe_decode[{n},stage=2,float=False,per_row=False,fast_silu,fp16]" in names for n in moe.DECODE_CONFIGS)
     assert all(f"moe[{n},gated={g},float={f},fp16]" in names for n in moe._CONFIGS

@@ -19,12 +19,14 @@ stages.py: stage 1 reads the routing after its wait, stage 2 (two launches later
 """
 from __future__ import annotations
 
+import itertools
+
 import torch
 import triton
 import triton.language as tl
 
-from onecard.kernels import workspace
-from onecard.kernels.fused_moe.decode import topk_of
+from onecard.kernels import paths, workspace
+from onecard.kernels.fused_moe.decode import topk_of, topk_rank_of
 from onecard.kernels.fused_moe.stages import moe_inter_size, moe_stages
 from onecard.kernels.norm.triton import inv_rms, residual_add
 from onecard.kernels.triton_common import AotConfig, last_arrival, next_pow2, pdl, pdl_enter, signature
@@ -57,7 +59,8 @@ def _zero_share(ptr, n, part, parts, BLOCK: tl.constexpr):
 def _norm_route_kernel(x_ptr, res_ptr, nw_ptr, gate_ptr, h_ptr, res_out_ptr, logits_ptr, topk_w_ptr, ids_ptr,
                        active_ptr, gu_ptr, out32_ptr, cnt_ptr, H, E, GU_N, eps,
                        TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_E: tl.constexpr,
-                       RENORM: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr):
+                       RENORM: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr, RANK: tl.constexpr = False):
+    """RANK (paths.batch1_rank_topk): the last arriver's top-k by rank (decode.topk_rank_of), same result."""
     e = tl.program_id(0)
     offs = tl.arange(0, BLOCK_H)
     m = offs < H
@@ -80,7 +83,10 @@ def _norm_route_kernel(x_ptr, res_ptr, nw_ptr, gate_ptr, h_ptr, res_out_ptr, log
     if last_arrival(cnt_ptr, E):
         offs_e = tl.arange(0, BLOCK_E)
         lg = tl.load(logits_ptr + offs_e, mask=offs_e < E, other=-float("inf"), cache_modifier=".cg")
-        vals, ids, offs_k = topk_of(lg.to(tl.float32), offs_e, E, TOP_K, BLOCK_K, BLOCK_E, RENORM)
+        if RANK:
+            vals, ids, offs_k = topk_rank_of(lg.to(tl.float32), offs_e, E, TOP_K, BLOCK_K, BLOCK_E, RENORM)
+        else:
+            vals, ids, offs_k = topk_of(lg.to(tl.float32), offs_e, E, TOP_K, BLOCK_K, BLOCK_E, RENORM)
         k_mask = offs_k < TOP_K
         tl.store(topk_w_ptr + offs_k, vals, mask=k_mask)
         tl.store(ids_ptr + offs_k, ids, mask=k_mask)
@@ -110,7 +116,8 @@ def norm_moe(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.
                              topk_w, ids, active, gu, out32, workspace.counters(dev, "router", 1), h, e,
                              gu.numel(), eps, TOP_K=top_k, BLOCK_K=next_pow2(top_k), BLOCK_H=next_pow2(h),
                              BLOCK_E=next_pow2(e), RENORM=renormalize, HAS_RES=residual is not None,
-                             PDL=use_pdl, num_warps=NORM_ROUTE_WARPS, launch_pdl=use_pdl)
+                             PDL=use_pdl, RANK=paths.batch1_rank_topk(), num_warps=NORM_ROUTE_WARPS,
+                             launch_pdl=use_pdl)
     moe_stages(hn, gu, out32, w_gate, w_up, w_down, ids, topk_w, active, top_k, use_pdl)
     return out32, res_out
 
@@ -118,14 +125,16 @@ def norm_moe(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.
 def aot_configs(act: str, min_cc: int) -> list[AotConfig]:
     """The served shape (H 2048, E 128, k 8) with the residual (the model always has one here)."""
     out: list[AotConfig] = []
-    for renorm, x_t in ((True, act), (False, act), (True, "fp32"), (False, "fp32")):   # fp32: attention_block's
-        cx = dict(TOP_K=8, BLOCK_K=8, BLOCK_H=2048, BLOCK_E=128, RENORM=renorm, HAS_RES=True, PDL=False)
+    # x fp32: after attention_block's accumulating GEMVs; RANK: paths.batch1_rank_topk
+    for renorm, x_t, rank in itertools.product((True, False), (act, "fp32"), (False, True)):
+        cx = dict(TOP_K=8, BLOCK_K=8, BLOCK_H=2048, BLOCK_E=128, RENORM=renorm, HAS_RES=True, PDL=False, RANK=rank)
         args = dict(x_ptr=f"*{x_t}", res_ptr=f"*{act}", nw_ptr=f"*{act}", gate_ptr=f"*{act}", h_ptr=f"*{act}",
                     res_out_ptr=f"*{act}", logits_ptr=f"*{act}", topk_w_ptr="*fp32", ids_ptr="*i32",
                     active_ptr="*i32", gu_ptr="*fp32", out32_ptr="*fp32", cnt_ptr="*i32", H="i32", E="i32",
                     GU_N="i32", eps="fp32")
         out.append(AotConfig(_norm_route_kernel, signature(args, cx), cx, NORM_ROUTE_WARPS, 1, min_cc,
-                             f"norm_route[renorm={renorm}{',x=fp32' if x_t == 'fp32' else ''},{act}]"))
+                             f"norm_route[renorm={renorm}{',x=fp32' if x_t == 'fp32' else ''}"
+                             f"{',rank' if rank else ''},{act}]"))
     return out
 
 

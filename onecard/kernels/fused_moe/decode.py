@@ -127,6 +127,27 @@ def topk_of(x, offs, E, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.
 
 
 @triton.jit
+def topk_rank_of(x, offs, E, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr,
+                 RENORM: tl.constexpr):
+    """topk_of's result (the same int64 keys, so the same experts, order and ties), found by rank instead of
+    TOP_K rounds of max: each key's rank is the number of keys above it (one [BE, BE] compare and row sum), and
+    slot k takes the key of rank k (one [BK, BE] select and sum). A handful of cross-warp reductions instead of
+    TOP_K + 2 chained ones: the batch-1 router's last arriver runs this on the decode step's critical path."""
+    p = tl.exp(x - tl.max(x, axis=0))
+    p = p / tl.sum(p, axis=0)                                             # [BE] fp32 softmax
+    bits = p.to(tl.int32, bitcast=True).to(tl.int64)
+    key = tl.where(offs < E, (bits << 32) | (BLOCK_E - 1 - offs).to(tl.int64), -1)   # [BE], distinct
+    rank = tl.sum((key[None, :] > key[:, None]).to(tl.int32), axis=1)    # [BE]: 0 = the largest
+    offs_k = tl.arange(0, BLOCK_K)
+    sel = (rank[None, :] == offs_k[:, None]) & (offs_k < TOP_K)[:, None]   # [BK, BE]: one True per row < TOP_K
+    vals = tl.sum(tl.where(sel, p[None, :], 0.0), axis=1)                 # [BK] (lanes >= TOP_K: 0, as topk_of)
+    ids = tl.sum(tl.where(sel, offs[None, :], 0), axis=1).to(tl.int32)
+    if RENORM:
+        vals = vals / tl.sum(vals, axis=0)
+    return vals, ids, offs_k
+
+
+@triton.jit
 def _route_claim_kernel(logits_ptr, w_ptr, ids_ptr, count_ptr, active_ptr, num_active_ptr, gu_ptr, out32_ptr,
                         E, stride_t, GU_ROW, H,
                         TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr,
@@ -236,5 +257,6 @@ __all__ = [
     "router_logits",
     "softmax_topk",
     "topk_of",
+    "topk_rank_of",
     "weight_args",
 ]

@@ -232,6 +232,24 @@ def batch1_accumulate(tokens: int) -> bool:
     return tokens == 1 and _Switches.on.get("batch1_accumulate", BATCH1_ACCUMULATE)
 
 
+# The batch-1 attention block's q/k RMSNorm + RoPE and K/V store inside the paged-attention launch
+# (attention/triton.py QKN: every program normalises and rotates its query rows, the program holding the new key
+# stores k and v and uses them in place of that cache row) instead of a launch of its own (qk_norm_rope_store):
+# one launch fewer per layer. With BATCH1_ACCUMULATE's path only, decode steps, model-dtype caches.
+# ``set_batch1_attn_qk`` turns it on in a process.
+BATCH1_ATTN_QK = False
+
+
+def set_batch1_attn_qk(on: bool | None) -> None:
+    """The batch-1 attention kernel's own q/k norm + RoPE + KV store on or off in this process; None: BATCH1_ATTN_QK."""
+    _set_switch("batch1_attn_qk", on)
+
+
+def batch1_attn_qk() -> bool:
+    """Does the batch-1 attention block's paged attention normalise, rotate and store q/k itself?"""
+    return _Switches.on.get("batch1_attn_qk", BATCH1_ATTN_QK)
+
+
 # The batch-1 router's top-k (fused_moe/batch1.py's last-arriving program, on the decode step's critical path) by
 # rank (fused_moe/decode.topk_rank_of: a [E, E] compare and two selects) instead of TOP_K rounds of max, each a
 # cross-warp reduction: the same keys, so the same experts, order and ties. ``set_batch1_rank_topk`` turns it on

@@ -70,6 +70,11 @@ ATTN_IN = [(256, 4, 2, 64, "x32res", 5, 1), (1152, 2, 1, 128, "nores", -1, 1), (
 # (paths.set_batch1_accumulate; attn_in/triton.attention_block) against ref.attention_block: x fp32 with a
 # residual (as after a batch-1 MoE) over a 40-token context (3 cache blocks); no residual, biases on both projections, 5 tokens
 GEMM_ACC = (0, 1, 7, 10)      # GEMM cases at M = 1 again accumulating into a row of random values (ACCUM)
+# attnblockqk{i}: ATTN_BLOCK case i with the attention launch normalising, rotating and storing q/k itself
+# (paths.set_batch1_attn_qk), unsplit and (ATTN_QK_SPLITS) with forced split-KV knobs: 16-key tiles cut the 40-key
+# context into 3 one-tile segments (the last one holds the new key and stores it), also with the kernel's K/V
+# prefetch (the new key patched into a tile loaded one iteration early)
+ATTN_QK_SPLITS = [None, {"segments": 3, "block_n": 16}, {"segments": 2, "block_n": 16, "prefetch": 2}]
 ATTN_BLOCK = [(256, 4, 2, 64, "x32res", 40, False), (384, 2, 2, 64, "nores", 5, True)]
 # (seq_lens, query_lens, Hq, Hkv, block_size, num_decode_tokens): prefill, chunk over prefix, split-KV decode
 ATTN = [([5, 9, 1], [5, 9, 1], 8, 2, 4, 0), ([7, 70, 33], [1, 4, 1], 6, 2, 16, 1),
@@ -119,6 +124,8 @@ CASES = ([f"gemm{i}-{dt}" for i in range(len(GEMM)) for dt in (F32, F16)] + ["de
          + [f"attn_inint{i}-{F16}" for i in range(len(ATTN_IN)) if ATTN_IN[i][6] == 1]
          + [f"gemmacc{i}-{dt}" for i in GEMM_ACC for dt in (F32, F16)]
          + [f"attnblock{i}-{dt}" for i in range(len(ATTN_BLOCK)) for dt in (F32, F16)]
+         + [f"attnblockqk{i}s{j}-{dt}" for i in range(len(ATTN_BLOCK)) for j in range(len(ATTN_QK_SPLITS))
+            for dt in (F32, F16)]
          + [f"rms_norm-zero-{dt}" for dt in (F32, F16)]
          + [f"coderb1acc-{F16}"]
          + [f"topkrank{i}" for i in range(5)]                              # topk_cases.TOPK
@@ -313,9 +320,10 @@ def _gemm_acc_case(i: int, dt, seed: int) -> float:
     return _rel(acc - r, want)
 
 
-def _attn_block_case(i: int, dt, seed: int) -> float:
+def _attn_block_case(i: int, dt, seed: int, attn_qk: bool = False, split: int = 0) -> float:
     """ATTN_BLOCK case i through dispatch with the accumulating batch-1 path vs the reference composition:
-    max relative error of out, residual_out and both caches."""
+    max relative error of out, residual_out and both caches. attn_qk: with the attention launch normalising,
+    rotating and storing q/k itself (paths.set_batch1_attn_qk)."""
     import torch
     from kernels_testlib import make_paged_batch, random_gptq
 
@@ -338,12 +346,17 @@ def _attn_block_case(i: int, dt, seed: int) -> float:
     args = (nw, 1e-6, wq, bq, qw, kw, pos, _rope_cache(d))
     tail = (md, d ** -0.5, wo, bo)
     paths.set_batch1_accumulate(True)
+    paths.set_batch1_attn_qk(attn_qk)
+    knobs = ATTN_QK_SPLITS[split] if attn_qk else None
+    paths.set_decode_attention_override(**(knobs or {}))
     try:
         with dispatch.use_backend("triton"):
             assert tk.accumulate_supported(x, res, wq, wo, kc), "the accumulating path must take this case"
             oa, ra = dispatch.attention_block(x, res, *args, *ca, *tail)
     finally:
         paths.set_batch1_accumulate(None)
+        paths.set_batch1_attn_qk(None)
+        paths.set_decode_attention_override()
     assert oa.dtype == torch.float32, oa.dtype
     ob, rb = ref.attention_block(x, res, *args, *cb, *tail)
     return max(_rel(oa, ob), _rel(ra, rb), _rel(torch.cat(ca), torch.cat(cb)))
@@ -351,8 +364,9 @@ def _attn_block_case(i: int, dt, seed: int) -> float:
 
 def _coder_b1acc_case(seed: int) -> float:
     """The bundled tiny coder (g128 GPTQ MoE, fp16) decoding 3 tokens one at a time after a 6-token prefill, its
-    attention blocks on the accumulating batch-1 path (fp32 sums into the next norm_moe / rms_norm) against the
-    reference backend on the same cache: relative error of the final hidden rows and of the caches."""
+    attention blocks on the accumulating batch-1 path (fp32 sums into the next norm_moe / rms_norm) with the
+    attention launch's own q/k norm + RoPE + KV store and the router's rank top-k, against the reference backend
+    on the same cache: relative error of the final hidden rows and of the caches."""
     import copy
 
     import torch
@@ -378,12 +392,15 @@ def _coder_b1acc_case(seed: int) -> float:
     for tok in ids[6:]:
         with dispatch.use_backend("ref"):
             (hr,) = ref_cache.step(model, [(seq, [tok])])
-        paths.set_batch1_accumulate(True)
+        switches = (paths.set_batch1_accumulate, paths.set_batch1_attn_qk, paths.set_batch1_rank_topk)
+        for on in switches:
+            on(True)
         try:
             with dispatch.use_backend("triton"):
                 (ht,) = tri_cache.step(model, [(seq, [tok])])
         finally:
-            paths.set_batch1_accumulate(None)
+            for on in switches:
+                on(None)
         err = max(err, _rel(ht, hr))
     caches = [torch.cat([torch.cat(kv) for kv in c.kv_caches]) for c in (tri_cache, ref_cache)]
     return max(err, _rel(*caches))
@@ -501,6 +518,9 @@ def run_case(name: str, seed: int) -> float:
         return _coder_b1acc_case(seed)
     if kind.startswith("gemmacc"):
         return _gemm_acc_case(int(kind[7:]), dt, seed)
+    if kind.startswith("attnblockqk"):
+        i, _, j = kind[11:].partition("s")
+        return _attn_block_case(int(i), dt, seed, attn_qk=True, split=int(j))
     if kind.startswith("attnblock"):
         return _attn_block_case(int(kind[9:]), dt, seed)
     if kind.startswith("gemm"):

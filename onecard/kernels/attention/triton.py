@@ -19,6 +19,8 @@ into the output (or the split-KV partials), so the inner loop gains one conversi
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -80,9 +82,16 @@ def _segment_tiles(n_tiles, num_segments, min_seg_tiles):
 def _paged_attn_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, qsl_ptr, seqlen_ptr, bt_ptr,
                        scale_log2, stride_qt, stride_qh, stride_ot, stride_oh, stride_bt, block_size,
                        num_segments, min_seg_tiles, v_scale,
+                       k_ptr, v_ptr, qw_ptr, kw_ptr, pos_ptr, cs_ptr, slot_ptr, stride_kt, eps,
                        HQ: tl.constexpr, HKV: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
                        D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
-                       KV_FMT: tl.constexpr, PREFETCH: tl.constexpr = 0):
+                       KV_FMT: tl.constexpr, PREFETCH: tl.constexpr = 0, QKN: tl.constexpr = False):
+    """QKN (decode-only launches, the model-dtype cache; paths.batch1_attn_qk): q_ptr, k_ptr, v_ptr are the
+    projection's raw q | k | v rows (any float type; k and v rows strided by stride_kt, heads contiguous) and the
+    kernel does qk_norm_rope_store's work itself: each program normalises and rotates its query rows (per-head
+    RMSNorm with qw, neox RoPE at positions[token]) and the new token's k (with kw); the program whose segment
+    holds the sequence's last key stores k and v into the cache at slot_mapping[token] (skipped when < 0), and
+    every program uses them in place of that key's cache row (the value it would have read)."""
     seq = tl.program_id(0)
     qblk = tl.program_id(1)
     kvh = tl.program_id(2) // num_segments
@@ -93,6 +102,19 @@ def _paged_attn_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, qsl_ptr
     q_start = tl.load(qsl_ptr + seq, cache_modifier=".cg")                # .cg: buffers rewritten every step
     q_len = tl.load(qsl_ptr + seq + 1, cache_modifier=".cg") - q_start
     seq_len = tl.load(seqlen_ptr + seq, cache_modifier=".cg")
+    offs_d = tl.arange(0, D)
+    if QKN:                                                               # the rotation of the step's position
+        HALF: tl.constexpr = D // 2
+        pos = tl.load(pos_ptr + q_start, cache_modifier=".cg").to(tl.int64)   # decode: one token a sequence
+        slot_new = tl.load(slot_ptr + q_start, cache_modifier=".cg").to(tl.int64)
+        swap = (offs_d + HALF) % D                                        # the other half's lane
+        cosf = tl.load(cs_ptr + pos * D + offs_d % HALF)                  # [D] cos of lane d % HALF
+        sinv = tl.load(cs_ptr + pos * D + HALF + offs_d % HALF)
+        sinf = tl.where(offs_d < HALF, -sinv, sinv)                       # x1 c - x2 s | x2 c + x1 s
+        qw = tl.load(qw_ptr + offs_d).to(tl.float32)
+        qw_sw = tl.load(qw_ptr + swap).to(tl.float32)
+        kw = tl.load(kw_ptr + offs_d).to(tl.float32)
+        kw_sw = tl.load(kw_ptr + swap).to(tl.float32)
     pdl_enter(PDL)
     if qblk * BLOCK_Q >= q_len:
         return
@@ -110,10 +132,26 @@ def _paged_attn_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, qsl_ptr
     q_idx = qblk * BLOCK_Q + rows // GROUP_PAD                            # [BM] token within the sequence
     head = kvh * GROUP + rows % GROUP_PAD                                 # [BM] query head
     row_ok = (q_idx < q_len) & (rows % GROUP_PAD < GROUP)
-    offs_d = tl.arange(0, D)
     tok = (q_start + q_idx).to(tl.int64)
-    q = tl.load(q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
-                mask=row_ok[:, None], other=0.0)                          # [BM, D]
+    if QKN:
+        # rope.triton.rms_rope's arithmetic, on whole rows: lane d pairs with lane (d + D/2) % D
+        q_row = q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh
+        qx = tl.load(q_row + offs_d[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)   # [BM, D]
+        qs = tl.load(q_row + swap[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
+        rstd = 1.0 / tl.sqrt(tl.sum(qx * qx, axis=1) / D + eps)
+        qn = qx * rstd[:, None] * qw[None, :]
+        qn_sw = qs * rstd[:, None] * qw_sw[None, :]
+        q = (qn * cosf[None, :] + qn_sw * sinf[None, :]).to(out_ptr.dtype.element_ty)   # as q_out is stored
+        k_row = k_ptr + q_start.to(tl.int64) * stride_kt + kvh * D
+        kx = tl.load(k_row + offs_d).to(tl.float32)                      # [D] the new token's k, this KV head
+        ks = tl.load(k_row + swap).to(tl.float32)
+        krstd = 1.0 / tl.sqrt(tl.sum(kx * kx, axis=0) / D + eps)
+        k_new = ((kx * krstd * kw) * cosf + (ks * krstd * kw_sw) * sinf).to(kc_ptr.dtype.element_ty)
+        v_new = tl.load(v_ptr + q_start.to(tl.int64) * stride_kt + kvh * D + offs_d).to(vc_ptr.dtype.element_ty)
+        new_key = seq_len - 1                                             # its position in the sequence
+    else:
+        q = tl.load(q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
+                    mask=row_ok[:, None], other=0.0)                      # [BM, D]
     q_pos = ctx_len + q_idx                                               # [BM]
     m_i = tl.zeros((BLOCK_M,), dtype=tl.float32) - 1e30
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
@@ -149,6 +187,10 @@ def _paged_attn_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, qsl_ptr
             kv_off = (slot[:, None] * HKV + kvh) * D + offs_d[None, :]    # [BN, D]
             k = tl.load(kc_ptr + kv_off, mask=k_ok[:, None], other=0)
             v = tl.load(vc_ptr + kv_off, mask=k_ok[:, None], other=0)
+        if QKN:                                                           # the new key: this step's k, v
+            is_new = (k_pos == new_key)[:, None]
+            k = tl.where(is_new, k_new[None, :], k)
+            v = tl.where(is_new, v_new[None, :], v)
         if KV_FMT != 0:                                                   # fp8 bytes -> q's dtype (exact)
             k = kv_decode(k, KV_FMT).to(q.dtype)
             v = kv_decode(v, KV_FMT).to(q.dtype)
@@ -161,6 +203,13 @@ def _paged_attn_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, qsl_ptr
         l_i = l_i * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + dot(p.to(v.dtype), v.to(q.dtype)).to(tl.float32)
         m_i = m_new
+    if QKN:
+        # the segment holding the new key stores it (after its tiles: they took k_new, v_new from registers, never
+        # from this row, which no other program of this launch reads)
+        owns = (t0 * BLOCK_N <= new_key) & (new_key < t1 * BLOCK_N) & (slot_new >= 0)
+        kv_row = (slot_new * HKV + kvh) * D + offs_d
+        tl.store(kc_ptr + kv_row, k_new, mask=(offs_d < D) & owns)
+        tl.store(vc_ptr + kv_row, v_new, mask=(offs_d < D) & owns)
     if KV_FMT != 0:
         acc = acc * v_scale                                               # before the split-KV merge: linear
     if num_segments == 1:
@@ -296,15 +345,40 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
                            KV_FMT=fmt_code(k_cache))
 
 
+class RawQK(NamedTuple):
+    """A decode launch's unnormalised q | k | v (``paged_attention(..., raw=)``: the kernel's QKN mode does
+    rope.triton.qk_norm_rope_store's work itself). k, v [T, Hkv, D]: rows of one stride (views of the projection's
+    output), heads contiguous; the rest as qk_norm_rope_store takes them."""
+    k: torch.Tensor
+    v: torch.Tensor
+    q_weight: torch.Tensor
+    k_weight: torch.Tensor
+    positions: torch.Tensor
+    cos_sin_cache: torch.Tensor
+    slot_mapping: torch.Tensor
+    eps: float
+
+
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, md: AttentionMetadata,
-                    scale: float, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
+                    scale: float, k_scale: float = 1.0, v_scale: float = 1.0,
+                    raw: RawQK | None = None) -> torch.Tensor:
+    """``raw``: q is the projection's raw q (any float type) and the kernel normalises and rotates it and the new
+    k and stores k, v (RawQK; decode-only launches into a model-dtype cache); out is then in the cache's dtype."""
     t, hq, d = q.shape
     hkv = k_cache.shape[2]
     group = hq // hkv
     assert d == next_pow2(d) and q.stride(2) == 1 and k_cache.is_contiguous() and v_cache.is_contiguous()
     b = md.num_seqs
+    fmt = fmt_code(k_cache)
+    if raw is not None:
+        assert md.num_decode_tokens == t == b and fmt == 0, "raw q/k: decode-only launches, model-dtype caches"
+        assert raw.k.stride(2) == 1 and raw.k.stride(1) == d and raw.v.stride(1) == d and raw.v.stride(2) == 1
+        assert raw.v.stride(0) == raw.k.stride(0) and raw.cos_sin_cache.dtype == torch.float32
+        assert raw.cos_sin_cache.is_contiguous() and raw.cos_sin_cache.shape[1] == d
     # padding rows (past query_start_loc[-1]) must come back zero, as in ref; a decode-only batch has none
-    out = torch.empty_like(q) if md.num_decode_tokens == t == b else torch.zeros_like(q)
+    out_dt = k_cache.dtype if raw is not None else q.dtype
+    out = (torch.empty(q.shape, dtype=out_dt, device=q.device) if md.num_decode_tokens == t == b
+           else torch.zeros(q.shape, dtype=out_dt, device=q.device))
     if b == 0 or t == 0:
         return out
     gp = next_pow2(group)
@@ -319,15 +393,19 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     grid = (b, triton.cdiv(md.max_query_len, bq), hkv * segs)
     block_n = plan.block_n
     use_pdl = pdl(q.device, t)
-    fmt = fmt_code(k_cache)
     if fmt == 0:
         k_scale = v_scale = 1.0                                           # scales belong to fp8 caches only
+    # QKN's operands, or stand-ins of the same types (unused)
+    qk = ((raw.k, raw.v, raw.q_weight, raw.k_weight, raw.positions, raw.cos_sin_cache, raw.slot_mapping,
+           raw.k.stride(0), float(raw.eps)) if raw is not None
+          else (q, q, q, q, md.slot_mapping, part, md.slot_mapping, 0, 0.0))
     _paged_attn_kernel[grid](
         q, kernel_view(k_cache), kernel_view(v_cache), out, part, ml, md.query_start_loc, md.seq_lens,
         md.block_table, scale * float(k_scale) * 1.4426950408889634, q.stride(0), q.stride(1), out.stride(0),
-        out.stride(1), md.block_table.stride(0), k_cache.shape[1], segs, min_tiles, float(v_scale),
+        out.stride(1), md.block_table.stride(0), k_cache.shape[1], segs, min_tiles, float(v_scale), *qk,
         HQ=hq, HKV=hkv, GROUP=group, GROUP_PAD=gp, D=d, BLOCK_Q=bq, BLOCK_N=block_n, PDL=use_pdl, KV_FMT=fmt,
-        PREFETCH=plan.prefetch, num_warps=plan.num_warps, num_stages=plan.num_stages, launch_pdl=use_pdl)
+        PREFETCH=plan.prefetch, QKN=raw is not None, num_warps=plan.num_warps, num_stages=plan.num_stages,
+        launch_pdl=use_pdl)
     if plan.row_reduce:                                                   # small-q: rows found per sequence
         _segment_reduce_rows_kernel[(b, md.max_query_len, hq)](
             part, ml, out, md.query_start_loc, md.seq_lens, out.stride(0), out.stride(1), segs, block_n, min_tiles,
@@ -364,20 +442,29 @@ def aot_configs() -> list[AotConfig]:
             decode_bq = block_q(gp, 1)
             variants = [(bq, tcc, 0) for bq in sorted({decode_bq, block_q(gp, 1 << 20)}) for tcc in (80, 70)]
             variants += [(decode_bq, tcc, pf) for pf in (1, 2) for tcc in (80, 70)]   # the prefetch levels (A/B)
+            # QKN (raw q | k | v in fp32: the batch-1 attention block's accumulated sums): the decode tiles, the
+            # model-dtype cache
+            variants += [(decode_bq, tcc, "qkn") for tcc in (80, 70)] if kv_fmt == 0 else []
             for bq, tiles_cc, prefetch in variants:                      # the tiles of sm80+ and of below
                 tag = ",pre-sm80" if tiles_cc < 80 else ""
+                qkn = prefetch == "qkn"
+                prefetch = 0 if qkn else prefetch
                 if (tag or prefetch) and (act != "fp16" or kv_cc > 70) or (prefetch and tag and kv_fmt):
                     continue
                 block_n, warps = attn_tiles(tiles_cc, bq * gp)
                 cx = {"HQ": hq, "HKV": hkv, "GROUP": group, "GROUP_PAD": gp, "D": d, "BLOCK_Q": bq,
-                      "BLOCK_N": block_n, "PDL": False, "KV_FMT": kv_fmt, "PREFETCH": prefetch}
-                args = {"q_ptr": f"*{act}", "kc_ptr": cache, "vc_ptr": cache, "out_ptr": f"*{act}",
+                      "BLOCK_N": block_n, "PDL": False, "KV_FMT": kv_fmt, "PREFETCH": prefetch, "QKN": qkn}
+                raw_t = "*fp32" if qkn else f"*{act}"
+                args = {"q_ptr": raw_t, "kc_ptr": cache, "vc_ptr": cache, "out_ptr": f"*{act}",
                         "part_ptr": "*fp32", "ml_ptr": "*fp32", "qsl_ptr": "*i32", "seqlen_ptr": "*i32",
                         "bt_ptr": "*i32", "scale_log2": "fp32", "stride_qt": "i32", "stride_qh": "i32",
                         "stride_ot": "i32", "stride_oh": "i32", "stride_bt": "i32", "block_size": "i32",
-                        "num_segments": "i32", "min_seg_tiles": "i32", "v_scale": "fp32"}
+                        "num_segments": "i32", "min_seg_tiles": "i32", "v_scale": "fp32",
+                        "k_ptr": raw_t, "v_ptr": raw_t, "qw_ptr": f"*{act}", "kw_ptr": f"*{act}", "pos_ptr": "*i64",
+                        "cs_ptr": "*fp32", "slot_ptr": "*i64", "stride_kt": "i32", "eps": "fp32"}
                 out.append(AotConfig(_paged_attn_kernel, signature(args, cx), cx, warps, paths.ATTN_STAGES, min_cc,
-                                     f"paged_attn[bq={bq}{tag},{act}{kv_tag}{f',prefetch={prefetch}' * bool(prefetch)}]"))
+                                     f"paged_attn[bq={bq}{tag},{act}{kv_tag}{f',prefetch={prefetch}' * bool(prefetch)}"
+                                     f"{',qkn' * qkn}]"))
         for segs in sorted({reduce_block_s(s) for s in range(2, MAX_SEGMENTS + 1)}):
             cx = {"HQ": hq, "D": d, "BLOCK_S": segs, "PDL": False}
             args = {"part_ptr": "*fp32", "ml_ptr": "*fp32", "out_ptr": f"*{act}", "seqlen_ptr": "*i32",
@@ -396,4 +483,5 @@ def aot_configs() -> list[AotConfig]:
     return out
 
 
-__all__ = ["aot_configs", "attn_tiles", "block_q", "num_segments", "paged_attention", "split_plan", "store_kv"]
+__all__ = ["RawQK", "aot_configs", "attn_tiles", "block_q", "num_segments", "paged_attention", "split_plan",
+           "store_kv"]

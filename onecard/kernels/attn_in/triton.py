@@ -242,14 +242,15 @@ def attention_block(x: torch.Tensor, residual: torch.Tensor | None, norm_weight:
                     v_scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """The batch-1 attention block with accumulating GEMVs (paths.batch1_accumulate; only where
     ``accumulate_supported``): contract as ref.attention_block, but out [1, H] comes back as fp32 sums (the next
-    rms_norm / norm_moe takes fp32 x). Five launches, each waiting for the one before (PDL on sm90):
+    rms_norm / norm_moe takes fp32 x). Five launches (four with batch1_attn_qk), each waiting for the one before (PDL on sm90):
       rms_norm      the input norm (+ residual add); it also zeroes acc = fp32 [1, N + H]
       GEMV qkv      K splits add into acc[:, :N] (gptq_gemm/small_m ACCUM: fp32 atomics, no last arriver)
       qk_norm_rope_store  reads the fp32 q | k | v sums, stores q in the model dtype and k, v into the cache
-      paged_attention (+ its split-KV reduce)
+      paged_attention (+ its split-KV reduce); with paths.batch1_attn_qk (decode, model-dtype cache) it takes
+                    the raw sums and does qk_norm_rope_store's work itself (attention/triton.RawQK)
       GEMV o_proj   K splits add into acc[:, N:]: two launches after its zeroing, which is complete by then
                     (each launch's wait covers the one before, whose own wait covered its predecessor)."""
-    from onecard.kernels.attention.triton import paged_attention
+    from onecard.kernels.attention.triton import RawQK, paged_attention
     from onecard.kernels.gptq_gemm.triton import small_m_gemm
     from onecard.kernels.norm.triton import rms_norm
     from onecard.kernels.rope.triton import qk_norm_rope_store
@@ -260,11 +261,15 @@ def attention_block(x: torch.Tensor, residual: torch.Tensor | None, norm_weight:
     acc = torch.empty(1, n + h, dtype=torch.float32, device=x.device)    # zeroed by the norm's launch
     hn, residual_out = rms_norm(x, norm_weight, eps, residual, zero=acc)
     qkv = small_m_gemm(hn, w_qkv, b_qkv, accumulate=acc[:, :n])           # [1, N] fp32 sums
-    q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
-    q_out = qk_norm_rope_store(q.reshape(1, hq, d), k.reshape(1, hkv, d), v.reshape(1, hkv, d), q_weight,
-                               k_weight, positions, cos_sin_cache, eps, k_cache, v_cache, md.slot_mapping,
-                               k_scale, v_scale, out_dtype=hn.dtype)        # [1, Hq, D] model dtype
-    o = paged_attention(q_out, k_cache, v_cache, md, scale, k_scale, v_scale)    # [1, Hq, D]
+    q, k, v = (c.reshape(1, -1, d) for c in qkv.split([hq * d, hkv * d, hkv * d], dim=-1))
+    if paths.batch1_attn_qk() and fmt_code(k_cache) == 0 and md.num_decode_tokens == 1:
+        # the attention launch normalises, rotates and stores q/k itself (one launch fewer)
+        raw = RawQK(k, v, q_weight, k_weight, positions, cos_sin_cache, md.slot_mapping, eps)
+        o = paged_attention(q, k_cache, v_cache, md, scale, k_scale, v_scale, raw=raw)   # [1, Hq, D]
+    else:
+        q_out = qk_norm_rope_store(q, k, v, q_weight, k_weight, positions, cos_sin_cache, eps, k_cache, v_cache,
+                                   md.slot_mapping, k_scale, v_scale, out_dtype=hn.dtype)   # [1, Hq, D]
+        o = paged_attention(q_out, k_cache, v_cache, md, scale, k_scale, v_scale)    # [1, Hq, D]
     out = small_m_gemm(o.reshape(1, hq * d), w_o, b_o, accumulate=acc[:, n:])    # [1, H] fp32 sums
     return out, residual_out
 

@@ -115,6 +115,7 @@ def cases(quick: bool):
                        lambda x=x, w=w, setter=setter: _switched(setter, lambda: g_t.w4a16_gemm(x, w)),
                        lambda x=x, w=w: g_r.w4a16_gemm(x, w), nbytes)
     yield from _attn_in_cases()
+    yield from _attn_block_cases()
     wr = (torch.randn(E, H, device=DEV) / math.sqrt(H)).half()
     for t in (1, 16):
         x = torch.randn(t, H, device=DEV, dtype=torch.float16)
@@ -151,6 +152,12 @@ def cases(quick: bool):
                lambda x=x, r=r: torch.cat(moe_t.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True)),
                lambda x=x, r=r: torch.cat(moe_r.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True)),
                TOPK * per_expert + E * H * 2)
+        if t == 1:                                  # the router's top-k by rank (paths.set_batch1_rank_topk)
+            yield ("norm_moe T=1 rank top-k",
+                   lambda x=x, r=r: _switched(paths.set_batch1_rank_topk, lambda: torch.cat(
+                       moe_t.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True))),
+                   lambda x=x, r=r: torch.cat(moe_r.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True)),
+                   TOPK * per_expert + E * H * 2)
         if t == 1:
             def chain(x=x, r=r):
                 h, res = n_t.rms_norm(x, nw, 1e-6, r)
@@ -265,6 +272,48 @@ def _attn_in_cases():
     fused = run(ai_t.norm_qkv_rope_store)                                 # its K loop on the exact-integer dot
     yield ("attn_in T=1 (norm+qkv+rope+store) int dot", lambda: _switched(paths.set_batch1_int_dot, fused),
            run(ai_r.norm_qkv_rope_store), nbytes)
+
+
+def _attn_block_cases():
+    """A decoder layer's attention block at batch 1 (dispatch.attention_block: input RMSNorm of x fp32 +
+    residual, qkv GEMV, q/k norm + RoPE + KV store, paged attention over 512 tokens split as in graphs bound at
+    65,536, o_proj GEMV): the composed launches (the default), with the accumulating GEMVs, and with the
+    attention launch also doing q/k norm + RoPE + store; each against attn_in/ref.attention_block. Compared: out
+    | residual_out | the new K and V rows."""
+    from onecard.kernels import dispatch, paths
+    from onecard.kernels.attention.metadata import AttentionMetadata
+    from onecard.kernels.attn_in import ref as ai_r
+
+    wq, wo = rand_gptq(H, (HQ + 2 * HKV) * D), rand_gptq(HQ * D, H)
+    x, res = torch.randn(1, H, device=DEV), torch.randn(1, H, device=DEV).half()
+    nw, qn, kn = ((1 + 0.1 * torch.randn(n, device=DEV)).half() for n in (H, D, D))
+    ctx, bs = 512, 16
+    blocks = torch.randperm(64, device=DEV).to(torch.int32)[None, :ctx // bs + 1]
+    slot = int(blocks[0, ctx // bs]) * bs                                 # token ctx (0-based) in its block
+    md = AttentionMetadata(slot_mapping=torch.tensor([slot], device=DEV), query_start_loc=torch.tensor(
+        [0, 1], device=DEV, dtype=torch.int32), seq_lens=torch.tensor([ctx + 1], device=DEV, dtype=torch.int32),
+        block_table=blocks, max_query_len=1, max_seq_len=65536, num_decode_tokens=1)
+    pos, cache = torch.tensor([ctx], device=DEV), rope_cache()
+    kc, vc = (torch.randn(64, bs, HKV, D, device=DEV).half() for _ in range(2))
+
+    def run(fn, *switches):
+        def call():
+            for on in switches:
+                on(True)
+            try:
+                o, r = fn(x, res, nw, 1e-6, wq, None, qn, kn, pos, cache, kc, vc, md, D ** -0.5, wo, None)
+            finally:
+                for on in switches:
+                    on(None)
+            return torch.cat([o.float().flatten(), r.float().flatten(), kc.view(-1, HKV * D)[slot].float(),
+                              vc.view(-1, HKV * D)[slot].float()])
+        return call
+    nbytes = wq.nbytes() + wo.nbytes() + (ctx + 1) * HKV * D * 2 * 2
+    ref = run(ai_r.attention_block)
+    yield "attention block T=1 (composed)", run(dispatch.attention_block), ref, nbytes
+    yield ("attention block T=1 accumulate", run(dispatch.attention_block, paths.set_batch1_accumulate), ref, nbytes)
+    yield ("attention block T=1 accumulate + attn qk",
+           run(dispatch.attention_block, paths.set_batch1_accumulate, paths.set_batch1_attn_qk), ref, nbytes)
 
 
 def main() -> None:

@@ -235,8 +235,9 @@ def batch1_accumulate(tokens: int) -> bool:
 # The batch-1 attention block's q/k RMSNorm + RoPE and K/V store inside the paged-attention launch
 # (attention/triton.py QKN: every program normalises and rotates its query rows, the program holding the new key
 # stores k and v and uses them in place of that cache row) instead of a launch of its own (qk_norm_rope_store):
-# one launch fewer per layer. With BATCH1_ACCUMULATE's path only, decode steps, model-dtype caches.
-# ``set_batch1_attn_qk`` turns it on in a process.
+# one launch fewer per layer. With BATCH1_ACCUMULATE's path only, decode steps, model-dtype caches, sm80+ (the
+# pre-sm80 tiles with it compile for sm70 to 255 registers and 360 B of stack per thread; sm90: 168 registers, no
+# stack). ``set_batch1_attn_qk`` turns it on in a process.
 BATCH1_ATTN_QK = False
 
 
@@ -245,9 +246,9 @@ def set_batch1_attn_qk(on: bool | None) -> None:
     _set_switch("batch1_attn_qk", on)
 
 
-def batch1_attn_qk() -> bool:
-    """Does the batch-1 attention block's paged attention normalise, rotate and store q/k itself?"""
-    return _Switches.on.get("batch1_attn_qk", BATCH1_ATTN_QK)
+def batch1_attn_qk(cc: int) -> bool:
+    """Does the batch-1 attention block's paged attention normalise, rotate and store q/k itself (sm80+)?"""
+    return tensor_core_dot(cc) and _Switches.on.get("batch1_attn_qk", BATCH1_ATTN_QK)
 
 
 # The batch-1 router's top-k (fused_moe/batch1.py's last-arriving program, on the decode step's critical path) by

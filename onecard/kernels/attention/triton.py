@@ -442,9 +442,9 @@ def aot_configs() -> list[AotConfig]:
             decode_bq = block_q(gp, 1)
             variants = [(bq, tcc, 0) for bq in sorted({decode_bq, block_q(gp, 1 << 20)}) for tcc in (80, 70)]
             variants += [(decode_bq, tcc, pf) for pf in (1, 2) for tcc in (80, 70)]   # the prefetch levels (A/B)
-            # QKN (raw q | k | v in fp32: the batch-1 attention block's accumulated sums): the decode tiles, the
-            # model-dtype cache
-            variants += [(decode_bq, tcc, "qkn") for tcc in (80, 70)] if kv_fmt == 0 else []
+            # QKN (raw q | k | v in fp32: the batch-1 attention block's accumulated sums): the decode tiles of
+            # sm80+ (paths.batch1_attn_qk), the model-dtype cache
+            variants += [(decode_bq, 80, "qkn")] if kv_fmt == 0 else []
             for bq, tiles_cc, prefetch in variants:                      # the tiles of sm80+ and of below
                 tag = ",pre-sm80" if tiles_cc < 80 else ""
                 qkn = prefetch == "qkn"

@@ -262,7 +262,7 @@ def attention_block(x: torch.Tensor, residual: torch.Tensor | None, norm_weight:
     hn, residual_out = rms_norm(x, norm_weight, eps, residual, zero=acc)
     qkv = small_m_gemm(hn, w_qkv, b_qkv, accumulate=acc[:, :n])           # [1, N] fp32 sums
     q, k, v = (c.reshape(1, -1, d) for c in qkv.split([hq * d, hkv * d, hkv * d], dim=-1))
-    if paths.batch1_attn_qk() and fmt_code(k_cache) == 0 and md.num_decode_tokens == 1:
+    if paths.batch1_attn_qk(compute_capability(x.device)) and fmt_code(k_cache) == 0 and md.num_decode_tokens == 1:
         # the attention launch normalises, rotates and stores q/k itself (one launch fewer)
         raw = RawQK(k, v, q_weight, k_weight, positions, cos_sin_cache, md.slot_mapping, eps)
         o = paged_attention(q, k_cache, v_cache, md, scale, k_scale, v_scale, raw=raw)   # [1, Hq, D]

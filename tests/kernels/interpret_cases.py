@@ -363,7 +363,7 @@ def _attn_block_case(i: int, dt, seed: int, attn_qk: bool = False, split: int = 
 
 
 def _coder_b1acc_case(seed: int) -> float:
-    """The bundled tiny coder (g128 GPTQ MoE, fp16) decoding 3 tokens one at a time after a 6-token prefill, its
+    """The bundled tiny coder (g128 GPTQ MoE, fp16) decoding 1 token after a 6-token prefill, its
     attention blocks on the accumulating batch-1 path (fp32 sums into the next norm_moe / rms_norm) with the
     attention launch's own q/k norm + RoPE + KV store and the router's rank top-k, against the reference backend
     on the same cache: relative error of the final hidden rows and of the caches."""
@@ -382,7 +382,7 @@ def _coder_b1acc_case(seed: int) -> float:
     model = load_model(EngineArgs(model=coder, device="cpu").create_config().model, torch.device("cpu"),
                        torch.float16)
     g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(3, int(model.config["vocab_size"]), (9,), generator=g).tolist()
+    ids = torch.randint(3, int(model.config["vocab_size"]), (7,), generator=g).tolist()
     ref_cache = PagedCache.for_model(model, dtype=torch.float16)
     seq = ref_cache.new_seq()
     with dispatch.use_backend("ref"):
@@ -771,7 +771,7 @@ def assert_within_bound(err: float | str, case: str, seed: int) -> None:
     bound = 1e-2 if case.endswith(("fp16", "fp8e5m2")) else 1e-4
     if case.startswith(INT_CASES):
         bound = 2e-3
-    if case.startswith("coderb1acc"):       # measured 8.9e-4 (fp16, the whole tiny model); a 1% GEMV error: 8.7e-3
+    if case.startswith("coderb1acc"):       # measured 8.2e-4-8.9e-4 (fp16, the whole tiny model); a 1% GEMV error: 8.7e-3
         bound = 4e-3
     assert err < bound, f"seed {seed}: relative error {err:.3g} >= {bound}"
 

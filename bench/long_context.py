@@ -141,6 +141,7 @@ def switch_setters() -> dict:
             "int_dot": paths.set_decode_int_dot, "b1_int": paths.set_batch1_int_dot,
             "b1_acc": paths.set_batch1_accumulate, "rank_topk": paths.set_batch1_rank_topk,
             "attn_qk": paths.set_batch1_attn_qk,                          # (with b1_acc only)
+            "attn_pre": paths.set_attention_preload,
             "fast_silu": paths.set_decode_fast_silu,
             "gemv4": _table_override(gemm.SMALL_PROGRAMS_PER_SM, "gemv", 4),
             "moe1pps8": _table_override(stages.DECODE_CONFIGS, "decode1",

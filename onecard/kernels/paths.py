@@ -251,6 +251,24 @@ def batch1_attn_qk(cc: int) -> bool:
     return tensor_core_dot(cc) and _Switches.on.get("batch1_attn_qk", BATCH1_ATTN_QK)
 
 
+# Decode attention loading each segment's first key tile before the PDL wait (attention/triton.py PRELOAD: the
+# block-table entries and the K/V rows of earlier steps; only the new key's row waits for the previous launch):
+# one dependent load chain (block table, then K/V) off every decode layer's critical path. Decode-only launches,
+# the kernel's own PREFETCH off, sm80+ (the pre-sm80 tiles have no registers to spare: 212 on sm70).
+# ``set_attention_preload`` turns it on in a process.
+ATTN_PRELOAD = False
+
+
+def set_attention_preload(on: bool | None) -> None:
+    """Decode attention's first-tile preload on or off in this process; None: ATTN_PRELOAD."""
+    _set_switch("attention_preload", on)
+
+
+def attention_preload(cc: int) -> bool:
+    """Does a decode-only attention launch load its segments' first key tiles before the PDL wait (sm80+)?"""
+    return tensor_core_dot(cc) and _Switches.on.get("attention_preload", ATTN_PRELOAD)
+
+
 # The batch-1 router's top-k (fused_moe/batch1.py's last-arriving program, on the decode step's critical path) by
 # rank (fused_moe/decode.topk_rank_of: a [E, E] compare and two selects) instead of TOP_K rounds of max, each a
 # cross-warp reduction: the same keys, so the same experts, order and ties. ``set_batch1_rank_topk`` turns it on

@@ -75,6 +75,7 @@ GEMM_ACC = (0, 1, 7, 10)      # GEMM cases at M = 1 again accumulating into a ro
 # context into 3 one-tile segments (the last one holds the new key and stores it), also with the kernel's K/V
 # prefetch (the new key patched into a tile loaded one iteration early)
 ATTN_QK_SPLITS = [None, {"segments": 3, "block_n": 16}, {"segments": 2, "block_n": 16, "prefetch": 2}]
+# attnblockqkpre{i}: the same split as ATTN_QK_SPLITS[1] with the first key tile preloaded (paths.set_attention_preload)
 ATTN_BLOCK = [(256, 4, 2, 64, "x32res", 40, False), (384, 2, 2, 64, "nores", 5, True)]
 # (seq_lens, query_lens, Hq, Hkv, block_size, num_decode_tokens): prefill, chunk over prefix, split-KV decode
 ATTN = [([5, 9, 1], [5, 9, 1], 8, 2, 4, 0), ([7, 70, 33], [1, 4, 1], 6, 2, 16, 1),
@@ -99,7 +100,11 @@ SPLITKV = [(2, 1, [1, 70, 700], {}), (3, 1, [1, 70, 700], {}), (7, 1, [1, 70, 70
            (3, 1, [1, 70, 700], {"prefetch": 2}), (40, 1, [1, 2100], {"prefetch": 2, "block_n": 32}),
            (2, 2, [1, 70, 700], {"prefetch": 2, "block_n": 16, "reduce_block_s": 2})]
 SPLITKV_BOUND = 4096
+# "-pre": with the first key tile loaded before the (interpreted) PDL wait and peeled off the loop
+# (paths.set_attention_preload; the kernel's own prefetch off)
 SPLITKV_CASES = ([f"splitkv{i}-{dt}" for i in range(len(SPLITKV)) for dt in (F32, F16)]
+                 + [f"splitkv{i}-pre-{dt}" for i in (0, 2, 3, 4, 5) for dt in (F32, F16)]
+                 + ["splitkv1-pre-fp8e5m2"]
                  + [f"splitkv{i}-fp8e5m2" for i in (1, 3, 4, 5, 7, 8, 10, 11)]
                  + [f"splitkv{i}-sm70-{dt}" for i in (1, 3, 7, 10) for dt in (F16, "fp8e5m2")])
 
@@ -126,6 +131,7 @@ CASES = ([f"gemm{i}-{dt}" for i in range(len(GEMM)) for dt in (F32, F16)] + ["de
          + [f"attnblock{i}-{dt}" for i in range(len(ATTN_BLOCK)) for dt in (F32, F16)]
          + [f"attnblockqk{i}s{j}-{dt}" for i in range(len(ATTN_BLOCK)) for j in range(len(ATTN_QK_SPLITS))
             for dt in (F32, F16)]
+         + [f"attnblockqkpre{i}-{F16}" for i in range(len(ATTN_BLOCK))]
          + [f"rms_norm-zero-{dt}" for dt in (F32, F16)]
          + [f"coderb1acc-{F16}"]
          + [f"topkrank{i}" for i in range(5)]                              # topk_cases.TOPK
@@ -434,6 +440,7 @@ def _splitkv_case(name: str, seed: int) -> float:
         tk.num_sms = lambda device: 132                                    # an H100's count (interpreter: 4)
     if "sm70" in rest:
         paths.set_emulated_capability(70)                                  # sm70's tiles (32 keys, 8 warps)
+    paths.set_attention_preload("pre" in rest)
     try:
         plan = tk.launch_plan(md, 8, 2, q.device)
         assert plan.segments > 1, f"no split: {plan}"
@@ -445,6 +452,7 @@ def _splitkv_case(name: str, seed: int) -> float:
         paths.set_split_kv_policy(None)
         paths.set_decode_attention_override()
         paths.set_emulated_capability(None, clear=True)
+        paths.set_attention_preload(None)
     want = ref.paged_attention(q.float(), kc, vc, md, s)                  # float32 math on the same cache
     return _rel(out, want)
 
@@ -518,6 +526,13 @@ def run_case(name: str, seed: int) -> float:
         return _coder_b1acc_case(seed)
     if kind.startswith("gemmacc"):
         return _gemm_acc_case(int(kind[7:]), dt, seed)
+    if kind.startswith("attnblockqkpre"):
+        from onecard.kernels import paths
+        paths.set_attention_preload(True)
+        try:
+            return _attn_block_case(int(kind[14:]), dt, seed, attn_qk=True, split=1)
+        finally:
+            paths.set_attention_preload(None)
     if kind.startswith("attnblockqk"):
         i, _, j = kind[11:].partition("s")
         return _attn_block_case(int(i), dt, seed, attn_qk=True, split=int(j))

@@ -127,7 +127,8 @@ def test_every_dispatcher_config_is_listed():
     assert {"w4a16[gemv,accum,fp16]", "w4a16[gemv,per_row,accum,fp16]", "norm_route[renorm=True,x=fp32,fp16]",
             "norm_route[renorm=True,x=fp32,rank,fp16]", "norm_route[renorm=True,rank,fp16]"} <= names
     assert "rms_norm[2048,res=True,x=fp32,zero,fp16]" in {c.name for c in norm.aot_configs()}
-    assert "paged_attn[bq=2,fp16,qkn]" in {c.name for c in attn.aot_configs()}
+    assert {"paged_attn[bq=2,fp16,qkn]", "paged_attn[bq=2,fp16,preload]", "paged_attn[bq=2,fp16,qkn,preload]"} <= {
+        c.name for c in attn.aot_configs()}
     assert "qk_norm_rope[store=True,src=fp32,fp16]" in {c.name for c in rope.aot_configs()}
     # the fast silu's (paths.decode_fast_silu: int4 weights, one group per tile): stage 2 of every decode config
     assert all(f"moe_decode[{n},stage=2,float=False,per_row=False,fast_silu,fp16]" in names for n in moe.DECODE_CONFIGS)

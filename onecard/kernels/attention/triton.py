@@ -72,6 +72,29 @@ def _tile_kv(kc_ptr, vc_ptr, blk, k_pos, kv_end, kvh, block_size, HKV: tl.conste
 
 
 @triton.jit
+def _tile_update(q, k, v, k_pos, k_ok, q_pos, m_i, l_i, acc, scale_log2, new_key, k_new, v_new,
+                 KV_FMT: tl.constexpr, QKN: tl.constexpr):
+    """One key tile's online-softmax step: -> (m_i, l_i, acc). QKN: the row of key ``new_key`` is this step's
+    k_new, v_new (registers), whatever the cache row holds."""
+    if QKN:
+        is_new = (k_pos == new_key)[:, None]
+        k = tl.where(is_new, k_new[None, :], k)
+        v = tl.where(is_new, v_new[None, :], v)
+    if KV_FMT != 0:                                                       # fp8 bytes -> q's dtype (exact)
+        k = kv_decode(k, KV_FMT).to(q.dtype)
+        v = kv_decode(v, KV_FMT).to(q.dtype)
+    s = dot(q, tl.trans(k.to(q.dtype))) * scale_log2                     # [BM, BN] log2 units
+    allowed = k_ok[None, :] & (k_pos[None, :] <= q_pos[:, None])
+    s = tl.where(allowed, s, -float("inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + dot(p.to(v.dtype), v.to(q.dtype)).to(tl.float32)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _segment_tiles(n_tiles, num_segments, min_seg_tiles):
     """Key tiles per split-KV segment of a sequence with ``n_tiles`` tiles (the kernel and the reduce agree)."""
     return tl.maximum(tl.cdiv(n_tiles, num_segments), min_seg_tiles)
@@ -85,13 +108,17 @@ def _paged_attn_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, qsl_ptr
                        k_ptr, v_ptr, qw_ptr, kw_ptr, pos_ptr, cs_ptr, slot_ptr, stride_kt, eps,
                        HQ: tl.constexpr, HKV: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
                        D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
-                       KV_FMT: tl.constexpr, PREFETCH: tl.constexpr = 0, QKN: tl.constexpr = False):
+                       KV_FMT: tl.constexpr, PREFETCH: tl.constexpr = 0, QKN: tl.constexpr = False,
+                       PRELOAD: tl.constexpr = False):
     """QKN (decode-only launches, the model-dtype cache; paths.batch1_attn_qk): q_ptr, k_ptr, v_ptr are the
     projection's raw q | k | v rows (any float type; k and v rows strided by stride_kt, heads contiguous) and the
     kernel does qk_norm_rope_store's work itself: each program normalises and rotates its query rows (per-head
     RMSNorm with qw, neox RoPE at positions[token]) and the new token's k (with kw); the program whose segment
     holds the sequence's last key stores k and v into the cache at slot_mapping[token] (skipped when < 0), and
-    every program uses them in place of that key's cache row (the value it would have read)."""
+    every program uses them in place of that key's cache row (the value it would have read).
+    PRELOAD (decode-only launches, PREFETCH 0; paths.attention_preload): a segment's first key tile is loaded
+    before the PDL wait except the new key's row, and processed ahead of the loop."""
+    tl.static_assert(not (PRELOAD and PREFETCH), "PRELOAD: the kernel's own prefetch off")
     seq = tl.program_id(0)
     qblk = tl.program_id(1)
     kvh = tl.program_id(2) // num_segments
@@ -115,6 +142,18 @@ def _paged_attn_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, qsl_ptr
         qw_sw = tl.load(qw_ptr + swap).to(tl.float32)
         kw = tl.load(kw_ptr + offs_d).to(tl.float32)
         kw_sw = tl.load(kw_ptr + swap).to(tl.float32)
+    if PRELOAD:
+        # decode-only (one query a sequence): this segment's first key tile, its block-table entries (the step's
+        # metadata) and the K/V of earlier steps' keys, before the wait; only the new key's row (written by the
+        # previous launch, or by this one with QKN) waits. Past-the-end segments load nothing.
+        pre_tiles = tl.cdiv(seq_len, BLOCK_N)
+        pre_pos = segment * _segment_tiles(pre_tiles, num_segments, min_seg_tiles) * BLOCK_N + tl.arange(0, BLOCK_N)
+        pre_blk = tl.load(bt_ptr + seq * stride_bt + pre_pos // block_size, mask=pre_pos < seq_len,
+                          other=0, cache_modifier=".cg").to(tl.int64)
+        pre_off = ((pre_blk * block_size + pre_pos % block_size)[:, None] * HKV + kvh) * D + offs_d[None, :]
+        pre_old = (pre_pos < seq_len - 1)[:, None]                        # keys of earlier steps
+        k_pre = tl.load(kc_ptr + pre_off, mask=pre_old, other=0)
+        v_pre = tl.load(vc_ptr + pre_off, mask=pre_old, other=0)
     pdl_enter(PDL)
     if qblk * BLOCK_Q >= q_len:
         return
@@ -152,6 +191,7 @@ def _paged_attn_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, qsl_ptr
     else:
         q = tl.load(q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
                     mask=row_ok[:, None], other=0.0)                      # [BM, D]
+        new_key, k_new, v_new = -1, 0, 0                                  # (unused without QKN)
     q_pos = ctx_len + q_idx                                               # [BM]
     m_i = tl.zeros((BLOCK_M,), dtype=tl.float32) - 1e30
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
@@ -164,7 +204,16 @@ def _paged_attn_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, qsl_ptr
         k_next, v_next = _tile_kv(kc_ptr, vc_ptr, blk_next, t0 * BLOCK_N + offs_n, kv_end, kvh, block_size,
                                   HKV, D)
         blk_next = _tile_blocks(bt_row, (t0 + 1) * BLOCK_N + offs_n, tl.where(t0 + 1 < t1, kv_end, 0), block_size)
-    for t in range(t0, t1):
+    t_loop = t0
+    if PRELOAD:                                                           # tile t0 from the preloaded rows
+        new_row = (pre_pos == seq_len - 1)[:, None]
+        if not QKN:                                                       # its new key's row, now written
+            k_pre = tl.where(new_row, tl.load(kc_ptr + pre_off, mask=new_row, other=0), k_pre)
+            v_pre = tl.where(new_row, tl.load(vc_ptr + pre_off, mask=new_row, other=0), v_pre)
+        m_i, l_i, acc = _tile_update(q, k_pre, v_pre, pre_pos, pre_pos < kv_end, q_pos, m_i, l_i, acc, scale_log2,
+                                     new_key, k_new, v_new, KV_FMT, QKN)
+        t_loop = t0 + 1
+    for t in range(t_loop, t1):
         k_pos = t * BLOCK_N + offs_n                                      # [BN]
         k_ok = k_pos < kv_end
         if PREFETCH == 2:
@@ -187,22 +236,8 @@ def _paged_attn_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, qsl_ptr
             kv_off = (slot[:, None] * HKV + kvh) * D + offs_d[None, :]    # [BN, D]
             k = tl.load(kc_ptr + kv_off, mask=k_ok[:, None], other=0)
             v = tl.load(vc_ptr + kv_off, mask=k_ok[:, None], other=0)
-        if QKN:                                                           # the new key: this step's k, v
-            is_new = (k_pos == new_key)[:, None]
-            k = tl.where(is_new, k_new[None, :], k)
-            v = tl.where(is_new, v_new[None, :], v)
-        if KV_FMT != 0:                                                   # fp8 bytes -> q's dtype (exact)
-            k = kv_decode(k, KV_FMT).to(q.dtype)
-            v = kv_decode(v, KV_FMT).to(q.dtype)
-        s = dot(q, tl.trans(k.to(q.dtype))) * scale_log2               # [BM, BN] log2 units
-        allowed = k_ok[None, :] & (k_pos[None, :] <= q_pos[:, None])
-        s = tl.where(allowed, s, -float("inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + dot(p.to(v.dtype), v.to(q.dtype)).to(tl.float32)
-        m_i = m_new
+        m_i, l_i, acc = _tile_update(q, k, v, k_pos, k_ok, q_pos, m_i, l_i, acc, scale_log2, new_key, k_new, v_new,
+                                     KV_FMT, QKN)
     if QKN:
         # the segment holding the new key stores it (after its tiles: they took k_new, v_new from registers, never
         # from this row, which no other program of this launch reads)
@@ -393,6 +428,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     grid = (b, triton.cdiv(md.max_query_len, bq), hkv * segs)
     block_n = plan.block_n
     use_pdl = pdl(q.device, t)
+    preload = (md.max_query_len == 1 and md.num_decode_tokens == t == b and plan.prefetch == 0
+               and paths.attention_preload(compute_capability(q.device)))
     if fmt == 0:
         k_scale = v_scale = 1.0                                           # scales belong to fp8 caches only
     # QKN's operands, or stand-ins of the same types (unused)
@@ -404,8 +441,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         md.block_table, scale * float(k_scale) * 1.4426950408889634, q.stride(0), q.stride(1), out.stride(0),
         out.stride(1), md.block_table.stride(0), k_cache.shape[1], segs, min_tiles, float(v_scale), *qk,
         HQ=hq, HKV=hkv, GROUP=group, GROUP_PAD=gp, D=d, BLOCK_Q=bq, BLOCK_N=block_n, PDL=use_pdl, KV_FMT=fmt,
-        PREFETCH=plan.prefetch, QKN=raw is not None, num_warps=plan.num_warps, num_stages=plan.num_stages,
-        launch_pdl=use_pdl)
+        PREFETCH=plan.prefetch, QKN=raw is not None, PRELOAD=preload, num_warps=plan.num_warps,
+        num_stages=plan.num_stages, launch_pdl=use_pdl)
     if plan.row_reduce:                                                   # small-q: rows found per sequence
         _segment_reduce_rows_kernel[(b, md.max_query_len, hq)](
             part, ml, out, md.query_start_loc, md.seq_lens, out.stride(0), out.stride(1), segs, block_n, min_tiles,
@@ -445,15 +482,20 @@ def aot_configs() -> list[AotConfig]:
             # QKN (raw q | k | v in fp32: the batch-1 attention block's accumulated sums): the decode tiles of
             # sm80+ (paths.batch1_attn_qk), the model-dtype cache
             variants += [(decode_bq, 80, "qkn")] if kv_fmt == 0 else []
+            # PRELOAD (paths.attention_preload: decode-only, sm80+), alone and with QKN
+            variants += [(decode_bq, 80, "preload")] + ([(decode_bq, 80, "qkn+preload")] if kv_fmt == 0 else [])
             for bq, tiles_cc, prefetch in variants:                      # the tiles of sm80+ and of below
                 tag = ",pre-sm80" if tiles_cc < 80 else ""
-                qkn = prefetch == "qkn"
-                prefetch = 0 if qkn else prefetch
+                qkn, preload = prefetch in ("qkn", "qkn+preload"), prefetch in ("preload", "qkn+preload")
+                prefetch = 0 if isinstance(prefetch, str) else prefetch
+                if preload and (act != "fp16" or kv_cc > 70):
+                    continue
                 if (tag or prefetch) and (act != "fp16" or kv_cc > 70) or (prefetch and tag and kv_fmt):
                     continue
                 block_n, warps = attn_tiles(tiles_cc, bq * gp)
                 cx = {"HQ": hq, "HKV": hkv, "GROUP": group, "GROUP_PAD": gp, "D": d, "BLOCK_Q": bq,
-                      "BLOCK_N": block_n, "PDL": False, "KV_FMT": kv_fmt, "PREFETCH": prefetch, "QKN": qkn}
+                      "BLOCK_N": block_n, "PDL": False, "KV_FMT": kv_fmt, "PREFETCH": prefetch, "QKN": qkn,
+                      "PRELOAD": preload}
                 raw_t = "*fp32" if qkn else f"*{act}"
                 args = {"q_ptr": raw_t, "kc_ptr": cache, "vc_ptr": cache, "out_ptr": f"*{act}",
                         "part_ptr": "*fp32", "ml_ptr": "*fp32", "qsl_ptr": "*i32", "seqlen_ptr": "*i32",
@@ -464,7 +506,7 @@ def aot_configs() -> list[AotConfig]:
                         "cs_ptr": "*fp32", "slot_ptr": "*i64", "stride_kt": "i32", "eps": "fp32"}
                 out.append(AotConfig(_paged_attn_kernel, signature(args, cx), cx, warps, paths.ATTN_STAGES, min_cc,
                                      f"paged_attn[bq={bq}{tag},{act}{kv_tag}{f',prefetch={prefetch}' * bool(prefetch)}"
-                                     f"{',qkn' * qkn}]"))
+                                     f"{',qkn' * qkn}{',preload' * preload}]"))
         for segs in sorted({reduce_block_s(s) for s in range(2, MAX_SEGMENTS + 1)}):
             cx = {"HQ": hq, "D": d, "BLOCK_S": segs, "PDL": False}
             args = {"part_ptr": "*fp32", "ml_ptr": "*fp32", "out_ptr": f"*{act}", "seqlen_ptr": "*i32",

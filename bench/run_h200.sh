@@ -76,14 +76,15 @@ for p in $parts; do
     switchab) log switchab  # issue 25: the decode paths' switches A/B'd in ONE engine (bench/long_context.py
           # policies "fill+SWITCH+...": one graph set each, runs alternating; SWITCH_POLICIES overrides the list),
           # after the kernels alone (graph replay; the M=1/16 GEMMs and T=1/16 MoE with each switch on) and before
-          # the GPU tests of the kernels and the engine (~6 min; each scenario's JSON line is kept as it finishes)
+          # the GPU tests of the kernels and the engine (~6 min; each scenario's JSON line is kept as it finishes;
+          # AB_TIMEOUT: the A/B's seconds, default 220; AB_TESTS=0: no tests)
           [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30 > /dev/null
           timeout 100 python3 bench/kernels_gpu.py --quick --only "${AB_KERNELS:-attn_in,M=1,T=1}"
-          timeout 220 python3 bench/long_context.py /tmp/q30 "$OUT/switch_ab.json" --scenarios "${AB_SCENARIOS:-1x512,16x512}" \
+          timeout "${AB_TIMEOUT:-220}" python3 bench/long_context.py /tmp/q30 "$OUT/switch_ab.json" --scenarios "${AB_SCENARIOS:-1x512,16x512}" \
               --policies "${SWITCH_POLICIES:-fill,fill+fuse_attn,fill+b1_int,fill+fast_silu,fill+gemv4+moe1pps8,fill+moe_act,fill+int_dot,fill+fuse_attn+b1_int+fast_silu+gemv4+moe1pps8+int_dot}" \
               | tee "$OUT/switch_ab.log" | grep -v '^{'
-          timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kernels_gpu.py tests/gpu/test_engine_gpu.py \
-              2>&1 | tail -8 ;;
+          [ "${AB_TESTS:-1}" = 1 ] && timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kernels_gpu.py \
+              tests/gpu/test_engine_gpu.py 2>&1 | tail -8 ;;
     ab) log ab  # A/B of source files, arms built as copies of this tree with files swapped in: AB_SWAP="PATH:.ab/FILE ..."
           # makes the base (/tmp/base: e.g. onecard/kernels/gptq_gemm/int4.py:.ab/int4_old.py, issue 25's dequant
           # A/B), AB_NEW the new arm (/tmp/new; unset: this tree as it is; e.g. a paths.py with a switch on),

@@ -219,7 +219,7 @@ def fused_attn_input(tokens: int) -> bool:
 # the next RMSNorm / norm_moe read the fp32 sums. Numerics: the GEMVs' outputs are not rounded to the model
 # dtype before the q/k norm and the residual add, and the order of the splits' fp32 additions varies (as the
 # decode MoE's stages' already does). ``set_batch1_accumulate`` turns it on in a process.
-BATCH1_ACCUMULATE = False
+BATCH1_ACCUMULATE = True
 
 
 def set_batch1_accumulate(on: bool | None) -> None:

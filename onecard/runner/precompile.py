@@ -102,15 +102,18 @@ def representative_layers(layers: nn.ModuleList) -> list[int]:
 
 @torch.inference_mode()
 def dry_run(runner) -> None:
-    """Every forward the precompile records, through one layer of each kind (identical layers launch identical
-    kernels, and each skipped launch saves Triton's launch-path Python, ~0.3 ms: 48 layers x ~50 shapes was
-    12 s), over the runner's KV cache. Inside ``record()`` no kernel runs, so two blocks do; elsewhere these are
+    """Every forward the precompile records, through one layer of each kind, twice (identical layers launch
+    identical kernels given the same inputs, and each skipped launch saves Triton's launch-path Python, ~0.3 ms:
+    48 layers x ~50 shapes was 12 s), over the runner's KV cache. Inside ``record()`` no kernel runs, so two blocks do; elsewhere these are
     real forwards (the tests run them on the CPU) and need the memory profile's blocks."""
     sched = runner.config.scheduler
     model = runner.model
-    layer_ids = representative_layers(model.layers)
+    reps = representative_layers(model.layers)
     tokens = sched.max_num_batched_tokens
-    runner.profile_forward(tokens, max(1, min(sched.max_num_seqs, tokens)), layer_ids)   # the memory profile
+    runner.profile_forward(tokens, max(1, min(sched.max_num_seqs, tokens)), reps)   # the memory profile
+    # each kind twice: a layer's launches also depend on what comes in (the first layer gets the embedding and no
+    # residual; later ones a residual and the previous layer's output, e.g. the batch-1 MoE's fp32 sums)
+    layer_ids = reps + reps
     for bs in runner.graph_batch_sizes():
         ids, pos, md = batch([1] * bs, [1] * bs, runner.block_size, runner.device, max_seq_len=sched.max_model_len,
                              table_width=-(-sched.max_model_len // runner.block_size))

@@ -21,6 +21,9 @@ MISSES: list[str] = []
 def listener(*, src, metadata, metadata_group, times, cache_hit) -> None:
     if not cache_hit:
         MISSES.append(getattr(src, "name", str(src)))
+        # what the JIT specialized it for (stderr: the test shows it when the check fails)
+        print(f"miss {MISSES[-1]}: {getattr(src, 'signature', '')} {getattr(src, 'constexprs', '')} "
+              f"{getattr(src, 'attrs', '')}", file=sys.stderr)
 
 
 def main() -> None:

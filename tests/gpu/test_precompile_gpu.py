@@ -20,7 +20,9 @@ def _start(ckpt: Path, cache: Path, precompile: bool, spec: bool = False) -> dic
     out = subprocess.run([sys.executable, str(CASE), str(ckpt)] + (["spec"] if spec else []), env=env,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    res["miss_lines"] = [line for line in out.stderr.splitlines() if line.startswith("miss ")]
+    return res
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -32,11 +34,11 @@ def test_precompile_leaves_nothing_to_jit(tmp_path):
     ckpt = checkpoints.build_moe_gptq(tmp_path / "moe_gptq", checkpoints.build_moe(tmp_path / "moe", tok))
     with_pc = _start(ckpt, tmp_path / "cache_a", True)
     without = _start(ckpt, tmp_path / "cache_b", False)
-    assert with_pc["misses"] == []
+    assert with_pc["misses"] == [], with_pc["miss_lines"]
     assert len(without["misses"]) >= 5          # the check can fail: the plain JIT compiles at first launch
     assert with_pc["tokens"] == without["tokens"]
     # with --speculative-config the verify graphs' shapes are precompiled too (their capture launches each one),
     # and greedy output is the same
     spec = _start(ckpt, tmp_path / "cache_c", True, spec=True)
-    assert spec["misses"] == []
+    assert spec["misses"] == [], spec["miss_lines"]
     assert spec["tokens"] == with_pc["tokens"]

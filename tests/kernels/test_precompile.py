@@ -197,7 +197,8 @@ def test_dry_batches_are_valid_forwards(tiny_moe_gptq_dir):
 
 def test_dry_run_runs_one_layer_of_each_kind_and_leaves_the_model_whole(tiny_moe_gptq_dir):
     """The precompile's dry run (runner/precompile.dry_run) goes through the model's public forward with
-    ``layer_ids``: on the CPU its forwards really run, through the representative layers only, and the model keeps
+    ``layer_ids``: on the CPU its forwards really run, through the representative layers only (each twice: as
+    the first layer and after one), and the model keeps
     every layer; a forward over all layer ids is the plain forward, bit for bit."""
     from onecard.config import EngineArgs
     from onecard.runner.model_runner import ModelRunner
@@ -219,7 +220,8 @@ def test_dry_run_runs_one_layer_of_each_kind_and_leaves_the_model_whole(tiny_moe
     finally:
         for h in hooks:
             h.remove()
-    forwards = 1 + len(runner.graph_batch_sizes()) + len(dry_shapes(3, 130, 256))
+    # the profile once, every recorded forward twice (each kind as the first layer and after one)
+    forwards = 1 + 2 * (len(runner.graph_batch_sizes()) + len(dry_shapes(3, 130, 256)))
     assert calls == [forwards] + [0] * (len(layers) - 1)
     assert list(model.layers) == layers
     _, pos, md = batch([1, 5], [3, 0], runner.block_size, runner.device)

@@ -72,14 +72,8 @@ def _tile_kv(kc_ptr, vc_ptr, blk, k_pos, kv_end, kvh, block_size, HKV: tl.conste
 
 
 @triton.jit
-def _tile_update(q, k, v, k_pos, k_ok, q_pos, m_i, l_i, acc, scale_log2, new_key, k_new, v_new,
-                 KV_FMT: tl.constexpr, QKN: tl.constexpr):
-    """One key tile's online-softmax step: -> (m_i, l_i, acc). QKN: the row of key ``new_key`` is this step's
-    k_new, v_new (registers), whatever the cache row holds."""
-    if QKN:
-        is_new = (k_pos == new_key)[:, None]
-        k = tl.where(is_new, k_new[None, :], k)
-        v = tl.where(is_new, v_new[None, :], v)
+def _tile_update(q, k, v, k_pos, k_ok, q_pos, m_i, l_i, acc, scale_log2, KV_FMT: tl.constexpr):
+    """One key tile's online-softmax step: -> (m_i, l_i, acc)."""
     if KV_FMT != 0:                                                       # fp8 bytes -> q's dtype (exact)
         k = kv_decode(k, KV_FMT).to(q.dtype)
         v = kv_decode(v, KV_FMT).to(q.dtype)
@@ -113,9 +107,9 @@ def _paged_attn_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, qsl_ptr
     """QKN (decode-only launches, the model-dtype cache; paths.batch1_attn_qk): q_ptr, k_ptr, v_ptr are the
     projection's raw q | k | v rows (any float type; k and v rows strided by stride_kt, heads contiguous) and the
     kernel does qk_norm_rope_store's work itself: each program normalises and rotates its query rows (per-head
-    RMSNorm with qw, neox RoPE at positions[token]) and the new token's k (with kw); the program whose segment
-    holds the sequence's last key stores k and v into the cache at slot_mapping[token] (skipped when < 0), and
-    every program uses them in place of that key's cache row (the value it would have read).
+    RMSNorm with qw, neox RoPE at positions[token]); the program whose segment holds the sequence's last key
+    normalises and rotates the new token's k (with kw) and stores k and v into the cache at slot_mapping[token]
+    (skipped when < 0) before its key tiles, which read them back (a CTA barrier orders the two).
     PRELOAD (decode-only launches, PREFETCH 0; paths.attention_preload): a segment's first key tile is loaded
     before the PDL wait except the new key's row, and processed ahead of the loop."""
     tl.static_assert(not (PRELOAD and PREFETCH), "PRELOAD: the kernel's own prefetch off")
@@ -181,17 +175,23 @@ def _paged_attn_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, qsl_ptr
         qn = qx * rstd[:, None] * qw[None, :]
         qn_sw = qs * rstd[:, None] * qw_sw[None, :]
         q = (qn * cosf[None, :] + qn_sw * sinf[None, :]).to(out_ptr.dtype.element_ty)   # as q_out is stored
-        k_row = k_ptr + q_start.to(tl.int64) * stride_kt + kvh * D
-        kx = tl.load(k_row + offs_d).to(tl.float32)                      # [D] the new token's k, this KV head
-        ks = tl.load(k_row + swap).to(tl.float32)
-        krstd = 1.0 / tl.sqrt(tl.sum(kx * kx, axis=0) / D + eps)
-        k_new = ((kx * krstd * kw) * cosf + (ks * krstd * kw_sw) * sinf).to(kc_ptr.dtype.element_ty)
-        v_new = tl.load(v_ptr + q_start.to(tl.int64) * stride_kt + kvh * D + offs_d).to(vc_ptr.dtype.element_ty)
+        # the new token's k, v (this KV head): the program whose segment holds the new key stores them before
+        # its tiles, and the barrier makes the row visible to its threads (no other program reads it)
         new_key = seq_len - 1                                             # its position in the sequence
+        if (t0 * BLOCK_N <= new_key) & (new_key < t1 * BLOCK_N) & (slot_new >= 0):
+            k_row = k_ptr + q_start.to(tl.int64) * stride_kt + kvh * D
+            kx = tl.load(k_row + offs_d).to(tl.float32)                  # [D]
+            ks = tl.load(k_row + swap).to(tl.float32)
+            krstd = 1.0 / tl.sqrt(tl.sum(kx * kx, axis=0) / D + eps)
+            k_new = ((kx * krstd * kw) * cosf + (ks * krstd * kw_sw) * sinf).to(kc_ptr.dtype.element_ty)
+            v_new = tl.load(v_ptr + q_start.to(tl.int64) * stride_kt + kvh * D + offs_d).to(vc_ptr.dtype.element_ty)
+            kv_row = (slot_new * HKV + kvh) * D + offs_d
+            tl.store(kc_ptr + kv_row, k_new)
+            tl.store(vc_ptr + kv_row, v_new)
+        tl.debug_barrier()
     else:
         q = tl.load(q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
                     mask=row_ok[:, None], other=0.0)                      # [BM, D]
-        new_key, k_new, v_new = -1, 0, 0                                  # (unused without QKN)
     q_pos = ctx_len + q_idx                                               # [BM]
     m_i = tl.zeros((BLOCK_M,), dtype=tl.float32) - 1e30
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
@@ -206,12 +206,11 @@ def _paged_attn_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, qsl_ptr
         blk_next = _tile_blocks(bt_row, (t0 + 1) * BLOCK_N + offs_n, tl.where(t0 + 1 < t1, kv_end, 0), block_size)
     t_loop = t0
     if PRELOAD:                                                           # tile t0 from the preloaded rows
-        new_row = (pre_pos == seq_len - 1)[:, None]
-        if not QKN:                                                       # its new key's row, now written
-            k_pre = tl.where(new_row, tl.load(kc_ptr + pre_off, mask=new_row, other=0), k_pre)
-            v_pre = tl.where(new_row, tl.load(vc_ptr + pre_off, mask=new_row, other=0), v_pre)
+        new_row = (pre_pos == seq_len - 1)[:, None]                       # its new key's row, now written
+        k_pre = tl.where(new_row, tl.load(kc_ptr + pre_off, mask=new_row, other=0), k_pre)
+        v_pre = tl.where(new_row, tl.load(vc_ptr + pre_off, mask=new_row, other=0), v_pre)
         m_i, l_i, acc = _tile_update(q, k_pre, v_pre, pre_pos, pre_pos < kv_end, q_pos, m_i, l_i, acc, scale_log2,
-                                     new_key, k_new, v_new, KV_FMT, QKN)
+                                     KV_FMT)
         t_loop = t0 + 1
     for t in range(t_loop, t1):
         k_pos = t * BLOCK_N + offs_n                                      # [BN]
@@ -236,15 +235,7 @@ def _paged_attn_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, qsl_ptr
             kv_off = (slot[:, None] * HKV + kvh) * D + offs_d[None, :]    # [BN, D]
             k = tl.load(kc_ptr + kv_off, mask=k_ok[:, None], other=0)
             v = tl.load(vc_ptr + kv_off, mask=k_ok[:, None], other=0)
-        m_i, l_i, acc = _tile_update(q, k, v, k_pos, k_ok, q_pos, m_i, l_i, acc, scale_log2, new_key, k_new, v_new,
-                                     KV_FMT, QKN)
-    if QKN:
-        # the segment holding the new key stores it (after its tiles: they took k_new, v_new from registers, never
-        # from this row, which no other program of this launch reads)
-        owns = (t0 * BLOCK_N <= new_key) & (new_key < t1 * BLOCK_N) & (slot_new >= 0)
-        kv_row = (slot_new * HKV + kvh) * D + offs_d
-        tl.store(kc_ptr + kv_row, k_new, mask=(offs_d < D) & owns)
-        tl.store(vc_ptr + kv_row, v_new, mask=(offs_d < D) & owns)
+        m_i, l_i, acc = _tile_update(q, k, v, k_pos, k_ok, q_pos, m_i, l_i, acc, scale_log2, KV_FMT)
     if KV_FMT != 0:
         acc = acc * v_scale                                               # before the split-KV merge: linear
     if num_segments == 1:

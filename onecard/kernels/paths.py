@@ -238,7 +238,7 @@ def batch1_accumulate(tokens: int) -> bool:
 # one launch fewer per layer. With BATCH1_ACCUMULATE's path only, decode steps, model-dtype caches, sm80+ (the
 # pre-sm80 tiles with it compile for sm70 to 255 registers and 360 B of stack per thread; sm90: 168 registers, no
 # stack). ``set_batch1_attn_qk`` turns it on in a process.
-BATCH1_ATTN_QK = False
+BATCH1_ATTN_QK = True
 
 
 def set_batch1_attn_qk(on: bool | None) -> None:

@@ -116,3 +116,24 @@ def last_arrival(cnt_ptr, arrivals):
     if last:
         tl.atomic_xchg(cnt_ptr, 0, sem="relaxed")
     return last
+
+
+def settle_cache_keys(namespace: dict[str, Any]) -> None:
+    """Compute the Triton cache key of every @triton.jit function a module defines, in definition order; each
+    kernel module calls this last, with its globals().
+
+    Why: Triton 3.6 folds a callee's constexpr globals (NATIVE, int4's PAIR_DIFFS_PTX) into its caller's key only
+    when the callee's own key was computed before the caller's (JITFunction._update_hash merges
+    func.used_global_vals before reading func.cache_key, which fills them). So a kernel's key depended on which
+    kernels that process had keyed first: the start-up precompile's workers and the engine computed different
+    keys for kernels calling silu_mul or the int4 helpers, and the engine JIT-compiled those again
+    (tests/gpu/test_precompile_gpu.py, intermittently). Keyed at import, helpers first (their modules are imported
+    before their callers'), every process computes the same keys."""
+    from triton.runtime.jit import JITFunction
+
+    for value in list(namespace.values()):
+        if isinstance(value, JITFunction) and value.__module__ == namespace.get("__name__"):
+            value.cache_key  # noqa: B018  (computed and cached on the function)
+
+
+settle_cache_keys(globals())

@@ -6,6 +6,8 @@ fp32 test models, so the Triton backend could not be compared token for token wi
 import triton
 import triton.language as tl
 
+from onecard.kernels.triton_common import settle_cache_keys
+
 
 @triton.jit
 def dot(a, b):
@@ -13,3 +15,5 @@ def dot(a, b):
         return tl.dot(a, b, input_precision="ieee")
     else:
         return tl.dot(a, b)
+
+settle_cache_keys(globals())   # Triton cache keys, helpers first (triton_common.settle_cache_keys)

@@ -6,7 +6,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import libdevice
 
-from onecard.kernels.triton_common import NATIVE, AotConfig, signature
+from onecard.kernels.triton_common import NATIVE, AotConfig, settle_cache_keys, signature
 
 BLOCK = 1024
 
@@ -60,3 +60,5 @@ def aot_configs() -> list[AotConfig]:
                 out.append(AotConfig(_silu_and_mul_kernel, signature(args, cx), cx, 4, 1, min_cc,
                                      f"silu_and_mul[{act}{'' if x_t == act else ',x=fp32'}{',fast' if fast else ''}]"))
     return out
+
+settle_cache_keys(globals())   # Triton cache keys, helpers first (triton_common.settle_cache_keys)

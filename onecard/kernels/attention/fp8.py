@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from onecard.kernels.triton_common import settle_cache_keys
+
 E5M2 = torch.float8_e5m2
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = 448.0
@@ -94,3 +96,5 @@ def kv_store_value(x, scale, FMT: tl.constexpr, dtype: tl.constexpr):
         return x.to(dtype)
     else:
         return kv_encode(x.to(tl.float32), scale, FMT)
+
+settle_cache_keys(globals())   # Triton cache keys, helpers first (triton_common.settle_cache_keys)

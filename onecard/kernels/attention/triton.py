@@ -35,6 +35,7 @@ from onecard.kernels.triton_common import (
     num_sms,
     pdl,
     pdl_enter,
+    settle_cache_keys,
     signature,
 )
 from onecard.kernels.triton_dot import dot
@@ -518,3 +519,5 @@ def aot_configs() -> list[AotConfig]:
 
 __all__ = ["RawQK", "aot_configs", "attn_tiles", "block_q", "num_segments", "paged_attention", "split_plan",
            "store_kv"]
+
+settle_cache_keys(globals())   # Triton cache keys, helpers first (triton_common.settle_cache_keys)

@@ -48,6 +48,7 @@ from onecard.kernels.triton_common import (
     last_arrival,
     pdl,
     pdl_enter,
+    settle_cache_keys,
     signature,
 )
 from onecard.kernels.types import GPTQWeight
@@ -304,3 +305,5 @@ def aot_configs() -> list[AotConfig]:
 
 
 __all__ = ["aot_configs", "norm_qkv_rope_store", "supported"]
+
+settle_cache_keys(globals())   # Triton cache keys, helpers first (triton_common.settle_cache_keys)

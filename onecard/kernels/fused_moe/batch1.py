@@ -29,7 +29,15 @@ from onecard.kernels import paths, workspace
 from onecard.kernels.fused_moe.decode import topk_of, topk_rank_of
 from onecard.kernels.fused_moe.stages import moe_inter_size, moe_stages
 from onecard.kernels.norm.triton import inv_rms, residual_add
-from onecard.kernels.triton_common import AotConfig, last_arrival, next_pow2, pdl, pdl_enter, signature
+from onecard.kernels.triton_common import (
+    AotConfig,
+    last_arrival,
+    next_pow2,
+    pdl,
+    pdl_enter,
+    settle_cache_keys,
+    signature,
+)
 from onecard.kernels.types import MoEWeight
 
 MAX_HIDDEN = 8192                     # one program holds the whole row (BLOCK_H fp32 values, 4 warps)
@@ -139,3 +147,5 @@ def aot_configs(act: str, min_cc: int) -> list[AotConfig]:
 
 
 __all__ = ["aot_configs", "norm_moe", "supported"]
+
+settle_cache_keys(globals())   # Triton cache keys, helpers first (triton_common.settle_cache_keys)

@@ -33,7 +33,7 @@ from onecard.kernels.fused_moe.stages import (
     stages_aot_configs,
     weight_args,
 )
-from onecard.kernels.triton_common import AotConfig, next_pow2, pdl, pdl_enter, signature
+from onecard.kernels.triton_common import AotConfig, next_pow2, pdl, pdl_enter, settle_cache_keys, signature
 from onecard.kernels.types import MoEWeight
 
 DECODE_MAX_TOKENS = paths.DECODE_MAX_TOKENS
@@ -260,3 +260,5 @@ __all__ = [
     "topk_rank_of",
     "weight_args",
 ]
+
+settle_cache_keys(globals())   # Triton cache keys, helpers first (triton_common.settle_cache_keys)

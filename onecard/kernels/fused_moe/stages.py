@@ -45,6 +45,7 @@ from onecard.kernels.triton_common import (
     next_pow2,
     num_sms,
     pdl_enter,
+    settle_cache_keys,
     signature,
 )
 from onecard.kernels.triton_dot import dot
@@ -430,3 +431,5 @@ __all__ = [
     "stages_aot_configs",
     "weight_args",
 ]
+
+settle_cache_keys(globals())   # Triton cache keys, helpers first (triton_common.settle_cache_keys)

@@ -30,7 +30,13 @@ from onecard.kernels.fused_moe.decode import (
 )
 from onecard.kernels.fused_moe.stages import DECODE_CONFIGS, weight_args
 from onecard.kernels.gptq_gemm.int4 import _dequant_tile_j, _group_sz
-from onecard.kernels.triton_common import AotConfig, compute_capability, next_pow2, signature
+from onecard.kernels.triton_common import (
+    AotConfig,
+    compute_capability,
+    next_pow2,
+    settle_cache_keys,
+    signature,
+)
 from onecard.kernels.triton_dot import dot
 from onecard.kernels.types import MoEWeight
 
@@ -302,3 +308,5 @@ __all__ = [
     "norm_moe",
     "route",
 ]
+
+settle_cache_keys(globals())   # Triton cache keys, helpers first (triton_common.settle_cache_keys)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from onecard.kernels.triton_common import NATIVE
+from onecard.kernels.triton_common import NATIVE, settle_cache_keys
 
 
 @triton.jit
@@ -204,3 +204,5 @@ def int_dot_tile(q, s_u, z_u, src, r, r_mask, INPUT: tl.constexpr):
         tile += tl.dot(interleaved_cols(e0, e1), INPUT(src, r * 8 + 2 * b, r_mask))       # inputs 8r + 2b
         tile += tl.dot(interleaved_cols(o0, o1), INPUT(src, r * 8 + 2 * b + 1, r_mask))   # inputs 8r + 2b + 1
     return tile * s_u[:, None]
+
+settle_cache_keys(globals())   # Triton cache keys, helpers first (triton_common.settle_cache_keys)

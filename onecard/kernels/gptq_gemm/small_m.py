@@ -24,7 +24,7 @@ from onecard.kernels.gptq_gemm.int4 import (
     row_input,
     rows_input_t,
 )
-from onecard.kernels.triton_common import last_arrival, pdl_enter
+from onecard.kernels.triton_common import last_arrival, pdl_enter, settle_cache_keys
 from onecard.kernels.triton_dot import dot
 
 
@@ -173,3 +173,4 @@ def _store_out(out_ptr, o_off, o_mask, res, bias_ptr, offs_n, n_mask, has_bias):
         res += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
     tl.store(out_ptr + o_off, res.to(out_ptr.dtype.element_ty), mask=o_mask)
 
+settle_cache_keys(globals())   # Triton cache keys, helpers first (triton_common.settle_cache_keys)

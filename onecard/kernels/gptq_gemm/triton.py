@@ -43,6 +43,7 @@ from onecard.kernels.triton_common import (
     num_sms,
     pdl,
     pdl_enter,
+    settle_cache_keys,
     signature,
 )
 from onecard.kernels.triton_dot import dot
@@ -364,3 +365,5 @@ def aot_configs() -> list[AotConfig]:
 
 __all__ = ["SmallGrid", "aot_configs", "choose_config", "dequantize", "row_groups", "small_grid", "small_m_gemm",
            "w4a16_gemm"]
+
+settle_cache_keys(globals())   # Triton cache keys, helpers first (triton_common.settle_cache_keys)

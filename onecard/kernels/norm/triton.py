@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from onecard.kernels.triton_common import AotConfig, next_pow2, pdl, pdl_enter, signature
+from onecard.kernels.triton_common import AotConfig, next_pow2, pdl, pdl_enter, settle_cache_keys, signature
 
 
 @triton.jit
@@ -86,3 +86,5 @@ def aot_configs() -> list[AotConfig]:
                 out.append(AotConfig(_rms_norm_kernel, signature(args, cx), cx, 4, 1, min_cc,
                                      f"rms_norm[{h},res={has_res},x={x_t}{',zero' if zero else ''},{act}]"))
     return out
+
+settle_cache_keys(globals())   # Triton cache keys, helpers first (triton_common.settle_cache_keys)

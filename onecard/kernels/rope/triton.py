@@ -13,7 +13,7 @@ import triton.language as tl
 
 from onecard.kernels.attention.fp8 import fmt_code, kernel_view, kv_store_value
 from onecard.kernels.attention.triton import KV_FORMATS
-from onecard.kernels.triton_common import AotConfig, next_pow2, pdl, pdl_enter, signature
+from onecard.kernels.triton_common import AotConfig, next_pow2, pdl, pdl_enter, settle_cache_keys, signature
 
 
 @triton.jit
@@ -141,3 +141,5 @@ def aot_configs() -> list[AotConfig]:
                 out.append(AotConfig(_qk_norm_rope_kernel, signature(args, cx), cx, 4, 1, max(act_cc, kv_cc),
                                      f"qk_norm_rope[store={store}{tag},{act}{kv_tag}]"))
     return out
+
+settle_cache_keys(globals())   # Triton cache keys, helpers first (triton_common.settle_cache_keys)

@@ -218,7 +218,9 @@ def fused_attn_input(tokens: int) -> bool:
 # back and rounds them: two dependent round trips to L2 off each GEMV's critical path); qk_norm_rope_store and
 # the next RMSNorm / norm_moe read the fp32 sums. Numerics: the GEMVs' outputs are not rounded to the model
 # dtype before the q/k norm and the residual add, and the order of the splits' fp32 additions varies (as the
-# decode MoE's stages' already does). ``set_batch1_accumulate`` turns it on in a process.
+# decode MoE's stages' already does). ON from 2026-12-06 (H100, bench/run_h200.sh switchab, one engine,
+# alternating; BENCHMARKS.md): batch 1 at 512 tokens 420.1 -> 438.5 tok/s, at 32k 286.9 -> 296.9, batch 16
+# unchanged, the same greedy tokens. ``set_batch1_accumulate(False)`` turns it off in a process.
 BATCH1_ACCUMULATE = True
 
 
@@ -235,9 +237,11 @@ def batch1_accumulate(tokens: int) -> bool:
 # The batch-1 attention block's q/k RMSNorm + RoPE and K/V store inside the paged-attention launch
 # (attention/triton.py QKN: every program normalises and rotates its query rows, the program holding the new key
 # stores k and v and uses them in place of that cache row) instead of a launch of its own (qk_norm_rope_store):
-# one launch fewer per layer. With BATCH1_ACCUMULATE's path only, decode steps, model-dtype caches, sm80+ (the
-# pre-sm80 tiles with it compile for sm70 to 255 registers and 360 B of stack per thread; sm90: 168 registers, no
-# stack). ``set_batch1_attn_qk`` turns it on in a process.
+# one launch fewer per layer. With BATCH1_ACCUMULATE's path only, decode steps, model-dtype caches, sm80+ (its
+# first version's pre-sm80 tiles compiled for sm70 to 255 registers and 360 B of stack per thread). ON from
+# 2026-12-06 (H100, switchab): batch 1 at 512 tokens 439.3 -> 441.3 tok/s, at 32k 297.1 -> 297.8. (The first
+# version patched the new K/V into the tiles from registers: 168 registers on sm90 against 92 now, +1.5% at 512
+# but -2.4% at 32k.) ``set_batch1_attn_qk(False)`` turns it off in a process.
 BATCH1_ATTN_QK = True
 
 
@@ -254,8 +258,9 @@ def batch1_attn_qk(cc: int) -> bool:
 # Decode attention loading each segment's first key tile before the PDL wait (attention/triton.py PRELOAD: the
 # block-table entries and the K/V rows of earlier steps; only the new key's row waits for the previous launch):
 # one dependent load chain (block table, then K/V) off every decode layer's critical path. Decode-only launches,
-# the kernel's own PREFETCH off, sm80+ (the pre-sm80 tiles have no registers to spare: 212 on sm70).
-# ``set_attention_preload`` turns it on in a process.
+# the kernel's own PREFETCH off, sm80+ (the pre-sm80 tiles have no registers to spare: 212 on sm70). OFF
+# (H100, 2026-12-06, switchab): batch 1 at 512 tokens +0.6%, at 32k -12% (sm90: 164 registers against 90, the
+# preloaded tile held across the wait). ``set_attention_preload`` turns it on in a process.
 ATTN_PRELOAD = False
 
 
@@ -271,8 +276,9 @@ def attention_preload(cc: int) -> bool:
 
 # The batch-1 router's top-k (fused_moe/batch1.py's last-arriving program, on the decode step's critical path) by
 # rank (fused_moe/decode.topk_rank_of: a [E, E] compare and two selects) instead of TOP_K rounds of max, each a
-# cross-warp reduction: the same keys, so the same experts, order and ties. ``set_batch1_rank_topk`` turns it on
-# in a process.
+# cross-warp reduction: the same keys, so the same experts, order and ties. OFF (H100, 2026-12-06, switchab):
+# batch 1 -1.8% (norm_moe T=1 alone 24.7 -> 26.6 µs: the [128, 128] int64 compare costs more than the rounds).
+# ``set_batch1_rank_topk`` turns it on in a process.
 BATCH1_RANK_TOPK = False
 
 

@@ -125,7 +125,7 @@ def test_every_dispatcher_config_is_listed():
     from onecard.kernels.norm import triton as norm
     from onecard.kernels.rope import triton as rope
     assert {"w4a16[gemv,accum,fp16]", "w4a16[gemv,per_row,accum,fp16]", "norm_route[renorm=True,x=fp32,fp16]",
-            "norm_route[renorm=True,x=fp32,rank,fp16]", "norm_route[renorm=True,rank,fp16]"} <= names
+            "norm_route[renorm=True,x=fp32,rank,fp16]"} <= names
     assert "rms_norm[2048,res=True,x=fp32,zero,fp16]" in {c.name for c in norm.aot_configs()}
     assert {"paged_attn[bq=2,fp16,qkn]", "paged_attn[bq=2,fp16,preload]", "paged_attn[bq=2,fp16,qkn,preload]"} <= {
         c.name for c in attn.aot_configs()}

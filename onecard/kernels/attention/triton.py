@@ -474,8 +474,8 @@ def aot_configs() -> list[AotConfig]:
             # QKN (raw q | k | v in fp32: the batch-1 attention block's accumulated sums): the decode tiles of
             # sm80+ (paths.batch1_attn_qk), the model-dtype cache
             variants += [(decode_bq, 80, "qkn")] if kv_fmt == 0 else []
-            # PRELOAD (paths.attention_preload: decode-only, sm80+), alone and with QKN
-            variants += [(decode_bq, 80, "preload")] + ([(decode_bq, 80, "qkn+preload")] if kv_fmt == 0 else [])
+            # PRELOAD (paths.attention_preload: decode-only, sm80+; off), alone and with QKN, fp16 caches
+            variants += [(decode_bq, 80, "preload"), (decode_bq, 80, "qkn+preload")] if kv_fmt == 0 else []
             for bq, tiles_cc, prefetch in variants:                      # the tiles of sm80+ and of below
                 tag = ",pre-sm80" if tiles_cc < 80 else ""
                 qkn, preload = prefetch in ("qkn", "qkn+preload"), prefetch in ("preload", "qkn+preload")
@@ -496,7 +496,8 @@ def aot_configs() -> list[AotConfig]:
                         "num_segments": "i32", "min_seg_tiles": "i32", "v_scale": "fp32",
                         "k_ptr": raw_t, "v_ptr": raw_t, "qw_ptr": f"*{act}", "kw_ptr": f"*{act}", "pos_ptr": "*i64",
                         "cs_ptr": "*fp32", "slot_ptr": "*i64", "stride_kt": "i32", "eps": "fp32"}
-                out.append(AotConfig(_paged_attn_kernel, signature(args, cx), cx, warps, paths.ATTN_STAGES, min_cc,
+                out.append(AotConfig(_paged_attn_kernel, signature(args, cx), cx, warps, paths.ATTN_STAGES,
+                                     max(min_cc, 80) if (qkn or preload) else min_cc,
                                      f"paged_attn[bq={bq}{tag},{act}{kv_tag}{f',prefetch={prefetch}' * bool(prefetch)}"
                                      f"{',qkn' * qkn}{',preload' * preload}]"))
         for segs in sorted({reduce_block_s(s) for s in range(2, MAX_SEGMENTS + 1)}):

@@ -133,8 +133,10 @@ def norm_moe(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.
 def aot_configs(act: str, min_cc: int) -> list[AotConfig]:
     """The served shape (H 2048, E 128, k 8) with the residual (the model always has one here)."""
     out: list[AotConfig] = []
-    # x fp32: after attention_block's accumulating GEMVs; RANK: paths.batch1_rank_topk
+    # x fp32: after attention_block's accumulating GEMVs; RANK (paths.batch1_rank_topk, off): on that path only
     for renorm, x_t, rank in itertools.product((True, False), (act, "fp32"), (False, True)):
+        if rank and x_t != "fp32":
+            continue
         cx = dict(TOP_K=8, BLOCK_K=8, BLOCK_H=2048, BLOCK_E=128, RENORM=renorm, HAS_RES=True, PDL=False, RANK=rank)
         args = dict(x_ptr=f"*{x_t}", res_ptr=f"*{act}", nw_ptr=f"*{act}", gate_ptr=f"*{act}", h_ptr=f"*{act}",
                     res_out_ptr=f"*{act}", logits_ptr=f"*{act}", topk_w_ptr="*fp32", ids_ptr="*i32",

@@ -590,6 +590,7 @@ class AttentionLaunch(NamedTuple):
     reduce_warps: int
     prefetch: int            # 0: none; 1: the next tile's block-table entries; 2: also its K/V, in registers
     row_reduce: bool = False  # split, not decode-only: the row-wise reduce (any query rows per sequence)
+    preload: bool = False     # decode-only, prefetch 0: the first key tile before the PDL wait (attention_preload)
 
 
 def attention_launch(num_seqs: int, decode_only: bool, max_seq_len: int, kv_heads: int, sms: int, cc: int,
@@ -607,9 +608,11 @@ def attention_launch(num_seqs: int, decode_only: bool, max_seq_len: int, kv_head
                                block_n=block_n if small_q else None)
     ov = _SplitKvPolicy.override if decode_only else {}
     bs = min(next_pow2(segs), ov.get("reduce_block_s", REDUCE_BLOCK_S))
+    prefetch = int(ov.get("prefetch", ATTN_PREFETCH))
     return AttentionLaunch(segs, min_tiles, ov.get("block_n", block_n), ov.get("num_warps", warps),
                            ov.get("num_stages", ATTN_STAGES), bs, ov.get("reduce_warps", REDUCE_WARPS),
-                           int(ov.get("prefetch", ATTN_PREFETCH)), segs > 1 and not decode_only)
+                           prefetch, segs > 1 and not decode_only,
+                           decode_only and prefetch == 0 and attention_preload(cc))
 
 
 def use_pdl(num_tokens: int, cc: int, max_tokens: int) -> bool:

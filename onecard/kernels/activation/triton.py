@@ -13,8 +13,8 @@ BLOCK = 1024
 
 @triton.jit
 def silu_mul(g, u, FAST: tl.constexpr = False):
-    """silu(g) * u on fp32 values: the SiLU formula of the Triton kernels (this launch, the decode MoE's down stage;
-    the sorted MoE's gate/up epilogue writes the plain form itself, fused_moe/triton.py says why).
+    """silu(g) * u on fp32 values: the one SiLU formula of the Triton kernels (this launch, the decode MoE's down
+    stage, the sorted MoE's gate/up epilogue).
 
     FAST (on a GPU: triton_common.NATIVE; paths.DECODE_FAST_SILU says where it pays): exp and the division as
     libdevice's fast forms (ex2.approx.ftz and a reciprocal approximation, ~2 ulp), 6 instructions a value.

@@ -90,6 +90,15 @@ def _tile_update(q, k, v, k_pos, k_ok, q_pos, m_i, l_i, acc, scale_log2, KV_FMT:
 
 
 @triton.jit
+def _rms_rope_lanes(x, xs, w, w_sw, cosf, sinf, eps, D: tl.constexpr):
+    """rope.triton.rms_rope's arithmetic on whole head rows x [..., D] fp32: lane d pairs with lane (d + D/2) % D,
+    whose values are xs (and w_sw the norm weight's); cosf [D] is cos of lane d % (D/2), sinf that sin negated in
+    the first half. -> [..., D] fp32 (QKN's query rows and new key)."""
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=-1, keep_dims=True) / D + eps)
+    return (x * rstd * w) * cosf + (xs * rstd * w_sw) * sinf
+
+
+@triton.jit
 def _segment_tiles(n_tiles, num_segments, min_seg_tiles):
     """Key tiles per split-KV segment of a sequence with ``n_tiles`` tiles (the kernel and the reduce agree)."""
     return tl.maximum(tl.cdiv(n_tiles, num_segments), min_seg_tiles)
@@ -172,10 +181,7 @@ def _paged_attn_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, qsl_ptr
         q_row = q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh
         qx = tl.load(q_row + offs_d[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)   # [BM, D]
         qs = tl.load(q_row + swap[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
-        rstd = 1.0 / tl.sqrt(tl.sum(qx * qx, axis=1) / D + eps)
-        qn = qx * rstd[:, None] * qw[None, :]
-        qn_sw = qs * rstd[:, None] * qw_sw[None, :]
-        q = (qn * cosf[None, :] + qn_sw * sinf[None, :]).to(out_ptr.dtype.element_ty)   # as q_out is stored
+        q = _rms_rope_lanes(qx, qs, qw, qw_sw, cosf, sinf, eps, D).to(out_ptr.dtype.element_ty)   # as q_out is
         # the new token's k, v (this KV head): the program whose segment holds the new key stores them before
         # its tiles, and the barrier makes the row visible to its threads (no other program reads it)
         new_key = seq_len - 1                                             # its position in the sequence
@@ -183,8 +189,7 @@ def _paged_attn_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, qsl_ptr
             k_row = k_ptr + q_start.to(tl.int64) * stride_kt + kvh * D
             kx = tl.load(k_row + offs_d).to(tl.float32)                  # [D]
             ks = tl.load(k_row + swap).to(tl.float32)
-            krstd = 1.0 / tl.sqrt(tl.sum(kx * kx, axis=0) / D + eps)
-            k_new = ((kx * krstd * kw) * cosf + (ks * krstd * kw_sw) * sinf).to(kc_ptr.dtype.element_ty)
+            k_new = _rms_rope_lanes(kx, ks, kw, kw_sw, cosf, sinf, eps, D).to(kc_ptr.dtype.element_ty)
             v_new = tl.load(v_ptr + q_start.to(tl.int64) * stride_kt + kvh * D + offs_d).to(vc_ptr.dtype.element_ty)
             kv_row = (slot_new * HKV + kvh) * D + offs_d
             tl.store(kc_ptr + kv_row, k_new)
@@ -420,8 +425,6 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     grid = (b, triton.cdiv(md.max_query_len, bq), hkv * segs)
     block_n = plan.block_n
     use_pdl = pdl(q.device, t)
-    preload = (md.max_query_len == 1 and md.num_decode_tokens == t == b and plan.prefetch == 0
-               and paths.attention_preload(compute_capability(q.device)))
     if fmt == 0:
         k_scale = v_scale = 1.0                                           # scales belong to fp8 caches only
     # QKN's operands, or stand-ins of the same types (unused)
@@ -433,7 +436,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         md.block_table, scale * float(k_scale) * 1.4426950408889634, q.stride(0), q.stride(1), out.stride(0),
         out.stride(1), md.block_table.stride(0), k_cache.shape[1], segs, min_tiles, float(v_scale), *qk,
         HQ=hq, HKV=hkv, GROUP=group, GROUP_PAD=gp, D=d, BLOCK_Q=bq, BLOCK_N=block_n, PDL=use_pdl, KV_FMT=fmt,
-        PREFETCH=plan.prefetch, QKN=raw is not None, PRELOAD=preload, num_warps=plan.num_warps,
+        PREFETCH=plan.prefetch, QKN=raw is not None, PRELOAD=plan.preload, num_warps=plan.num_warps,
         num_stages=plan.num_stages, launch_pdl=use_pdl)
     if plan.row_reduce:                                                   # small-q: rows found per sequence
         _segment_reduce_rows_kernel[(b, md.max_query_len, hq)](

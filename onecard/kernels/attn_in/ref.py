@@ -57,24 +57,21 @@ def norm_qkv_rope_store(x: torch.Tensor, residual: torch.Tensor | None, norm_wei
     return q_out, residual_out
 
 
+_REF.norm_qkv_rope_store = norm_qkv_rope_store                          # the composition itself, for attention_block
+
+
 def attention_block(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
                     w_qkv: GPTQWeight | torch.Tensor, b_qkv: torch.Tensor | None, q_weight: torch.Tensor,
                     k_weight: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
                     k_cache: torch.Tensor, v_cache: torch.Tensor, md: AttentionMetadata, scale: float,
                     w_o: GPTQWeight | torch.Tensor, b_o: torch.Tensor | None, k_scale: float = 1.0,
-                    v_scale: float = 1.0, ops: object = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``ops``: as norm_qkv_rope_store's (None: these references; dispatch passes itself, and its
+                    v_scale: float = 1.0, ops: object = _REF) -> tuple[torch.Tensor, torch.Tensor]:
+    """``ops``: as norm_qkv_rope_store's (default: these references; dispatch passes itself, and its
     norm_qkv_rope_store then picks its own path)."""
     t = x.shape[0]
-    if ops is None:
-        q, residual_out = norm_qkv_rope_store(x, residual, norm_weight, eps, w_qkv, b_qkv, q_weight, k_weight,
+    q, residual_out = ops.norm_qkv_rope_store(x, residual, norm_weight, eps, w_qkv, b_qkv, q_weight, k_weight,
                                               positions, cos_sin_cache, k_cache, v_cache, md.slot_mapping,
                                               k_scale, v_scale)
-        ops = _REF
-    else:
-        q, residual_out = ops.norm_qkv_rope_store(x, residual, norm_weight, eps, w_qkv, b_qkv, q_weight, k_weight,
-                                                  positions, cos_sin_cache, k_cache, v_cache, md.slot_mapping,
-                                                  k_scale, v_scale)
     o = ops.paged_attention(q, k_cache, v_cache, md, scale, k_scale, v_scale).reshape(t, -1)   # [T, Hq D]
     out = ops.w4a16_gemm(o, w_o, b_o) if isinstance(w_o, GPTQWeight) else F.linear(o, w_o, b_o)
     return out, residual_out

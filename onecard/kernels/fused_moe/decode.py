@@ -103,14 +103,20 @@ def softmax_topk(logits_ptr, t, stride_t, E, TOP_K: tl.constexpr, BLOCK_K: tl.co
 
 
 @triton.jit
+def _softmax_keys(x, offs, E, BLOCK_E: tl.constexpr):
+    """-> (p, key) [BE]: the fp32 softmax of logits x and one int64 key per expert: the probability's bits (p >= 0:
+    ordered as integers) above the reversed index, so the larger key is the larger p and, among ties, the lower
+    index (a single max per round of topk_of; distinct, so topk_rank_of's ranks are too); -1 past E."""
+    p = tl.exp(x - tl.max(x, axis=0))
+    p = p / tl.sum(p, axis=0)
+    bits = p.to(tl.int32, bitcast=True).to(tl.int64)
+    return p, tl.where(offs < E, (bits << 32) | (BLOCK_E - 1 - offs).to(tl.int64), -1)
+
+
+@triton.jit
 def topk_of(x, offs, E, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr, RENORM: tl.constexpr):
     """softmax_topk on logits already loaded: x [BLOCK_E] fp32 (-inf past E), offs = arange(BLOCK_E)."""
-    p = tl.exp(x - tl.max(x, axis=0))
-    p = p / tl.sum(p, axis=0)                                             # [BE] fp32 softmax
-    # one int64 key per expert: the probability's bits (p >= 0: ordered as integers) above the reversed index,
-    # so a single max per round yields the value and the lowest index among ties (one reduction, not two)
-    bits = p.to(tl.int32, bitcast=True).to(tl.int64)
-    key = tl.where(offs < E, (bits << 32) | (BLOCK_E - 1 - offs).to(tl.int64), -1)   # [BE]
+    _, key = _softmax_keys(x, offs, E, BLOCK_E)
     offs_k = tl.arange(0, BLOCK_K)
     vals = tl.zeros((BLOCK_K,), dtype=tl.float32)
     ids = tl.zeros((BLOCK_K,), dtype=tl.int32)
@@ -133,10 +139,7 @@ def topk_rank_of(x, offs, E, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E
     TOP_K rounds of max: each key's rank is the number of keys above it (one [BE, BE] compare and row sum), and
     slot k takes the key of rank k (one [BK, BE] select and sum). A handful of cross-warp reductions instead of
     TOP_K + 2 chained ones: the batch-1 router's last arriver runs this on the decode step's critical path."""
-    p = tl.exp(x - tl.max(x, axis=0))
-    p = p / tl.sum(p, axis=0)                                             # [BE] fp32 softmax
-    bits = p.to(tl.int32, bitcast=True).to(tl.int64)
-    key = tl.where(offs < E, (bits << 32) | (BLOCK_E - 1 - offs).to(tl.int64), -1)   # [BE], distinct
+    p, key = _softmax_keys(x, offs, E, BLOCK_E)
     rank = tl.sum((key[None, :] > key[:, None]).to(tl.int32), axis=1)    # [BE]: 0 = the largest
     offs_k = tl.arange(0, BLOCK_K)
     sel = (rank[None, :] == offs_k[:, None]) & (offs_k < TOP_K)[:, None]   # [BK, BE]: one True per row < TOP_K

@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from onecard.kernels import paths
+from onecard.kernels.activation.triton import silu_mul
 from onecard.kernels.fused_moe import batch1
 from onecard.kernels.fused_moe.decode import (
     DECODE_MAX_TOKENS,
@@ -148,10 +149,7 @@ def _moe_gemm_kernel(a_ptr, out_ptr, w1_ptr, z1_ptr, s1_ptr, g1_ptr, w2_ptr, z2_
                 else:
                     acc2 += tl.sum(wb * av[:, None], axis=0)
     if GATED:
-        # silu(gate) * up, fp32: activation/triton.silu_mul's plain formula, written here because calling silu_mul
-        # from this kernel made the start-up precompile miss its verify-shape variants (H100, 2026-12-06:
-        # tests/gpu/test_precompile_gpu.py with --speculative-config; passes with this line; cause not found)
-        acc1 = acc1 / (1.0 + tl.exp(-acc1)) * acc2
+        acc1 = silu_mul(acc1, acc2)                                       # silu(gate) * up, fp32
     if SORTED:
         if MUL_ROUTED:
             acc1 *= tl.load(topk_w_ptr + pair, mask=p_mask, other=0.0)[:, None]

@@ -277,8 +277,8 @@ def _attn_in_cases():
 def _attn_block_cases():
     """A decoder layer's attention block at batch 1 (dispatch.attention_block: input RMSNorm of x fp32 +
     residual, qkv GEMV, q/k norm + RoPE + KV store, paged attention over 512 tokens split as in graphs bound at
-    65,536, o_proj GEMV): the composed launches (the default), with the accumulating GEMVs, and with the
-    attention launch also doing q/k norm + RoPE + store; each against attn_in/ref.attention_block. Compared: out
+    65,536, o_proj GEMV): the composed launches, with the accumulating GEMVs, and with the attention launch also
+    doing q/k norm + RoPE + store (the defaults); each against attn_in/ref.attention_block. Compared: out
     | residual_out | the new K and V rows."""
     from onecard.kernels import dispatch, paths
     from onecard.kernels.attention.metadata import AttentionMetadata
@@ -296,24 +296,23 @@ def _attn_block_cases():
     pos, cache = torch.tensor([ctx], device=DEV), rope_cache()
     kc, vc = (torch.randn(64, bs, HKV, D, device=DEV).half() for _ in range(2))
 
-    def run(fn, *switches):
+    def run(fn, acc: bool = False, qk: bool = False):    # the two switches set either way (both are on by default)
         def call():
-            for on in switches:
-                on(True)
+            paths.set_batch1_accumulate(acc)
+            paths.set_batch1_attn_qk(qk)
             try:
                 o, r = fn(x, res, nw, 1e-6, wq, None, qn, kn, pos, cache, kc, vc, md, D ** -0.5, wo, None)
             finally:
-                for on in switches:
-                    on(None)
+                paths.set_batch1_accumulate(None)
+                paths.set_batch1_attn_qk(None)
             return torch.cat([o.float().flatten(), r.float().flatten(), kc.view(-1, HKV * D)[slot].float(),
                               vc.view(-1, HKV * D)[slot].float()])
         return call
     nbytes = wq.nbytes() + wo.nbytes() + (ctx + 1) * HKV * D * 2 * 2
     ref = run(ai_r.attention_block)
     yield "attention block T=1 (composed)", run(dispatch.attention_block), ref, nbytes
-    yield ("attention block T=1 accumulate", run(dispatch.attention_block, paths.set_batch1_accumulate), ref, nbytes)
-    yield ("attention block T=1 accumulate + attn qk",
-           run(dispatch.attention_block, paths.set_batch1_accumulate, paths.set_batch1_attn_qk), ref, nbytes)
+    yield "attention block T=1 accumulate", run(dispatch.attention_block, acc=True), ref, nbytes
+    yield "attention block T=1 accumulate + attn qk", run(dispatch.attention_block, acc=True, qk=True), ref, nbytes
 
 
 def main() -> None:

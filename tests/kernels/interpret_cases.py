@@ -72,8 +72,8 @@ ATTN_IN = [(256, 4, 2, 64, "x32res", 5, 1), (1152, 2, 1, 128, "nores", -1, 1), (
 GEMM_ACC = (0, 1, 7, 10)      # GEMM cases at M = 1 again accumulating into a row of random values (ACCUM)
 # attnblockqk{i}: ATTN_BLOCK case i with the attention launch normalising, rotating and storing q/k itself
 # (paths.set_batch1_attn_qk), unsplit and (ATTN_QK_SPLITS) with forced split-KV knobs: 16-key tiles cut the 40-key
-# context into 3 one-tile segments (the last one holds the new key and stores it), also with the kernel's K/V
-# prefetch (the new key patched into a tile loaded one iteration early)
+# context into 3 one-tile segments (the last one holds the new key and stores it before its tiles), also with the
+# kernel's K/V prefetch (which then reads the stored row one iteration early)
 ATTN_QK_SPLITS = [None, {"segments": 3, "block_n": 16}, {"segments": 2, "block_n": 16, "prefetch": 2}]
 # attnblockqkpre{i}: the same split as ATTN_QK_SPLITS[1] with the first key tile preloaded (paths.set_attention_preload)
 ATTN_BLOCK = [(256, 4, 2, 64, "x32res", 40, False), (384, 2, 2, 64, "nores", 5, True)]

@@ -142,6 +142,7 @@ def switch_setters() -> dict:
             "b1_acc": paths.set_batch1_accumulate, "rank_topk": paths.set_batch1_rank_topk,
             "attn_qk": paths.set_batch1_attn_qk,                          # (with b1_acc only)
             "attn_pre": paths.set_attention_preload,
+            "ctx_graphs": paths.set_decode_context_graphs,                # read when a policy's graphs are captured
             "fast_silu": paths.set_decode_fast_silu,
             "gemv4": _table_override(gemm.SMALL_PROGRAMS_PER_SM, "gemv", 4),
             "moe1pps8": _table_override(stages.DECODE_CONFIGS, "decode1",
@@ -237,14 +238,15 @@ class Policies:
         hkv = int(self.core.config.model.hf_config.get("num_key_value_heads", 4))
         self._set(spec)
         try:
-            segs, min_tiles = paths.split_kv(gbs, True, g.max_model_len, hkv, sms, cc)
+            bound = next(c for c in g.decode_bounds[gbs] if c >= ctx + 1 or c == g.max_model_len)   # try_run's pick
+            segs, min_tiles = paths.split_kv(gbs, True, bound, hkv, sms, cc)
         finally:
             paths.set_split_kv_policy(None)
             paths.set_decode_attention_override()
             set_switches("")
         tiles = -(-ctx // paths.attention_tiles(cc, 16)[0])
         per = max(-(-tiles // segs), min_tiles)
-        return {"graph_batch": gbs, "segments": segs, "filled": -(-tiles // per), "tiles_per_segment": per,
+        return {"graph_batch": gbs, "graph_bound": bound, "segments": segs, "filled": -(-tiles // per), "tiles_per_segment": per,
                 "programs": gbs * hkv * segs, "sms": sms}
 
 

@@ -564,6 +564,37 @@ def split_kv(num_seqs: int, decode_only: bool, max_seq_len: int, kv_heads: int, 
     return _fill_segments(base, tiles, split_kv_ctas_per_sm(cc) * sms), SPLIT_MIN_SEGMENT_TILES
 
 
+# Decode CUDA graphs per context class. A captured graph's attention split is fixed by its metadata's bound
+# (split_kv: max_model_len inside graphs), so without classes a 512-token decode runs the split that 64k needs:
+# one-tile segments and the split-KV reduce, a launch per layer that an unsplit launch does not have (eager
+# decodes below SPLIT_MIN_SEQ_LEN do not split). With classes, a decode batch size also gets a graph for each
+# of these bounds (a step's longest sequence at most the bound) whose split differs from the next larger
+# bound's, and a step replays the smallest bound that holds it. Any bound gives the same results (the kernel
+# cuts each sequence's own tiles into the segments), so the choice is only about speed. One class for now: the
+# unsplit one (a longer bound only moves the segment count, bs1 64 at 4k, 86 at 16k, 94 at 64k, for a graph more
+# per batch size). ``set_decode_context_graphs`` switches it in a process (bench A/Bs).
+DECODE_CONTEXT_GRAPHS = False
+DECODE_GRAPH_CONTEXTS = (SPLIT_MIN_SEQ_LEN - 1,)
+
+
+def set_decode_context_graphs(on: bool | None) -> None:
+    """Decode graphs per context class on or off in this process; None: DECODE_CONTEXT_GRAPHS."""
+    _set_switch("decode_context_graphs", on)
+
+
+def decode_graph_bounds(num_seqs: int, max_model_len: int, kv_heads: int, sms: int, cc: int) -> tuple[int, ...]:
+    """The context bounds (ascending, the last max_model_len) of the decode graphs of ``num_seqs`` sequences: one
+    per DECODE_GRAPH_CONTEXTS class below max_model_len whose split_kv differs from the next larger bound's kept
+    (DECODE_CONTEXT_GRAPHS on), else max_model_len alone."""
+    bounds = [max_model_len]
+    if _Switches.on.get("decode_context_graphs", DECODE_CONTEXT_GRAPHS):
+        for c in sorted((c for c in DECODE_GRAPH_CONTEXTS if c < max_model_len), reverse=True):
+            if split_kv(num_seqs, True, c, kv_heads, sms, cc) != split_kv(num_seqs, True, bounds[0], kv_heads,
+                                                                          sms, cc):
+                bounds.insert(0, c)
+    return tuple(bounds)
+
+
 @functools.lru_cache(maxsize=4096)
 def _fill_segments(base: int, tiles: int, wave: int) -> int:
     """split_kv's "fill" count for ``base`` programs per segment, ``tiles`` key tiles, ``wave`` resident programs."""

@@ -1,13 +1,16 @@
 """CUDA graphs for decode and speculative verify steps: captured once at start-up, replayed each step.
 
 Contract: ``CUDAGraphRunner(model, kv_caches, batch_sizes, max_blocks_per_seq, max_model_len, device,
-steps_in_flight, verify_shapes=())`` (``steps_in_flight``: a step may be submitted before the last one's output
-was read; ``verify_shapes``: (b, q) pairs from runner/graph_shapes.verify_graph_shapes, empty without
---speculative-config); ``capture()`` records one graph per decode batch size, then one per verify shape (most
-rows first), all in one shared memory pool, and keeps ``capture_stats`` (seconds and device bytes of each kind);
-``replays`` counts the steps served per (b, q).
+steps_in_flight, verify_shapes=(), decode_bounds=None)`` (``steps_in_flight``: a step may be submitted before the
+last one's output was read; ``verify_shapes``: (b, q) pairs from runner/graph_shapes.verify_graph_shapes, empty
+without --speculative-config; ``decode_bounds``: batch size -> the context bounds of its decode graphs, ascending,
+the last max_model_len: kernels/paths.decode_graph_bounds; default max_model_len alone); ``capture()`` records one
+graph per decode batch size and bound, then one per verify shape (most rows first), all in one shared memory
+pool, and keeps ``capture_stats`` (seconds and device bytes of each kind); ``replays`` counts the steps served
+per (b, q), ``decode_replays`` the decode steps per (b, bound).
 ``try_run(inputs, fill=None) -> hidden[T, H] | None``, T = the step's rows in input order:
-  * a decode step (every request query length 1) replays the smallest decode graph >= B;
+  * a decode step (every request query length 1) replays the smallest decode graph >= B, of the smallest bound
+    >= the step's longest sequence (the bound only sets the attention's split: every bound computes the same);
   * a verify step (every request samples at each of its 1 + k_i rows: decodes with or without drafts, no
     prefill chunk) replays the verify graph (smallest b >= B, q = 1 + max k_i) in the layout ``pad_verify``
     builds: sequence i owns rows i*q .. i*q+q-1, its real rows first, then pad rows;
@@ -17,9 +20,9 @@ padded layout's rows for a verify step). Pad rows write no KV (slot -1); a padde
 pad rows, so the kernels' rule "query row j sits at position seq_len - query_len + j" keeps every real row at
 its true position and the causal mask keeps the pad rows (which come after) out of every real row's attention;
 sequences past B attend to their own q keys of whatever blocks their stale table row names. Outputs of pad rows
-are dropped. Inside a graph nothing syncs with the host: the attention metadata uses ``max_seq_len`` =
-max_model_len + q - 1 (an upper bound; kernels read the real lengths from ``seq_lens`` on the device) and the
-block table is wide enough for a padded sequence's last key.
+are dropped. Inside a graph nothing syncs with the host: the attention metadata uses ``max_seq_len`` = the
+graph's bound (decode) or max_model_len + q - 1 (verify), which sets the split only; kernels read the real
+lengths from ``seq_lens`` on the device, and the block table is wide enough for a padded sequence's last key.
 Off CUDA (tests) nothing is captured: each "replay" runs the model eagerly on the same static buffers and
 metadata, so the padded layout is exercised exactly as a graph would see it.
 """
@@ -89,12 +92,15 @@ def verify_query_len(inputs: ModelInputs) -> int | None:
 class CUDAGraphRunner:
     def __init__(self, model, kv_caches, batch_sizes: list[int], max_blocks_per_seq: int, max_model_len: int,
                  device: torch.device, steps_in_flight: bool = False,
-                 verify_shapes: list[tuple[int, int]] | tuple = ()):
+                 verify_shapes: list[tuple[int, int]] | tuple = (),
+                 decode_bounds: dict[int, tuple[int, ...]] | None = None):
         self.model = model
         self.kv_caches = kv_caches
         self.batch_sizes = sorted(set(batch_sizes))
         self.max_bs = self.batch_sizes[-1]
         self.max_model_len = max_model_len
+        self.decode_bounds = {bs: tuple((decode_bounds or {}).get(bs, (max_model_len,))) for bs in self.batch_sizes}
+        assert all(b[-1] == max_model_len for b in self.decode_bounds.values()), self.decode_bounds
         self.device = device
         self.use_graphs = device.type == "cuda"
         self.verify_shapes = sorted(set(verify_shapes))
@@ -124,59 +130,62 @@ class CUDAGraphRunner:
                      for q in {1} | {q for _, q in self.verify_shapes}}
         self._steps_in_flight = steps_in_flight and self.use_graphs
         self._copied: torch.cuda.Event | None = None       # behind the last step's copies from the pinned twins
-        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[tuple[int, int], torch.Tensor] = {}
+        self.graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}   # (b, q, max_seq_len) -> graph
+        self.outputs: dict[tuple[int, int, int], torch.Tensor] = {}
         self.shapes: set[tuple[int, int]] = set()          # (b, q) shapes try_run serves
         self.pool = None
         self.capture_stats: dict[str, float] = {}
         self.replays: Counter[tuple[int, int]] = Counter()   # steps served per (b, q) shape
+        self.decode_replays: Counter[tuple[int, int]] = Counter()   # decode steps served per (b, bound)
 
-    def _metadata(self, bs: int, q: int = 1) -> AttentionMetadata:
+    def _metadata(self, bs: int, q: int, max_seq_len: int) -> AttentionMetadata:
         return AttentionMetadata(
             slot_mapping=self.slot_mapping[:bs * q], query_start_loc=self._qsl[q][:bs + 1],
             seq_lens=self.seq_lens[:bs], block_table=self.block_table[:bs], max_query_len=q,
-            max_seq_len=self.max_model_len + q - 1, num_decode_tokens=bs if q == 1 else 0)
+            max_seq_len=max_seq_len, num_decode_tokens=bs if q == 1 else 0)
 
-    def _forward(self, bs: int, q: int) -> torch.Tensor:
+    def _forward(self, key: tuple[int, int, int]) -> torch.Tensor:
+        bs, q, max_seq_len = key
         t = bs * q
-        return self.model(self.input_ids[:t], self.positions[:t], self.kv_caches, self._metadata(bs, q))
+        return self.model(self.input_ids[:t], self.positions[:t], self.kv_caches, self._metadata(bs, q, max_seq_len))
 
-    def _capture_one(self, bs: int, q: int) -> None:
+    def _capture_one(self, key: tuple[int, int, int]) -> None:
+        bs, q, _ = key
         self.seq_lens[:bs].fill_(q)                     # a sane warm-up: every row sees its own keys
         for _ in range(2):  # warm up: Triton JIT / autotune outside the capture
-            self._forward(bs, q)
+            self._forward(key)
         torch.cuda.synchronize()
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g, pool=self.pool):
-            out = self._forward(bs, q)
+            out = self._forward(key)
         if self.pool is None:
             self.pool = g.pool()
-        self.graphs[(bs, q)] = g
-        self.outputs[(bs, q)] = out
+        self.graphs[key] = g
+        self.outputs[key] = out
 
     @torch.inference_mode()
     def capture(self) -> None:
-        decode = [(bs, 1) for bs in reversed(self.batch_sizes)]
-        verify = sorted(self.verify_shapes, key=lambda s: (-s[0] * s[1], -s[1]))
+        decode = [(bs, 1, bound) for bs in reversed(self.batch_sizes) for bound in reversed(self.decode_bounds[bs])]
+        verify = [(b, q, self.max_model_len + q - 1)
+                  for b, q in sorted(self.verify_shapes, key=lambda s: (-s[0] * s[1], -s[1]))]
+        self.shapes = {(b, q) for b, q, _ in decode + verify}
         if not self.use_graphs:                         # off CUDA: the same layouts, run eagerly
-            self.shapes = set(decode) | set(verify)
             return
-        for kind, shapes in (("decode", decode), ("verify", verify)):
-            if not shapes:
+        for kind, keys in (("decode", decode), ("verify", verify)):
+            if not keys:
                 continue
             torch.cuda.synchronize()
             free0 = torch.cuda.mem_get_info()[0]
             t0 = time.perf_counter()
-            for bs, q in shapes:
-                self._capture_one(bs, q)
+            for key in keys:
+                self._capture_one(key)
             torch.cuda.synchronize()
             self.capture_stats[f"{kind}_s"] = time.perf_counter() - t0
             self.capture_stats[f"{kind}_bytes"] = float(free0 - torch.cuda.mem_get_info()[0])
-            self.capture_stats[f"{kind}_graphs"] = float(len(shapes))
+            self.capture_stats[f"{kind}_graphs"] = float(len(keys))
         self.seq_lens.fill_(1)
-        self.shapes = set(decode) | set(verify)
-        logger.info("captured CUDA graphs for decode batch sizes %s (%.1f s) and %d verify shapes (%.1f s, "
-                    "%.0f MiB)", self.batch_sizes, self.capture_stats.get("decode_s", 0.0), len(verify),
+        logger.info("captured CUDA graphs for decode batch sizes %s (%d graphs, %.1f s) and %d verify shapes (%.1f s, "
+                    "%.0f MiB)", self.batch_sizes, len(decode), self.capture_stats.get("decode_s", 0.0), len(verify),
                     self.capture_stats.get("verify_s", 0.0), self.capture_stats.get("verify_bytes", 0.0) / 2**20)
 
     def try_run(self, inputs: ModelInputs, fill=None) -> torch.Tensor | None:
@@ -228,11 +237,17 @@ class CUDAGraphRunner:
         if fill is not None:
             fill(self.input_ids[:bs * q], inputs)
         self.replays[(bs, q)] += 1
-        if self.use_graphs:
-            self.graphs[(bs, q)].replay()
-            out = self.outputs[(bs, q)]
+        if q == 1:
+            bounds = self.decode_bounds[bs]
+            key = (bs, 1, next((c for c in bounds if c >= inputs.max_seq_len), bounds[-1]))
+            self.decode_replays[(bs, key[2])] += 1
         else:
-            out = self._forward(bs, q)
+            key = (bs, q, self.max_model_len + q - 1)
+        if self.use_graphs:
+            self.graphs[key].replay()
+            out = self.outputs[key]
+        else:
+            out = self._forward(key)
         if q == 1:
             return out[:n]
         return out.index_select(0, self.real_rows[:inputs.input_ids.shape[0]])      # [T, H], input order

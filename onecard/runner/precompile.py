@@ -3,7 +3,7 @@
 Contract: ``precompile(runner) -> dict | None`` runs before the runner's first real kernel launch (before
 ``determine_num_blocks``). Inside ``kernels.precompile.record()`` it runs the model's forward (no kernel
 executes; one layer of each distinct kind, see representative_layers) on: the memory profile's batch, every
-CUDA-graph decode batch, every verify graph's shape (with --speculative-config: b sequences x q query
+CUDA-graph decode batch at each of its context bounds, every verify graph's shape (with --speculative-config: b sequences x q query
 rows, logits at every row), eager decode batches of every size up to max_num_seqs with short and long contexts,
 prefill chunks on both sides of every boundary of the kernel-path table (kernels/paths.token_boundaries:
 decode-sized, the sorted MoE GEMMs, cuBLAS, the grouped prefill MoE) and at the profile's token budget and mixed decode + prefill steps; then it compiles what was recorded, on all CPUs,
@@ -115,9 +115,10 @@ def dry_run(runner) -> None:
     # residual; later ones a residual and the previous layer's output, e.g. the batch-1 MoE's fp32 sums)
     layer_ids = reps + reps
     for bs in runner.graph_batch_sizes():
-        ids, pos, md = batch([1] * bs, [1] * bs, runner.block_size, runner.device, max_seq_len=sched.max_model_len,
-                             table_width=-(-sched.max_model_len // runner.block_size))
-        model(ids, pos, runner.kv_caches, md, layer_ids)
+        for bound in runner.decode_graph_bounds(bs):                      # one graph per context class
+            ids, pos, md = batch([1] * bs, [1] * bs, runner.block_size, runner.device, max_seq_len=bound,
+                                 table_width=-(-sched.max_model_len // runner.block_size))
+            model(ids, pos, runner.kv_caches, md, layer_ids)
     for bs, q in runner.verify_graph_shapes():                            # the verify graphs (speculation)
         ids, pos, md = batch([q] * bs, [1] * bs, runner.block_size, runner.device,
                              max_seq_len=sched.max_model_len + q - 1,

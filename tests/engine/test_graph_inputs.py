@@ -64,3 +64,48 @@ def test_staged_graph_inputs_match_eager(tiny_moe_dir, async_scheduling):
     assert {1, 2, 3, 4, 5} <= set(replays) and len(replays) >= 38          # every batch size went through
     assert (graphs.slot_mapping[1:2] == -1).all()                        # the last step (1 request) padded row 1
     assert any(filled) == async_scheduling and (not async_scheduling or sum(filled) >= 38)
+
+
+def test_decode_steps_replay_the_smallest_context_bound_that_holds_them(tiny_moe_dir):
+    """With context classes (kernels/paths.decode_graph_bounds) a decode batch size has one graph per bound; a step
+    replays the smallest bound >= its longest sequence, and every bound gives the eager engine's tokens."""
+    args = dict(model=str(tiny_moe_dir), device="cpu", max_model_len=128, max_num_seqs=2)
+    lens, max_tokens = [3, 9], [30, 12]                                  # contexts cross 16 while both run
+    eager = _run(EngineCore(EngineArgs(**args).create_config()), lens, max_tokens)
+    core = EngineCore(EngineArgs(**args).create_config())
+    runner = core.runner
+    graphs = CUDAGraphRunner(runner.model, runner.kv_caches, [1, 2], 128 // runner.block_size, 128, runner.device,
+                             decode_bounds={1: (16, 128), 2: (16, 128)})
+    graphs.capture()
+    seen = []                                                            # (metadata bound, longest sequence)
+
+    def model(ids, pos, kv, md, *rest):
+        seen.append((md.max_seq_len, int(md.seq_lens.max())))
+        return runner.model(ids, pos, kv, md, *rest)
+
+    graphs.model = model
+    runner.graphs = graphs
+    assert _run(core, lens, max_tokens) == eager
+    assert all(longest <= bound for bound, longest in seen)
+    assert {bound for bound, _ in seen} == {16, 128}
+    assert graphs.decode_replays[(2, 16)] > 0 and graphs.decode_replays[(2, 128)] > 0
+    assert graphs.decode_replays[(1, 128)] > 0 and sum(graphs.decode_replays.values()) == len(seen)
+
+
+def test_graph_runner_takes_the_context_bounds_of_the_path_table(tiny_moe_dir, monkeypatch):
+    """The runner's graphs get paths.decode_graph_bounds per batch size (the tiny model's 512 positions are below
+    the served split threshold, so the table's threshold is lowered here to make its bound split)."""
+    from onecard.kernels import paths
+
+    core = EngineCore(EngineArgs(model=str(tiny_moe_dir), device="cpu", max_model_len=512,
+                                 max_num_seqs=2).create_config())
+    runner = core.runner
+    assert runner.graph_runner().decode_bounds == {1: (512,), 2: (512,)}
+    monkeypatch.setattr(paths, "SPLIT_MIN_SEQ_LEN", 64)
+    monkeypatch.setattr(paths, "DECODE_GRAPH_CONTEXTS", (63,))
+    paths.set_decode_context_graphs(True)
+    try:
+        assert paths.split_kv(1, True, 512, runner.num_kv_heads, 4, 80)[0] > 1   # the CPU's 4 "SMs", sm80
+        assert runner.graph_runner().decode_bounds == {1: (63, 512), 2: (63, 512)}
+    finally:
+        paths.set_decode_context_graphs(None)

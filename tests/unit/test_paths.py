@@ -295,3 +295,17 @@ def test_one_capability_function():
             offenders.append(str(f.relative_to(root)))
     # hardware.py reads the device properties for the probe's name and memory, not the capability
     assert offenders == [], offenders
+
+
+def test_decode_graph_bounds_add_the_unsplit_class_only_where_the_split_differs():
+    assert paths.decode_graph_bounds(1, 65536, 4, 132, 90) == (65536,)               # off: max_model_len alone
+    paths.set_decode_context_graphs(True)
+    try:
+        for bs in (1, 2, 4, 8, 16):
+            bounds = paths.decode_graph_bounds(bs, 65536, 4, 132, 90)
+            assert bounds == (paths.SPLIT_MIN_SEQ_LEN - 1, 65536)
+            assert paths.split_kv(bs, True, bounds[0], 4, 132, 90) == (1, 1)          # no split, no reduce
+            assert paths.split_kv(bs, True, bounds[1], 4, 132, 90)[0] > 1
+        assert paths.decode_graph_bounds(1, 1000, 4, 132, 90) == (1000,)             # max_model_len does not split
+    finally:
+        paths.set_decode_context_graphs(None)

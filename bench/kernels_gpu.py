@@ -7,6 +7,7 @@ $OUT/kernels_gpu.json when OUT is set.  Usage: python bench/kernels_gpu.py [--qu
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -114,7 +115,6 @@ def cases(quick: bool):
                 yield (f"w4a16 {name} M={m} int dot",
                        lambda x=x, w=w, setter=setter: _switched(setter, lambda: g_t.w4a16_gemm(x, w)),
                        lambda x=x, w=w: g_r.w4a16_gemm(x, w), nbytes)
-    yield from _attn_in_cases()
     yield from _attn_block_cases()
     wr = (torch.randn(E, H, device=DEV) / math.sqrt(H)).half()
     for t in (1, 16):
@@ -238,46 +238,10 @@ def rope_cache(positions: int = 4096) -> torch.Tensor:
     return torch.cat([ang.cos(), ang.sin()], -1)
 
 
-def _attn_in_cases():
-    """A layer's attention input at batch 1 (RMSNorm of x fp32 + residual, qkv GEMV, q/k norm + RoPE, K/V into
-    a 16-token-block cache at slot 77): the one-launch kernel (attn_in/triton.py), and for timing the three
-    launches it replaced, each against the reference; the result compared is q | residual_out | the K and V
-    rows written."""
-    from types import SimpleNamespace
-
-    from onecard.kernels import paths
-    from onecard.kernels.attn_in import ref as ai_r
-    from onecard.kernels.attn_in import triton as ai_t
-    from onecard.kernels.gptq_gemm import triton as g_t
-    from onecard.kernels.norm import triton as n_t
-    from onecard.kernels.rope import triton as r_t
-
-    w = rand_gptq(H, (HQ + 2 * HKV) * D)
-    x, res = torch.randn(1, H, device=DEV), torch.randn(1, H, device=DEV).half()
-    nw, qn, kn = ((1 + 0.1 * torch.randn(n, device=DEV)).half() for n in (H, D, D))
-    pos, slot, cache = torch.tensor([1234], device=DEV), torch.tensor([77], device=DEV), rope_cache()
-    unfused = SimpleNamespace(rms_norm=n_t.rms_norm, w4a16_gemm=g_t.w4a16_gemm,
-                              qk_norm_rope_store=r_t.qk_norm_rope_store)
-
-    def run(fn, **kw):
-        kc, vc = (torch.zeros(8, 16, HKV, D, device=DEV).half() for _ in range(2))
-
-        def call():
-            q, r = fn(x, res, nw, 1e-6, w, None, qn, kn, pos, cache, kc, vc, slot, **kw)
-            return torch.cat([q.flatten(), r.flatten(), kc.view(-1, HKV * D)[77], vc.view(-1, HKV * D)[77]])
-        return call
-    nbytes = w.nbytes() + H * 2 * 4
-    yield "attn_in T=1 (norm+qkv+rope+store)", run(ai_t.norm_qkv_rope_store), run(ai_r.norm_qkv_rope_store), nbytes
-    yield "attn_in T=1 (unfused)", run(ai_r.norm_qkv_rope_store, ops=unfused), run(ai_r.norm_qkv_rope_store), nbytes
-    fused = run(ai_t.norm_qkv_rope_store)                                 # its K loop on the exact-integer dot
-    yield ("attn_in T=1 (norm+qkv+rope+store) int dot", lambda: _switched(paths.set_batch1_int_dot, fused),
-           run(ai_r.norm_qkv_rope_store), nbytes)
-
-
 def _attn_block_cases():
     """A decoder layer's attention block at batch 1 (dispatch.attention_block: input RMSNorm of x fp32 +
     residual, qkv GEMV, q/k norm + RoPE + KV store, paged attention over 512 tokens split as in graphs bound at
-    65,536, o_proj GEMV): the composed launches, with the accumulating GEMVs, and with the attention launch also
+    65,536 (the last row: as in the unsplit context class's graph), o_proj GEMV): the composed launches, with the accumulating GEMVs, and with the attention launch also
     doing q/k norm + RoPE + store (the defaults); each against attn_in/ref.attention_block. Compared: out
     | residual_out | the new K and V rows."""
     from onecard.kernels import dispatch, paths
@@ -296,12 +260,14 @@ def _attn_block_cases():
     pos, cache = torch.tensor([ctx], device=DEV), rope_cache()
     kc, vc = (torch.randn(64, bs, HKV, D, device=DEV).half() for _ in range(2))
 
-    def run(fn, acc: bool = False, qk: bool = False):    # the two switches set either way (both are on by default)
+    def run(fn, acc: bool = False, qk: bool = False, bound: int = 65536):   # the two switches set either way
+        m = dataclasses.replace(md, max_seq_len=bound)                   # (both are on by default)
+
         def call():
             paths.set_batch1_accumulate(acc)
             paths.set_batch1_attn_qk(qk)
             try:
-                o, r = fn(x, res, nw, 1e-6, wq, None, qn, kn, pos, cache, kc, vc, md, D ** -0.5, wo, None)
+                o, r = fn(x, res, nw, 1e-6, wq, None, qn, kn, pos, cache, kc, vc, m, D ** -0.5, wo, None)
             finally:
                 paths.set_batch1_accumulate(None)
                 paths.set_batch1_attn_qk(None)
@@ -313,6 +279,9 @@ def _attn_block_cases():
     yield "attention block T=1 (composed)", run(dispatch.attention_block), ref, nbytes
     yield "attention block T=1 accumulate", run(dispatch.attention_block, acc=True), ref, nbytes
     yield "attention block T=1 accumulate + attn qk", run(dispatch.attention_block, acc=True, qk=True), ref, nbytes
+    # the decode graph of the unsplit context class (paths.decode_graph_bounds): no split, no reduce launch
+    yield ("attention block T=1 accumulate + attn qk, unsplit graph",
+           run(dispatch.attention_block, acc=True, qk=True, bound=paths.SPLIT_MIN_SEQ_LEN - 1), ref, nbytes)
 
 
 def main() -> None:

@@ -137,7 +137,7 @@ def switch_setters() -> dict:
     from onecard.kernels.fused_moe import stages
     from onecard.kernels.gptq_gemm import triton as gemm
 
-    return {"fuse_attn": paths.set_fused_attn_input, "moe_act": paths.set_decode_moe_act_launch,
+    return {"moe_act": paths.set_decode_moe_act_launch,
             "int_dot": paths.set_decode_int_dot, "b1_int": paths.set_batch1_int_dot,
             "b1_acc": paths.set_batch1_accumulate, "rank_topk": paths.set_batch1_rank_topk,
             "attn_qk": paths.set_batch1_attn_qk,                          # (with b1_acc only)

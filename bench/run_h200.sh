@@ -79,9 +79,9 @@ for p in $parts; do
           # the GPU tests of the kernels and the engine (~6 min; each scenario's JSON line is kept as it finishes;
           # AB_TIMEOUT: the A/B's seconds, default 220; AB_TESTS=0: no tests)
           [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30 > /dev/null
-          timeout 100 python3 bench/kernels_gpu.py --quick --only "${AB_KERNELS:-attn_in,M=1,T=1}"
+          timeout 100 python3 bench/kernels_gpu.py --quick --only "${AB_KERNELS:-attention block,M=1,T=1}"
           timeout "${AB_TIMEOUT:-220}" python3 bench/long_context.py /tmp/q30 "$OUT/switch_ab.json" --scenarios "${AB_SCENARIOS:-1x512,16x512}" \
-              --policies "${SWITCH_POLICIES:-fill,fill+fuse_attn,fill+b1_int,fill+fast_silu,fill+gemv4+moe1pps8,fill+moe_act,fill+int_dot,fill+fuse_attn+b1_int+fast_silu+gemv4+moe1pps8+int_dot}" \
+              --policies "${SWITCH_POLICIES:-fill,fill+ctx_graphs}" \
               | tee "$OUT/switch_ab.log" | grep -v '^{'
           [ "${AB_TESTS:-1}" = 1 ] && timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kernels_gpu.py \
               tests/gpu/test_engine_gpu.py 2>&1 | tail -8 ;;

@@ -30,7 +30,7 @@ Ops (all tensors on one device; "T" = flattened tokens):
   norm_qkv_rope_store(x[T,H], residual[T,H]|None, norm_weight[H], eps, w, bias[N]|None, q_weight, k_weight,
       positions, cos_sin_cache, k_cache, v_cache, slot_mapping, k_scale=1.0, v_scale=1.0) -> (q_out[T,Hq,D],
       residual_out[T,H]): rms_norm, the fused q | k | v projection w (GPTQWeight, or float [N, H]), then
-      qk_norm_rope_store (attn_in/ref.py); one launch on the Triton backend at batch 1 (attn_in/triton.py)
+      qk_norm_rope_store (attn_in/ref.py), each step as dispatched
   attention_block(x[T,H], residual[T,H]|None, norm_weight[H], eps, w_qkv, b_qkv[N]|None, q_weight, k_weight,
       positions, cos_sin_cache, k_cache, v_cache, md, scale, w_o, b_o[H]|None, k_scale=1.0, v_scale=1.0)
       -> (out[T,H], residual_out[T,H]): norm_qkv_rope_store, paged_attention, the o projection w_o (attn_in/ref.py);
@@ -183,14 +183,9 @@ def norm_qkv_rope_store(x, residual, norm_weight, eps, w, bias, q_weight, k_weig
                         k_cache, v_cache, slot_mapping, k_scale=1.0, v_scale=1.0):
     from onecard.kernels.attn_in import ref
 
-    args = (x, residual, norm_weight, eps, w, bias, q_weight, k_weight, positions, cos_sin_cache, k_cache, v_cache,
-            slot_mapping, k_scale, v_scale)
-    if backend_for(x.device) == "triton" and paths.fused_attn_input(x.shape[0]):
-        from onecard.kernels.attn_in import triton as tk
-
-        if tk.supported(x, w, bias, k_cache):
-            return tk.norm_qkv_rope_store(*args)
-    return ref.norm_qkv_rope_store(*args, ops=sys.modules[__name__])      # the three ops, each as dispatched
+    return ref.norm_qkv_rope_store(x, residual, norm_weight, eps, w, bias, q_weight, k_weight, positions,
+                                   cos_sin_cache, k_cache, v_cache, slot_mapping, k_scale, v_scale,
+                                   ops=sys.modules[__name__])             # the three ops, each as dispatched
 
 
 def attention_block(x, residual, norm_weight, eps, w_qkv, b_qkv, q_weight, k_weight, positions, cos_sin_cache,

@@ -180,14 +180,6 @@ def choose_decode_moe(tokens: int, cc: int) -> str:
     return "decode16" if tensor_core_dot(cc) else "decode16-pre-sm80"
 
 
-# A decoder layer's attention input at batch 1 as ONE launch (attn_in/triton.py: the input RMSNorm folded into the
-# qkv GEMV, q/k norm + RoPE + the KV store in each head's last-arriving program) instead of three (rms_norm, the
-# GEMV, qk_norm_rope_store). OFF: faster alone, slower in the model (H100, 2026-12-06, switchab: graph µs 9.4
-# against 10.5 for the three launches; batch 1 at 512 tokens 418.8 -> 413.2 tok/s). ``set_fused_attn_input``
-# turns it on in a process.
-FUSE_ATTN_INPUT = False
-
-
 class _Switches:
     """Per-process overrides of the table's on/off switches above and below (tests, benches; serving never sets
     them): switch name -> on."""
@@ -200,16 +192,6 @@ def _set_switch(name: str, on: bool | None) -> None:
         _Switches.on.pop(name, None)
     else:
         _Switches.on[name] = on
-
-
-def set_fused_attn_input(on: bool | None) -> None:
-    """The one-launch batch-1 attention input on or off in this process; None: FUSE_ATTN_INPUT."""
-    _set_switch("fuse_attn_input", on)
-
-
-def fused_attn_input(tokens: int) -> bool:
-    """Does a ``tokens``-token forward run its attention input as one launch (batch 1 only)?"""
-    return tokens == 1 and _Switches.on.get("fuse_attn_input", FUSE_ATTN_INPUT)
 
 
 # A decoder layer's attention block at batch 1 with its two GEMVs accumulating (attn_in/triton.attention_block):
@@ -717,7 +699,6 @@ __all__ = [
     "describe",
     "device_props",
     "emulated_capability",
-    "fused_attn_input",
     "grouped_gemm_dtype",
     "int_dot",
     "next_pow2",
@@ -729,7 +710,6 @@ __all__ = [
     "set_decode_int_dot",
     "set_decode_moe_act_launch",
     "set_emulated_capability",
-    "set_fused_attn_input",
     "set_small_q_split",
     "set_split_kv_policy",
     "small_q_split",

@@ -45,8 +45,7 @@ logger = logging.getLogger(__name__)
 KERNEL_MODULES = ("onecard.kernels.gptq_gemm.triton", "onecard.kernels.gptq_gemm.small_m",
                   "onecard.kernels.fused_moe.triton", "onecard.kernels.fused_moe.decode",
                   "onecard.kernels.fused_moe.stages", "onecard.kernels.attention.triton",
-                  "onecard.kernels.norm.triton", "onecard.kernels.rope.triton", "onecard.kernels.attn_in.triton",
-                  "onecard.kernels.activation.triton")
+                  "onecard.kernels.norm.triton", "onecard.kernels.rope.triton", "onecard.kernels.activation.triton")
 MAX_WORKERS = 8                       # each imports torch (~0.4 GB, for seconds); 16 were no faster on the H200 host
 
 

@@ -32,7 +32,7 @@ GEMM = [(1, 64, 40, 32, False, True), (1, 256, 16, 256, True, False), (3, 136, 4
 # group; 17 packed rows, the last row pair half outside K), M = 2, 16 (N = 264: a partial column tile), 4; M = 1
 # with 8 K splits of one tile each and with 2 splits of 3 tiles (the loop past the two prefetched tiles)
 GEMM_INT = (2, 6, 7, 8, 10, 11)
-INT_CASES = ("gemmint", "g128moeint", "attn_inint")
+INT_CASES = ("gemmint", "g128moeint")
 # (T, H, E): the decode router GEMV: one H chunk, several chunks (T > 1), H past one chunk at T = 1
 ROUTER = [(1, 64, 8), (3, 72, 6), (16, 256, 12), (5, 2048, 16), (1, 5000, 3)]
 # (T, H, I, E, top_k, renormalize, desc_act): decode1 (T = 1), decode16 (T <= 16; split-K, shared experts),
@@ -60,12 +60,8 @@ MOE_INT = (0, 1, 2, 3, 4)
 NORM_MOE = [(1, 64, 32, 8, 2, True, True), (1, 200, 48, 6, 3, False, True), (1, 128, 40, 16, 4, True, False),
             (3, 64, 32, 8, 2, True, True)]
 # (H, Hq, Hkv, D, input, slot, T): a layer's attention input (attn_in: RMSNorm + qkv + q/k norm + RoPE + KV
-# store), g128 weights. T = 1: the one-launch kernel (x fp32 with a residual, as after a batch-1 MoE: 2 K splits;
-# no residual, slot -1 (nothing stored): 3 splits, one running the K loop past its two prefetched tiles; x in
-# the model dtype with a residual: 3 splits of one tile); T = 3: dispatch's composition of the three Triton ops.
-# The T = 1 cases run again in fp16 with the K loop on the exact-integer dot (attn_inint: paths.set_batch1_int_dot)
-ATTN_IN = [(256, 4, 2, 64, "x32res", 5, 1), (1152, 2, 1, 128, "nores", -1, 1), (384, 2, 2, 64, "res", 3, 1),
-           (256, 2, 1, 64, "res", 2, 3)]
+# store), g128 weights, through dispatch's composition of the three Triton ops
+ATTN_IN = [(256, 2, 1, 64, "res", 2, 3)]
 # (H, Hq, Hkv, D, input, context, bias): a layer's attention block at batch 1 with accumulating GEMVs
 # (paths.set_batch1_accumulate; attn_in/triton.attention_block) against ref.attention_block: x fp32 with a
 # residual (as after a batch-1 MoE) over a 40-token context (3 cache blocks); no residual, biases on both projections, 5 tokens
@@ -114,7 +110,6 @@ SPLITKV_CASES = ([f"splitkv{i}-{dt}" for i in range(len(SPLITKV)) for dt in (F32
 # derived from the format's precision, kernels_testlib.fp8_attention_bound): all must be <= 1
 FP8_EXACT = ["e5m2_encode_all", "e4m3_encode_all", "store_kv-fp8e4m3"]
 FP8_CASES = (FP8_EXACT + [f"qk_norm_rope_store-fp8{f}" for f in ("e5m2", "e4m3")]
-             + [f"attn_in{i}-fp8{f}" for i in (0, 1) for f in ("e5m2", "e4m3")]
              + [f"attn{i}-fp8e5m2" for i in range(len(ATTN))] + [f"attn{i}-sm70-fp8e5m2" for i in (1, 2)]
              + [f"attn{i}-fp8e4m3" for i in (0, 2)])
 CASES = ([f"gemm{i}-{dt}" for i in range(len(GEMM)) for dt in (F32, F16)] + ["dequant"]
@@ -126,7 +121,6 @@ CASES = ([f"gemm{i}-{dt}" for i in range(len(GEMM)) for dt in (F32, F16)] + ["de
          # the same at 1 < T <= 16 with the int dot forced off (on by default there): the dequantized-fp16 paths
          + [f"g128moenoint{i}-{F16}" for i in MOE_INT if MOE_G128[i][0] > 1]
          + [f"gemmnoint{i}-{F16}" for i in GEMM_INT if GEMM[i][0] > 1]
-         + [f"attn_inint{i}-{F16}" for i in range(len(ATTN_IN)) if ATTN_IN[i][6] == 1]
          + [f"gemmacc{i}-{dt}" for i in GEMM_ACC for dt in (F32, F16)]
          + [f"attnblock{i}-{dt}" for i in range(len(ATTN_BLOCK)) for dt in (F32, F16)]
          + [f"attnblockqk{i}s{j}-{dt}" for i in range(len(ATTN_BLOCK)) for j in range(len(ATTN_QK_SPLITS))
@@ -209,12 +203,6 @@ def _fp8_case(name: str, seed: int) -> float:
         qa = tk.qk_norm_rope_store(q, k, v, qw, kw, pos, cache, 1e-6, *ca, slots, k_scale, v_scale)
         qb = ref.qk_norm_rope_store(q, k, v, qw, kw, pos, cache, 1e-6, *cb, slots, k_scale, v_scale)
         return max(_rel(qa, qb) / 1e-2, _fp8_ulps(ca, cb, k_scale, v_scale, fmt))
-    if kind.startswith("attn_in"):
-        # fp32 activations: the fused kernel's k/v before encoding then equal the reference's to ~1e-7 of the row
-        # (in fp16 they differ by one rounding of the normalised row, which moves near-zero entries by several
-        # fp8 ulps; the fp16 path is attn_in{i}-fp16's)
-        (qa, ra), (qb, rb), ca, cb = _attn_in_run(int(kind[7:]), torch.float32, seed, cdt, k_scale, v_scale)
-        return max(_rel(qa, qb) / 1e-2, _rel(ra, rb) / 1e-2, _fp8_ulps(ca, cb, k_scale, v_scale, fmt))
     if kind.startswith("attn"):
         from onecard.kernels.attention import ref
         from onecard.kernels.attention import triton as tk
@@ -265,8 +253,7 @@ def _fp8_ulps(ca, cb, k_scale: float, v_scale: float, fmt: str) -> float:
     return ulps
 
 
-def _attn_in_run(i: int, dt, seed: int, cache_dt, k_scale: float = 1.0, v_scale: float = 1.0,
-                 int_dot: bool = False):
+def _attn_in_run(i: int, dt, seed: int, cache_dt, k_scale: float = 1.0, v_scale: float = 1.0):
     """ATTN_IN case i through dispatch's Triton backend and through the reference: -> ((q, residual_out) Triton,
     (q, residual_out) ref, Triton's (K, V) caches, ref's (K, V) caches)."""
     import torch
@@ -289,18 +276,8 @@ def _attn_in_run(i: int, dt, seed: int, cache_dt, k_scale: float = 1.0, v_scale:
         ca = [torch.randn(3, 4, hkv, d).to(cache_dt) for _ in range(2)]
     cb = [c.clone() for c in ca]
     args = (nw, 1e-6, w, None, qw, kw, pos, cos_sin)
-    from onecard.kernels import paths
-    paths.set_fused_attn_input(True)                                      # whatever the table's default
-    paths.set_batch1_int_dot(int_dot)
-    try:
-        with dispatch.use_backend("triton"):
-            if t == 1:
-                from onecard.kernels.attn_in import triton as tk
-                assert tk.supported(x, w, None, ca[0]), "the one-launch kernel must take this case"
-            a = dispatch.norm_qkv_rope_store(x, res, *args, *ca, slots, k_scale, v_scale)
-    finally:
-        paths.set_fused_attn_input(None)
-        paths.set_batch1_int_dot(None)
+    with dispatch.use_backend("triton"):
+        a = dispatch.norm_qkv_rope_store(x, res, *args, *ca, slots, k_scale, v_scale)
     b = ref.norm_qkv_rope_store(x, res, *args, *cb, slots, k_scale, v_scale)
     return a, b, ca, cb
 
@@ -600,9 +577,6 @@ def run_case(name: str, seed: int) -> float:
         t, h, e = ROUTER[int(kind[6:])]
         x, w = torch.randn(t, h + 3).to(dt)[:, :h], (torch.randn(e, h) / math.sqrt(h)).to(dt)  # x: strided rows
         return _rel(tk.moe_router(x, w), ref.moe_router(x.float(), w.float()))
-    if kind.startswith("attn_inint"):                                     # the K loop on the int dot
-        (qa, ra), (qb, rb), ca, cb = _attn_in_run(int(kind[10:]), dt, seed, dt, int_dot=True)
-        return max(_rel(qa, qb), _rel(ra, rb), _rel(torch.cat(ca), torch.cat(cb)))
     if kind.startswith("attn_in"):
         (qa, ra), (qb, rb), ca, cb = _attn_in_run(int(kind[7:]), dt, seed, dt)
         return max(_rel(qa, qb), _rel(ra, rb), _rel(torch.cat(ca), torch.cat(cb)))

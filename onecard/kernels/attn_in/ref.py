@@ -7,7 +7,7 @@ norm_qkv_rope_store(x[T,H], residual[T,H]|None, norm_weight[H], eps, w, bias[N]|
     k_scale=1.0, v_scale=1.0) -> (q_out[T,Hq,D], residual_out[T,H])
   w: the fused projection, GPTQWeight [H -> N] or float [N, H]; N = (Hq + 2 Hkv) D, q | k | v columns;
   Hkv and D come from the cache. ``ops``: where the steps come from (dispatch passes itself, so its backend
-  choice and GEMM paths apply to each step when the one-launch kernel does not).
+  choice and GEMM paths apply to each step).
 
 attention_block(x, residual, norm_weight, eps, w_qkv, b_qkv, q_weight, k_weight, positions, cos_sin_cache,
     k_cache, v_cache, md, scale, w_o, b_o, k_scale=1.0, v_scale=1.0) -> (out[T,H], residual_out[T,H])

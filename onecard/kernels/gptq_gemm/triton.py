@@ -191,8 +191,8 @@ def max_splits(m: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class SmallGrid:
-    """The launch shape of _w4a16_small_kernel for one GEMM (also the grid of kernels that embed its K loop,
-    attn_in/triton.py): block config, column tiles x K splits of ``tiles_per_split`` [BK8, BN] tiles each."""
+    """The launch shape of _w4a16_small_kernel for one GEMM: block config, column tiles x K splits of
+    ``tiles_per_split`` [BK8, BN] tiles each."""
     block_m: int
     block_n: int
     block_k8: int

@@ -19,7 +19,7 @@ from onecard.kernels.triton_common import AotConfig, next_pow2, pdl, pdl_enter, 
 @triton.jit
 def rms_rope(x1, x2, w_ptr, cos, sin, eps, HALF: tl.constexpr):
     """Per-head RMSNorm * weight, then neox RoPE, on fp32 halves x1, x2 [R, D/2] of R head vectors (cos, sin
-    [D/2] fp32) -> (out1, out2) [R, D/2] fp32. Also attn_in/triton.py's q/k heads."""
+    [D/2] fp32) -> (out1, out2) [R, D/2] fp32."""
     offs_d = tl.arange(0, HALF)
     rstd = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * HALF) + eps)
     w1 = tl.load(w_ptr + offs_d).to(tl.float32)

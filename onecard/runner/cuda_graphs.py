@@ -168,8 +168,8 @@ class CUDAGraphRunner:
         decode = [(bs, 1, bound) for bs in reversed(self.batch_sizes) for bound in reversed(self.decode_bounds[bs])]
         verify = [(b, q, self.max_model_len + q - 1)
                   for b, q in sorted(self.verify_shapes, key=lambda s: (-s[0] * s[1], -s[1]))]
-        self.shapes = {(b, q) for b, q, _ in decode + verify}
         if not self.use_graphs:                         # off CUDA: the same layouts, run eagerly
+            self.shapes = {(b, q) for b, q, _ in decode + verify}
             return
         for kind, keys in (("decode", decode), ("verify", verify)):
             if not keys:
@@ -184,6 +184,7 @@ class CUDAGraphRunner:
             self.capture_stats[f"{kind}_bytes"] = float(free0 - torch.cuda.mem_get_info()[0])
             self.capture_stats[f"{kind}_graphs"] = float(len(keys))
         self.seq_lens.fill_(1)
+        self.shapes = {(b, q) for b, q, _ in decode + verify}
         logger.info("captured CUDA graphs for decode batch sizes %s (%d graphs, %.1f s) and %d verify shapes (%.1f s, "
                     "%.0f MiB)", self.batch_sizes, len(decode), self.capture_stats.get("decode_s", 0.0), len(verify),
                     self.capture_stats.get("verify_s", 0.0), self.capture_stats.get("verify_bytes", 0.0) / 2**20)

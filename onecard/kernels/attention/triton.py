@@ -456,7 +456,8 @@ KV_FORMATS = (("", 0, 70), (",kv=e5m2", 1, 70), (",kv=e4m3", 2, 89))   # (name t
 
 def aot_configs() -> list[AotConfig]:
     """Qwen3-30B-A3B shapes (32 q / 4 kv heads, D 128) at decode and prefill BLOCK_Q, fp16 (bf16 on sm80+);
-    paged attention also with the tiles used below sm80 (``pre-sm80``; compiled for every target). Each KV
+    paged attention with the tiles of sm80+ (for sm80+ targets: attn_tiles picks them nowhere else) and with
+    those used below sm80 (``pre-sm80``; every target: ONECARD_EMULATE_CC runs them on sm80+ too). Each KV
     format: the native cache, fp8_e5m2 (every target) and fp8_e4m3 (sm89+: compiled for sm90)."""
     out: list[AotConfig] = []
     hq, hkv, d = 32, 4, 128
@@ -500,7 +501,7 @@ def aot_configs() -> list[AotConfig]:
                         "k_ptr": raw_t, "v_ptr": raw_t, "qw_ptr": f"*{act}", "kw_ptr": f"*{act}", "pos_ptr": "*i64",
                         "cs_ptr": "*fp32", "slot_ptr": "*i64", "stride_kt": "i32", "eps": "fp32"}
                 out.append(AotConfig(_paged_attn_kernel, signature(args, cx), cx, warps, paths.ATTN_STAGES,
-                                     max(min_cc, 80) if (qkn or preload) else min_cc,
+                                     max(min_cc, tiles_cc),
                                      f"paged_attn[bq={bq}{tag},{act}{kv_tag}{f',prefetch={prefetch}' * bool(prefetch)}"
                                      f"{',qkn' * qkn}{',preload' * preload}]"))
         for segs in sorted({reduce_block_s(s) for s in range(2, MAX_SEGMENTS + 1)}):

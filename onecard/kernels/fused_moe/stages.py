@@ -386,9 +386,12 @@ def moe_stages(x: torch.Tensor, gu: torch.Tensor, out32: torch.Tensor, w_gate: M
 
 
 def stages_aot_configs(act: str, min_cc: int) -> list[AotConfig]:
-    """Both decode GEMM configs x weight kinds x stages, at the served routing shape (k = 8)."""
+    """Every decode GEMM config x weight kinds x stages, at the served routing shape (k = 8), for the targets
+    where paths.choose_decode_moe can pick the config (decode16 is sm80+'s; decode16-pre-sm80 also runs on sm80+
+    under ONECARD_EMULATE_CC)."""
     out: list[AotConfig] = []
     for name, (bt, bn, bk8, warps, stages, _) in DECODE_CONFIGS.items():
+        cc_from = max(min_cc, paths.TENSOR_CORE_DOT_MIN_CC) if name == "decode16" else min_cc
         for float_w, per_row in ((False, False), (False, True), (True, False)):
             for stage in (1, 2):
                 cx = dict(TOP_K=8, BLOCK_TOPK=8, BLOCK_T=bt, BLOCK_N=bn, BLOCK_K8=bk8, STAGE=stage,
@@ -403,16 +406,16 @@ def stages_aot_configs(act: str, min_cc: int) -> list[AotConfig]:
                             tiles_per_split="i32")
                 if float_w:
                     args.update(za_ptr=wt, sa_ptr=wt, ga_ptr=wt, zb_ptr=wt, sb_ptr=wt, gb_ptr=wt)
-                out.append(AotConfig(_moe_decode_kernel, signature(args, cx), cx, warps, stages, min_cc,
+                out.append(AotConfig(_moe_decode_kernel, signature(args, cx), cx, warps, stages, cc_from,
                                      f"moe_decode[{name},stage={stage},float={float_w},per_row={per_row},{act}]"))
                 if stage == 2 and not float_w and not per_row:            # silu inline in its FAST form
                     out.append(AotConfig(_moe_decode_kernel, signature(args, dict(cx, FAST_SILU=True)),
-                                         dict(cx, FAST_SILU=True), warps, stages, min_cc,
+                                         dict(cx, FAST_SILU=True), warps, stages, cc_from,
                                          f"moe_decode[{name},stage=2,float={float_w},per_row={per_row},fast_silu,{act}]"))
                 if stage == 2 and bt > 1 and not float_w:                 # the separate silu launch's input
                     cx = dict(cx, PRE_ACT=True)
                     args = dict(args, a_ptr=f"*{act}")
-                    out.append(AotConfig(_moe_decode_kernel, signature(args, cx), cx, warps, stages, min_cc,
+                    out.append(AotConfig(_moe_decode_kernel, signature(args, cx), cx, warps, stages, cc_from,
                                          f"moe_decode[{name},stage=2,float=False,per_row={per_row},pre_act,{act}]"))
                 if (not float_w and not per_row and act == "fp16" and name != "decode16-pre-sm80"
                         and (bt > 1 or stage == 1)):                      # the exact-integer dot

@@ -737,14 +737,35 @@ def selected_cases(request, cases: list[str]) -> list[str]:
     return [c for c in cases if c in chosen]
 
 
+# interpreter processes per test module: the cases are CPU-bound in their worker while the pytest process waits,
+# so one worker per core (2 on the CI machine: ~270 s of interpreter cases take half that)
+INTERPRET_WORKERS = max(1, min(4, os.cpu_count() or 1))
+
+
+class ShardedRun:
+    """``cases`` dealt round-robin (in order, so every worker reaches the early cases first) to ``workers``
+    InterpretedRuns, each its own process; ``result(case)`` asks the one that holds the case."""
+
+    def __init__(self, seed: int, cases: list[str], workers: int = INTERPRET_WORKERS):
+        self.runs = [InterpretedRun(seed, cases[i::workers]) for i in range(workers) if cases[i::workers]]
+        self._owner = {c: run for run in self.runs for c in run.cases}
+
+    def result(self, case: str) -> float | str:
+        return self._owner[case].result(case)
+
+    def close(self) -> None:
+        for run in self.runs:
+            run.close()
+
+
 def module_worker(cases: list[str], seed: int):
-    """The ``worker`` fixture of a test module parametrized over ``cases``: one InterpretedRun (module scope) of
-    the cases this pytest session selects there."""
+    """The ``worker`` fixture of a test module parametrized over ``cases``: a ShardedRun (module scope) of the
+    cases this pytest session selects there."""
     import pytest
 
     @pytest.fixture(scope="module")
     def worker(request):
-        run = InterpretedRun(seed, selected_cases(request, cases))
+        run = ShardedRun(seed, selected_cases(request, cases))
         yield run
         run.close()
 

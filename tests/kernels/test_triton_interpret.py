@@ -1,9 +1,10 @@
 """Every Triton op under TRITON_INTERPRET=1 at tiny and odd shapes against its ref (fresh random data).
 
-The interpreter must be switched on before triton is imported, so the cases run in a subprocess
-(interpret_cases.py, one per module) and this module only reads its results: other tests in this pytest process
-keep the compiled (or absent) Triton. The worker reports each case as it finishes and each test waits for its
-own case, bounded per case (``CASE_TIMEOUT_S``), not per run: a loaded machine makes the run slower, not red.
+The interpreter must be switched on before triton is imported, so the cases run in worker processes
+(interpret_cases.py: ShardedRun, one per core) and this module only reads their results: other tests in this
+pytest process keep the compiled (or absent) Triton. A worker reports each case as it finishes and each test
+waits for its own case, bounded per case (``CASE_TIMEOUT_S``), not per run: a loaded machine makes the run
+slower, not red.
 """
 from __future__ import annotations
 

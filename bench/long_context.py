@@ -205,6 +205,9 @@ class Policies:
             if getattr(runner, "graphs", None) is not None:              # GPU: capture under this policy
                 runner.capture_graphs()
                 self.graphs[spec] = runner.graphs
+                st = runner.graphs.capture_stats
+                print(f"policy {spec}: {st.get('decode_graphs', 0):.0f} decode graphs captured in "
+                      f"{st.get('decode_s', 0.0):.2f} s, {st.get('decode_bytes', 0.0) / 2**20:.0f} MiB", flush=True)
         paths.set_split_kv_policy(None)
         paths.set_decode_attention_override()
         set_switches("")

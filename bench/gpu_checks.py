@@ -43,8 +43,8 @@ CODER = Path(__file__).resolve().parent.parent / "onecard" / "data" / "onecard-t
 
 
 def greedy(path: Path, backend: str, dtype: str, eager: bool, async_scheduling: bool = False, new: int = 16,
-           serial: bool = False, speculative: dict | None = None) -> list[list[int]]:
-    cfg = EngineArgs(model=str(path), device="cuda", dtype=dtype, max_model_len=256, enforce_eager=eager,
+           serial: bool = False, speculative: dict | None = None, max_model_len: int = 256) -> list[list[int]]:
+    cfg = EngineArgs(model=str(path), device="cuda", dtype=dtype, max_model_len=max_model_len, enforce_eager=eager,
                      kv_cache_memory_bytes=64 << 20, max_num_seqs=16,
                      async_scheduling=async_scheduling if speculative is None else None,
                      speculative_config=speculative).create_config()

@@ -157,26 +157,27 @@ SWITCHES: dict = {}                              # filled on first use (imports 
 
 
 def set_switches(spec: str) -> None:
-    """Every switch of SWITCHES on if spec names it ("fill+int_dot+moe_act"), else back to its default."""
+    """Every switch of SWITCHES on if spec names it ("fill+int_dot+moe_act"), off if it names it as "no_NAME"
+    (a default-on switch A/B'd off: "fill+no_b1_acc"), else back to its default."""
     if not SWITCHES:
         SWITCHES.update(switch_setters())
-    on = set(spec.split("+")[1:])
+    named = set(spec.split("+")[1:])
     for name, setter in SWITCHES.items():
-        setter(True if name in on else None)
+        setter(True if name in named else False if f"no_{name}" in named else None)
 
 
 def parse_policy(spec: str) -> tuple[str, int | None]:
     """"fill" -> ("fill", None); "fill:5" -> ("fill", 5); "legacy" -> ("legacy", None); "sweep:CASE" -> ("fill",
     None) (its knobs: SWEEP_KNOBS[CASE], set by Policies). "POLICY+SWITCH+...": the policy with those switches
-    on (SWITCHES; one set of graphs each, so an A/B of the switches runs in one engine)."""
+    on, "+no_SWITCH" off (SWITCHES; one set of graphs each, so an A/B of the switches runs in one engine)."""
     from onecard.kernels import paths
 
     spec, *switches = spec.split("+")
     if not SWITCHES:
         SWITCHES.update(switch_setters())
     for sw in switches:
-        if sw not in SWITCHES:
-            raise SystemExit(f"--policies: +{sw} is not one of {sorted(SWITCHES)}")
+        if sw.removeprefix("no_") not in SWITCHES:
+            raise SystemExit(f"--policies: +{sw} is not one of {sorted(SWITCHES)} (or no_ one of them)")
     name, _, n = spec.partition(":")
     if name == "sweep":
         if n not in SWEEP_KNOBS:

@@ -2,8 +2,10 @@
 cold): start an engine on a tiny GPTQ-MoE checkpoint, run greedy requests, print JSON with the tokens and
 the kernels the engine process JIT-compiled itself (cache misses).
 
-Usage: TRITON_CACHE_DIR=... [ONECARD_PRECOMPILE=0] python tests/gpu/precompile_case.py CKPT_DIR [spec]
-(``spec``: with --speculative-config ngram k=4, so that the verify graphs are captured too)
+Usage: TRITON_CACHE_DIR=... [ONECARD_PRECOMPILE=0] python tests/gpu/precompile_case.py CKPT_DIR [spec | ctx]
+(``spec``: with --speculative-config ngram k=4, so that the verify graphs are captured too; ``ctx``: with the
+decode graphs per context class on (kernels/paths.DECODE_CONTEXT_GRAPHS) and 2,048 positions, so that the
+unsplit class's graphs are captured beside the split ones)
 """
 from __future__ import annotations
 
@@ -31,7 +33,12 @@ def main() -> None:
     from bench.gpu_checks import greedy  # the same engine set-up as the other GPU checks
 
     spec = {"method": "ngram", "num_speculative_tokens": 4} if sys.argv[2:3] == ["spec"] else None
-    tokens = greedy(Path(sys.argv[1]), "triton", "float16", eager=False, speculative=spec)
+    max_len = 256
+    if sys.argv[2:3] == ["ctx"]:
+        from onecard.kernels import paths
+        paths.set_decode_context_graphs(True)
+        max_len = 2048
+    tokens = greedy(Path(sys.argv[1]), "triton", "float16", eager=False, speculative=spec, max_model_len=max_len)
     print(json.dumps({"tokens": tokens, "misses": MISSES}))
 
 

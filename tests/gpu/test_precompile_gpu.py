@@ -15,9 +15,10 @@ pytestmark = pytest.mark.gpu
 CASE = Path(__file__).with_name("precompile_case.py")
 
 
-def _start(ckpt: Path, cache: Path, precompile: bool, spec: bool = False) -> dict:
+def _start(ckpt: Path, cache: Path, precompile: bool, spec: bool = False, mode: str | None = None) -> dict:
     env = dict(os.environ, TRITON_CACHE_DIR=str(cache), ONECARD_PRECOMPILE="1" if precompile else "0")
-    out = subprocess.run([sys.executable, str(CASE), str(ckpt)] + (["spec"] if spec else []), env=env,
+    mode = mode or ("spec" if spec else None)
+    out = subprocess.run([sys.executable, str(CASE), str(ckpt)] + ([mode] if mode else []), env=env,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     res = json.loads(out.stdout.strip().splitlines()[-1])
@@ -42,3 +43,15 @@ def test_precompile_leaves_nothing_to_jit(tmp_path):
     spec = _start(ckpt, tmp_path / "cache_c", True, spec=True)
     assert spec["misses"] == [], spec["miss_lines"]
     assert spec["tokens"] == with_pc["tokens"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_precompile_covers_the_context_class_graphs(tmp_path):
+    """With decode graphs per context class (kernels/paths.DECODE_CONTEXT_GRAPHS) and a bound that splits (the
+    bundled coder, 2,048 positions: each batch size also gets the unsplit graph), the precompile still leaves
+    nothing to JIT, and the greedy tokens are those of a start-up without it."""
+    coder = Path(__file__).parents[2] / "onecard" / "data" / "onecard-tiny-coder"
+    with_pc = _start(coder, tmp_path / "cache_a", True, mode="ctx")
+    assert with_pc["misses"] == [], with_pc["miss_lines"]
+    without = _start(coder, tmp_path / "cache_b", False, mode="ctx")
+    assert len(without["misses"]) >= 5 and with_pc["tokens"] == without["tokens"]

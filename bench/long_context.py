@@ -242,7 +242,7 @@ class Policies:
         hkv = int(self.core.config.model.hf_config.get("num_key_value_heads", 4))
         self._set(spec)
         try:
-            bound = next(c for c in g.decode_bounds[gbs] if c >= ctx + 1 or c == g.max_model_len)   # try_run's pick
+            bound = g.graph_key(gbs, 1, ctx + 1)[2]                       # the graph try_run replays
             segs, min_tiles = paths.split_kv(gbs, True, bound, hkv, sms, cc)
         finally:
             paths.set_split_kv_policy(None)

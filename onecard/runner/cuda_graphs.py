@@ -138,6 +138,15 @@ class CUDAGraphRunner:
         self.replays: Counter[tuple[int, int]] = Counter()   # steps served per (b, q) shape
         self.decode_replays: Counter[tuple[int, int]] = Counter()   # decode steps served per (b, bound)
 
+    def graph_key(self, bs: int, q: int, max_seq_len: int) -> tuple[int, int, int]:
+        """(b, q, the metadata bound) of the graph that serves ``bs`` sequences of ``q`` query rows whose longest is
+        ``max_seq_len`` tokens: a decode graph's smallest bound that holds it (else max_model_len's), a verify
+        graph's max_model_len + q - 1."""
+        if q > 1:
+            return bs, q, self.max_model_len + q - 1
+        bounds = self.decode_bounds[bs]
+        return bs, 1, next((c for c in bounds if c >= max_seq_len), bounds[-1])
+
     def _metadata(self, bs: int, q: int, max_seq_len: int) -> AttentionMetadata:
         return AttentionMetadata(
             slot_mapping=self.slot_mapping[:bs * q], query_start_loc=self._qsl[q][:bs + 1],
@@ -166,8 +175,7 @@ class CUDAGraphRunner:
     @torch.inference_mode()
     def capture(self) -> None:
         decode = [(bs, 1, bound) for bs in reversed(self.batch_sizes) for bound in reversed(self.decode_bounds[bs])]
-        verify = [(b, q, self.max_model_len + q - 1)
-                  for b, q in sorted(self.verify_shapes, key=lambda s: (-s[0] * s[1], -s[1]))]
+        verify = [self.graph_key(b, q, 0) for b, q in sorted(self.verify_shapes, key=lambda s: (-s[0] * s[1], -s[1]))]
         if not self.use_graphs:                         # off CUDA: the same layouts, run eagerly
             self.shapes = {(b, q) for b, q, _ in decode + verify}
             return
@@ -238,12 +246,9 @@ class CUDAGraphRunner:
         if fill is not None:
             fill(self.input_ids[:bs * q], inputs)
         self.replays[(bs, q)] += 1
+        key = self.graph_key(bs, q, inputs.max_seq_len)
         if q == 1:
-            bounds = self.decode_bounds[bs]
-            key = (bs, 1, next((c for c in bounds if c >= inputs.max_seq_len), bounds[-1]))
             self.decode_replays[(bs, key[2])] += 1
-        else:
-            key = (bs, q, self.max_model_len + q - 1)
         if self.use_graphs:
             self.graphs[key].replay()
             out = self.outputs[key]

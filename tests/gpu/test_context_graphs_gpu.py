@@ -7,6 +7,7 @@ batch 3; and a step past the class replays the max_model_len graph. The bundled 
 positions) in fp16."""
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -14,12 +15,12 @@ import pytest
 import torch
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
-
-CODER = Path(__file__).resolve().parents[2] / "onecard" / "data" / "onecard-tiny-coder"
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 MAX_LEN = 4096
 
 
 def _greedy(eager: bool, lens: list[int], new: int):
+    from bench.gpu_checks import CODER
     from onecard.config import EngineArgs
     from onecard.core.engine_core import EngineCore
     from onecard.protocol import EngineRequest

@@ -15,9 +15,9 @@ pytestmark = pytest.mark.gpu
 CASE = Path(__file__).with_name("precompile_case.py")
 
 
-def _start(ckpt: Path, cache: Path, precompile: bool, spec: bool = False, mode: str | None = None) -> dict:
+def _start(ckpt: Path, cache: Path, precompile: bool, mode: str | None = None) -> dict:
+    """``mode``: precompile_case.py's (None, "spec" or "ctx")."""
     env = dict(os.environ, TRITON_CACHE_DIR=str(cache), ONECARD_PRECOMPILE="1" if precompile else "0")
-    mode = mode or ("spec" if spec else None)
     out = subprocess.run([sys.executable, str(CASE), str(ckpt)] + ([mode] if mode else []), env=env,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -40,7 +40,7 @@ def test_precompile_leaves_nothing_to_jit(tmp_path):
     assert with_pc["tokens"] == without["tokens"]
     # with --speculative-config the verify graphs' shapes are precompiled too (their capture launches each one),
     # and greedy output is the same
-    spec = _start(ckpt, tmp_path / "cache_c", True, spec=True)
+    spec = _start(ckpt, tmp_path / "cache_c", True, mode="spec")
     assert spec["misses"] == [], spec["miss_lines"]
     assert spec["tokens"] == with_pc["tokens"]
 
@@ -50,8 +50,10 @@ def test_precompile_covers_the_context_class_graphs(tmp_path):
     """With decode graphs per context class (kernels/paths.DECODE_CONTEXT_GRAPHS) and a bound that splits (the
     bundled coder, 2,048 positions: each batch size also gets the unsplit graph), the precompile still leaves
     nothing to JIT, and the greedy tokens are those of a start-up without it."""
-    coder = Path(__file__).parents[2] / "onecard" / "data" / "onecard-tiny-coder"
-    with_pc = _start(coder, tmp_path / "cache_a", True, mode="ctx")
+    sys.path.insert(0, str(Path(__file__).parents[2]))
+    from bench.gpu_checks import CODER
+
+    with_pc = _start(CODER, tmp_path / "cache_a", True, mode="ctx")
     assert with_pc["misses"] == [], with_pc["miss_lines"]
-    without = _start(coder, tmp_path / "cache_b", False, mode="ctx")
+    without = _start(CODER, tmp_path / "cache_b", False, mode="ctx")
     assert len(without["misses"]) >= 5 and with_pc["tokens"] == without["tokens"]

@@ -13,6 +13,8 @@
 #   attnsweep: decode attention alone (CUDA graphs of 48 launches, no checkpoint) at 1x512 / 1x32k / 1x64k /
 #          16x8k (+ fp8_e5m2 1x32k): segments, tiles, stages, block-table prefetch, reduce vs the copy floor (~6 min)
 set -u
+# the server's dependencies the device lacks, from the carried .whl/ (bench/device_wheels.sh)
+if [ -d .whl ]; then bash bench/device_wheels.sh install && EXTRA_PYTHONPATH="/tmp/site${EXTRA_PYTHONPATH:+:$EXTRA_PYTHONPATH}"; fi
 export PYTHONPATH="$PWD${EXTRA_PYTHONPATH:+:$EXTRA_PYTHONPATH}" TOKENIZERS_PARALLELISM=false
 OUT="${OUT:-/tmp/onecard_out}"; mkdir -p "$OUT"
 parts="${*:-probe kernels checks full floor}"

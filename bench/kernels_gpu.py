@@ -175,6 +175,12 @@ def cases(quick: bool):
         yield (f"paged_attn decode B={b} ctx={ctx}",
                lambda q=q, kc=kc, vc=vc, md=md, s=s: at_t.paged_attention(q, kc, vc, md, s),
                lambda q=q, kc=kc, vc=vc, md=md, s=s: at_r.paged_attention(q, kc, vc, md, s), b * ctx * HKV * D * 2 * 2)
+        if (b, ctx) != (1, 8192):                                         # splits of <= 16 segments, merged in the kernel
+            yield (f"paged_attn decode B={b} ctx={ctx} fused reduce",     # (paths.ATTN_FUSED_REDUCE)
+                   lambda q=q, kc=kc, vc=vc, md=md, s=s: _switched(
+                       paths.set_attention_fused_reduce, lambda: at_t.paged_attention(q, kc, vc, md, s)),
+                   lambda q=q, kc=kc, vc=vc, md=md, s=s: at_r.paged_attention(q, kc, vc, md, s),
+                   b * ctx * HKV * D * 2 * 2)
     from onecard.kernels.attention import fp8
     fp8_formats = [("e5m2", fp8.E5M2, 1.0, 1.0)]
     if torch.cuda.get_device_capability() >= (8, 9):
@@ -260,17 +266,19 @@ def _attn_block_cases():
     pos, cache = torch.tensor([ctx], device=DEV), rope_cache()
     kc, vc = (torch.randn(64, bs, HKV, D, device=DEV).half() for _ in range(2))
 
-    def run(fn, acc: bool = False, qk: bool = False, bound: int = 65536):   # the two switches set either way
-        m = dataclasses.replace(md, max_seq_len=bound)                   # (both are on by default)
+    def run(fn, acc: bool = False, qk: bool = False, bound: int = 65536, fused: bool = False):
+        m = dataclasses.replace(md, max_seq_len=bound)                   # the switches set either way
 
         def call():
             paths.set_batch1_accumulate(acc)
             paths.set_batch1_attn_qk(qk)
+            paths.set_attention_fused_reduce(fused)
             try:
                 o, r = fn(x, res, nw, 1e-6, wq, None, qn, kn, pos, cache, kc, vc, m, D ** -0.5, wo, None)
             finally:
                 paths.set_batch1_accumulate(None)
                 paths.set_batch1_attn_qk(None)
+                paths.set_attention_fused_reduce(None)
             return torch.cat([o.float().flatten(), r.float().flatten(), kc.view(-1, HKV * D)[slot].float(),
                               vc.view(-1, HKV * D)[slot].float()])
         return call
@@ -282,6 +290,10 @@ def _attn_block_cases():
     # the decode graph of the unsplit context class (paths.decode_graph_bounds): no split, no reduce launch
     yield ("attention block T=1 accumulate + attn qk, unsplit graph",
            run(dispatch.attention_block, acc=True, qk=True, bound=paths.SPLIT_MIN_SEQ_LEN - 1), ref, nbytes)
+    # the same class with the fused reduce (paths.ATTN_FUSED_REDUCE): split into one-tile segments, no reduce launch
+    yield ("attention block T=1 accumulate + attn qk, short graph, fused reduce",
+           run(dispatch.attention_block, acc=True, qk=True, bound=paths.SPLIT_MIN_SEQ_LEN - 1, fused=True), ref,
+           nbytes)
 
 
 def main() -> None:

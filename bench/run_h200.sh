@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU facts, kernel checks, tiny-checkpoint engine checks, the full-size benchmark.
 # Usage (repo root, on the H200): OUT=/some/dir bash bench/run_h200.sh [parts...]
-# parts: ab ctxgraphs specverify apimem probe kernels checks full asyncab kvdtype capab capbisect hosttier loadab nopdl pdl16 emu70 longctx attnsweep gputests startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
+# parts: ab ctxgraphs ctxtests specverify apimem probe kernels checks full asyncab kvdtype capab capbisect hosttier loadab nopdl pdl16 emu70 longctx attnsweep gputests startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
 #   emu70: the full-size bench with every kernel-path decision on sm70's branch (ONECARD_EMULATE_CC=70): run it
 #          beside `full` in one call for the relative figure (a functional check, not a V100 timing)
 #   specverify: issue 30: verify-step latency vs tokens per sequence (1..9) at batch 1 and 16 (the cost model's
@@ -87,13 +87,19 @@ for p in $parts; do
               | tee "$OUT/switch_ab.log" | grep -v '^{'
           [ "${AB_TESTS:-1}" = 1 ] && timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kernels_gpu.py \
               tests/gpu/test_engine_gpu.py 2>&1 | tail -8 ;;
-    ctxgraphs) log ctxgraphs  # issue 25: decode graphs per context class (paths.DECODE_CONTEXT_GRAPHS) A/B'd in one
-          # engine at 1x512, 16x512, 1x32768, the attention block alone with the unsplit graph's split, then their
-          # GPU tests (graphs == eager with the switch on; the precompile leaves nothing to JIT) (~9 min with the build)
-          AB_TESTS=0 AB_TIMEOUT="${AB_TIMEOUT:-240}" AB_KERNELS="attention block" AB_SCENARIOS="1x512,16x512,1x32768" \
-            SWITCH_POLICIES="fill,fill+ctx_graphs" bash "$0" switchab
-          timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_context_graphs_gpu.py \
-            tests/gpu/test_precompile_gpu.py::test_precompile_covers_the_context_class_graphs 2>&1 | tail -8 ;;
+    ctxgraphs) log ctxgraphs  # issue 25: decode graphs per context class (paths.DECODE_CONTEXT_GRAPHS) and the split-KV
+          # reduce merged in the attention launch (paths.ATTN_FUSED_REDUCE), A/B'd in one engine at 1x512, 16x512,
+          # 1x32768, 16x8192 after the attention block and decode attention alone with and without them (~9 min with
+          # the build; scenario lines are kept as they finish). Their GPU tests: part ctxtests, on the warm machine
+          AB_TESTS=0 AB_TIMEOUT="${AB_TIMEOUT:-280}" AB_KERNELS="attention block,paged_attn decode" \
+            AB_SCENARIOS="${AB_SCENARIOS:-1x512,16x512,1x32768,16x8192}" \
+            SWITCH_POLICIES="${SWITCH_POLICIES:-fill,fill+ctx_graphs,fill+fused_reduce,fill+ctx_graphs+fused_reduce}" \
+            bash "$0" switchab ;;
+    ctxtests) log ctxtests  # the GPU tests of part ctxgraphs' switches (~4 min): graphs == eager with them on, the
+          # precompile leaves nothing to JIT for the context classes, the attention rows of every kernel vs reference
+          timeout 420 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_context_graphs_gpu.py \
+            tests/gpu/test_precompile_gpu.py::test_precompile_covers_the_context_class_graphs \
+            tests/gpu/test_kernels_gpu.py -k "context or precompile or attention or paged_attn" 2>&1 | tail -8 ;;
     ab) log ab  # A/B of source files, arms built as copies of this tree with files swapped in: AB_SWAP="PATH:.ab/FILE ..."
           # makes the base (/tmp/base: e.g. onecard/kernels/gptq_gemm/int4.py:.ab/int4_old.py, issue 25's dequant
           # A/B), AB_NEW the new arm (/tmp/new; unset: this tree as it is; e.g. a paths.py with a switch on),

@@ -256,6 +256,29 @@ def attention_preload(cc: int) -> bool:
     return tensor_core_dot(cc) and _Switches.on.get("attention_preload", ATTN_PRELOAD)
 
 
+# Split-KV decode attention merging its own segments (attention/triton.py FUSED_REDUCE): each program stores its
+# partials and bumps a counter per (sequence, KV head); the last to arrive merges that KV head's GROUP query heads
+# (at most FUSED_REDUCE_MAX_SEGMENTS partials each, one pass) and stores the output. No reduce launch: a batch-1
+# decode layer is a chain of ~8 dependent launches (each ~1-3 µs of launch and wait on top of its work), and the
+# reduce was one of them at every context; its price is the last arriver's fence and L2 round trip. With it, a
+# decode launch below SPLIT_MIN_SEQ_LEN splits too (fill, at most FUSED_REDUCE_MAX_SEGMENTS segments: 512 tokens at
+# batch 1 run 8 one-tile programs per KV head instead of one program of 8 tiles), since that split costs no launch.
+# Launches of more segments (bs1 from ~1.1k tokens of bound) keep the reduce kernel: one program merging GROUP
+# heads x ~90 segments would be a serial tail. OFF until the full-model A/B (bench/run_h200.sh ctxgraphs) runs.
+ATTN_FUSED_REDUCE = False
+FUSED_REDUCE_MAX_SEGMENTS = 16
+
+
+def set_attention_fused_reduce(on: bool | None) -> None:
+    """Split-KV decode attention's in-kernel reduce on or off in this process; None: ATTN_FUSED_REDUCE."""
+    _set_switch("attention_fused_reduce", on)
+
+
+def attention_fused_reduce() -> bool:
+    """May a decode-only split-KV launch of at most FUSED_REDUCE_MAX_SEGMENTS segments merge them itself?"""
+    return _Switches.on.get("attention_fused_reduce", ATTN_FUSED_REDUCE)
+
+
 # The batch-1 router's top-k (fused_moe/batch1.py's last-arriving program, on the decode step's critical path) by
 # rank (fused_moe/decode.topk_rank_of: a [E, E] compare and two selects) instead of TOP_K rounds of max, each a
 # cross-warp reduction: the same keys, so the same experts, order and ties. OFF (H100, 2026-12-06, switchab):
@@ -536,14 +559,16 @@ def split_kv(num_seqs: int, decode_only: bool, max_seq_len: int, kv_heads: int, 
     ov = _SplitKvPolicy.override if decode_only else {}
     if "segments" in ov:                                                  # a bench/test's forced split
         return max(1, int(ov["segments"])), int(ov.get("min_seg_tiles", SPLIT_MIN_SEGMENT_TILES))
-    if not (decode_only or small_q) or max_seq_len < SPLIT_MIN_SEQ_LEN:
+    short_fused = decode_only and attention_fused_reduce() and max_seq_len < SPLIT_MIN_SEQ_LEN
+    if not (decode_only or small_q) or (max_seq_len < SPLIT_MIN_SEQ_LEN and not short_fused):
         return 1, 1
     base = max(1, num_seqs * kv_heads * (query_blocks if small_q else 1))   # programs without a split
     if (policy or split_kv_policy()) == "legacy":
         want = 2 * sms // base
         return max(1, min(LEGACY_MAX_SEGMENTS, 1 if want <= 1 else 1 << (int(want) - 1).bit_length())), 1
     tiles = _cdiv(max_seq_len, ov.get("block_n") or block_n or attention_tiles(cc, 16)[0])   # tiles of the bound
-    return _fill_segments(base, tiles, split_kv_ctas_per_sm(cc) * sms), SPLIT_MIN_SEGMENT_TILES
+    segs = _fill_segments(base, tiles, split_kv_ctas_per_sm(cc) * sms)
+    return (min(segs, FUSED_REDUCE_MAX_SEGMENTS) if short_fused else segs), SPLIT_MIN_SEGMENT_TILES
 
 
 # Decode CUDA graphs per context class. A captured graph's attention split is fixed by its metadata's bound
@@ -604,6 +629,7 @@ class AttentionLaunch(NamedTuple):
     prefetch: int            # 0: none; 1: the next tile's block-table entries; 2: also its K/V, in registers
     row_reduce: bool = False  # split, not decode-only: the row-wise reduce (any query rows per sequence)
     preload: bool = False     # decode-only, prefetch 0: the first key tile before the PDL wait (attention_preload)
+    fused_reduce: bool = False  # decode-only split of <= FUSED_REDUCE_MAX_SEGMENTS: the kernel merges (no reduce launch)
 
 
 def attention_launch(num_seqs: int, decode_only: bool, max_seq_len: int, kv_heads: int, sms: int, cc: int,
@@ -625,7 +651,8 @@ def attention_launch(num_seqs: int, decode_only: bool, max_seq_len: int, kv_head
     return AttentionLaunch(segs, min_tiles, ov.get("block_n", block_n), ov.get("num_warps", warps),
                            ov.get("num_stages", ATTN_STAGES), bs, ov.get("reduce_warps", REDUCE_WARPS),
                            prefetch, segs > 1 and not decode_only,
-                           decode_only and prefetch == 0 and attention_preload(cc))
+                           decode_only and prefetch == 0 and attention_preload(cc),
+                           decode_only and 1 < segs <= FUSED_REDUCE_MAX_SEGMENTS and attention_fused_reduce())
 
 
 def use_pdl(num_tokens: int, cc: int, max_tokens: int) -> bool:

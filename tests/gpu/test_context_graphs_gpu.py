@@ -3,7 +3,9 @@
 With the classes on, a decode step whose sequences are all shorter than SPLIT_MIN_SEQ_LEN replays the unsplit
 graph: the same launches as an eager decode at that context (no split below the threshold there either), so its
 greedy tokens must equal eager's token for token, at batch 1 (the batch-1 attention block's own paths) and
-batch 3; and a step past the class replays the max_model_len graph. The bundled tiny coder (GPTQ g128, 4,096
+batch 3; and a step past the class replays the max_model_len graph. With the fused reduce on too
+(paths.ATTN_FUSED_REDUCE), the short class splits and its launches merge their own segments, eager's as well: the
+tokens must still be equal, and the arrival counters back at zero. The bundled tiny coder (GPTQ g128, 4,096
 positions) in fp16."""
 from __future__ import annotations
 
@@ -43,19 +45,24 @@ def _greedy(eager: bool, lens: list[int], new: int):
     return [got[str(i)] for i in range(len(lens))], (dict(graphs.decode_replays) if graphs is not None else None)
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["reduce", "fused"])
 @pytest.mark.parametrize("lens", [[700], [300, 650, 120]], ids=["bs1", "bs3"])
-def test_short_context_graph_replays_the_eager_launches(lens):
-    from onecard.kernels import paths
+def test_short_context_graph_replays_the_eager_launches(lens, fused):
+    from onecard.kernels import paths, workspace
 
     paths.set_decode_context_graphs(True)
+    paths.set_attention_fused_reduce(fused)
     try:
         short = paths.SPLIT_MIN_SEQ_LEN - 1
         eager, _ = _greedy(True, lens, 24)
         graphed, replays = _greedy(False, lens, 24)
         assert graphed == eager
         assert replays and all(bound == short for (_, bound) in replays), replays
+        cnt = workspace.counters(torch.device("cuda"), "attention", workspace.REGION_SIZE)
+        assert int(cnt.abs().sum()) == 0                                  # the zero invariant (workspace.py)
     finally:
         paths.set_decode_context_graphs(None)
+        paths.set_attention_fused_reduce(None)
 
 
 def test_a_step_past_the_class_replays_the_max_model_len_graph():

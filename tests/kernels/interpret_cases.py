@@ -72,6 +72,8 @@ GEMM_ACC = (0, 1, 7, 10)      # GEMM cases at M = 1 again accumulating into a ro
 # kernel's K/V prefetch (which then reads the stored row one iteration early)
 ATTN_QK_SPLITS = [None, {"segments": 3, "block_n": 16}, {"segments": 2, "block_n": 16, "prefetch": 2}]
 # attnblockqkpre{i}: the same split as ATTN_QK_SPLITS[1] with the first key tile preloaded (paths.set_attention_preload)
+# attnblockqkfused{i}: the same split as ATTN_QK_SPLITS[1] merged by the attention launch's last arriving segment
+# (paths.set_attention_fused_reduce; the program that stores the new key is not the last to arrive in general)
 ATTN_BLOCK = [(256, 4, 2, 64, "x32res", 40, False), (384, 2, 2, 64, "nores", 5, True)]
 # (seq_lens, query_lens, Hq, Hkv, block_size, num_decode_tokens): prefill, chunk over prefix, split-KV decode
 ATTN = [([5, 9, 1], [5, 9, 1], 8, 2, 4, 0), ([7, 70, 33], [1, 4, 1], 6, 2, 16, 1),
@@ -98,11 +100,19 @@ SPLITKV = [(2, 1, [1, 70, 700], {}), (3, 1, [1, 70, 700], {}), (7, 1, [1, 70, 70
 SPLITKV_BOUND = 4096
 # "-pre": with the first key tile loaded before the (interpreted) PDL wait and peeled off the loop
 # (paths.set_attention_preload; the kernel's own prefetch off)
+# "-fused": the launch merges its own segments (paths.set_attention_fused_reduce: the last program to arrive per
+# sequence and KV head; launches of more than FUSED_REDUCE_MAX_SEGMENTS segments keep the reduce kernel); the
+# arrival counters must be back at zero after it. "-short": fill at a bound below SPLIT_MIN_SEQ_LEN, which splits
+# only with the fused reduce
 SPLITKV_CASES = ([f"splitkv{i}-{dt}" for i in range(len(SPLITKV)) for dt in (F32, F16)]
                  + [f"splitkv{i}-pre-{dt}" for i in (0, 2, 3, 4, 5) for dt in (F32, F16)]
                  + ["splitkv1-pre-fp8e5m2"]
                  + [f"splitkv{i}-fp8e5m2" for i in (1, 3, 4, 5, 7, 8, 10, 11)]
-                 + [f"splitkv{i}-sm70-{dt}" for i in (1, 3, 7, 10) for dt in (F16, "fp8e5m2")])
+                 + [f"splitkv{i}-sm70-{dt}" for i in (1, 3, 7, 10) for dt in (F16, "fp8e5m2")]
+                 + [f"splitkv{i}-fused-{dt}" for i in (0, 1, 2, 4, 5, 7, 10, 12) for dt in (F32, F16)]
+                 + ["splitkv1-fused-fp8e5m2", f"splitkv1-fused-sm70-{F16}", f"splitkv2-fused-pre-{F16}"]
+                 + [f"splitkv5-fused-short-{dt}" for dt in (F32, F16)]
+                 + [f"splitkv5-fused-short-sm70-{F16}"])
 
 # fp8 KV caches (fp16 activations): the e5m2 encoder on every fp16 bit pattern and the e4m3 store (exact: 0
 # bytes differ from the spec); the fused store (in fp8 ulps, <= 1: the fp32 k may round differently); attention
@@ -126,6 +136,7 @@ CASES = ([f"gemm{i}-{dt}" for i in range(len(GEMM)) for dt in (F32, F16)] + ["de
          + [f"attnblockqk{i}s{j}-{dt}" for i in range(len(ATTN_BLOCK)) for j in range(len(ATTN_QK_SPLITS))
             for dt in (F32, F16)]
          + [f"attnblockqkpre{i}-{F16}" for i in range(len(ATTN_BLOCK))]
+         + [f"attnblockqkfused{i}-{dt}" for i in range(len(ATTN_BLOCK)) for dt in (F32, F16)]
          + [f"rms_norm-zero-{dt}" for dt in (F32, F16)]
          + [f"coderb1acc-{F16}"]
          + [f"topkrank{i}" for i in range(5)]                              # topk_cases.TOPK
@@ -404,6 +415,9 @@ def _splitkv_case(name: str, seed: int) -> float:
     n = len(seqs)
     kc, vc, md, _, _ = make_paged_batch(seqs, [1] * n, 2, 32, 16, dtype=dt, seed=seed)
     md.num_decode_tokens, md.max_seq_len = n, SPLITKV_BOUND               # decode-only; the bound as in a graph
+    if "short" in rest:
+        md.max_seq_len = paths.SPLIT_MIN_SEQ_LEN - 1                      # the unsplit graph class's bound
+        assert max(seqs) <= md.max_seq_len
     if rest[-1] == "fp8e5m2":
         kc, vc = fp8.quantize(kc, fp8.E5M2, 1.0), fp8.quantize(vc, fp8.E5M2, 1.0)
     q = torch.randn(n, 8, 32).to(dt)
@@ -418,18 +432,25 @@ def _splitkv_case(name: str, seed: int) -> float:
     if "sm70" in rest:
         paths.set_emulated_capability(70)                                  # sm70's tiles (32 keys, 8 warps)
     paths.set_attention_preload("pre" in rest)
+    paths.set_attention_fused_reduce("fused" in rest)
     try:
         plan = tk.launch_plan(md, 8, 2, q.device)
         assert plan.segments > 1, f"no split: {plan}"
         want = {**knobs, "reduce_block_s": min(paths.next_pow2(plan.segments), knobs.get("reduce_block_s", 1 << 30))}
         assert all(getattr(plan, k) == v for k, v in want.items() if k in knobs), (plan, knobs)
+        assert plan.fused_reduce == ("fused" in rest and plan.segments <= paths.FUSED_REDUCE_MAX_SEGMENTS), plan
         out = tk.paged_attention(q, kc, vc, md, s)
+        if plan.fused_reduce:                                             # the zero invariant (workspace.py)
+            from onecard.kernels import workspace
+            cnt = workspace.counters(q.device, "attention", n * 2)
+            assert int(cnt.abs().sum()) == 0, cnt
     finally:
         tk.num_sms = sms
         paths.set_split_kv_policy(None)
         paths.set_decode_attention_override()
         paths.set_emulated_capability(None, clear=True)
         paths.set_attention_preload(None)
+        paths.set_attention_fused_reduce(None)
     want = ref.paged_attention(q.float(), kc, vc, md, s)                  # float32 math on the same cache
     return _rel(out, want)
 
@@ -510,6 +531,13 @@ def run_case(name: str, seed: int) -> float:
             return _attn_block_case(int(kind[14:]), dt, seed, attn_qk=True, split=1)
         finally:
             paths.set_attention_preload(None)
+    if kind.startswith("attnblockqkfused"):
+        from onecard.kernels import paths
+        paths.set_attention_fused_reduce(True)
+        try:
+            return _attn_block_case(int(kind[16:]), dt, seed, attn_qk=True, split=1)
+        finally:
+            paths.set_attention_fused_reduce(None)
     if kind.startswith("attnblockqk"):
         i, _, j = kind[11:].partition("s")
         return _attn_block_case(int(i), dt, seed, attn_qk=True, split=int(j))

@@ -309,3 +309,32 @@ def test_decode_graph_bounds_add_the_unsplit_class_only_where_the_split_differs(
         assert paths.decode_graph_bounds(1, 1000, 4, 132, 90) == (1000,)             # max_model_len does not split
     finally:
         paths.set_decode_context_graphs(None)
+
+
+def test_fused_reduce_takes_the_decode_splits_of_few_segments():
+    """paths.ATTN_FUSED_REDUCE: a decode-only split of at most FUSED_REDUCE_MAX_SEGMENTS segments is merged by the
+    kernel (no reduce launch), and with it a decode below SPLIT_MIN_SEQ_LEN splits too; bs1 at 64k keeps the
+    reduce kernel (one program merging ~90 segments x 8 heads would be a serial tail); prefill never splits."""
+    short = paths.SPLIT_MIN_SEQ_LEN - 1
+    launch = lambda bs, bound, decode=True: paths.attention_launch(bs, decode, bound, 4, 132, 90, 16)
+    assert not any(launch(bs, n).fused_reduce for bs in (1, 16) for n in (short, 65536))   # off by default
+    assert launch(1, short).segments == 1
+    paths.set_attention_fused_reduce(True)
+    try:
+        one = launch(1, short)
+        assert 1 < one.segments <= paths.FUSED_REDUCE_MAX_SEGMENTS and one.fused_reduce
+        far = launch(1, 65536)
+        assert far.segments > paths.FUSED_REDUCE_MAX_SEGMENTS and not far.fused_reduce
+        sixteen = launch(16, 65536)
+        assert 1 < sixteen.segments <= paths.FUSED_REDUCE_MAX_SEGMENTS and sixteen.fused_reduce
+        assert launch(1, short, decode=False).segments == 1 and not launch(1, short, decode=False).fused_reduce
+        # the short class keeps its own graph only where its split differs from max_model_len's
+        paths.set_decode_context_graphs(True)
+        assert paths.decode_graph_bounds(1, 65536, 4, 132, 90) == (short, 65536)
+        for bs in (1, 2, 4, 8, 16):
+            bounds = paths.decode_graph_bounds(bs, 65536, 4, 132, 90)
+            splits = [paths.split_kv(bs, True, b, 4, 132, 90) for b in bounds]
+            assert len(set(splits)) == len(splits), (bs, bounds, splits)
+    finally:
+        paths.set_attention_fused_reduce(None)
+        paths.set_decode_context_graphs(None)

@@ -25,12 +25,13 @@ import torch
 import triton
 import triton.language as tl
 
-from onecard.kernels import paths
+from onecard.kernels import paths, workspace
 from onecard.kernels.attention.fp8 import fmt_code, kernel_view, kv_decode, kv_store_value
 from onecard.kernels.attention.metadata import AttentionMetadata
 from onecard.kernels.triton_common import (
     AotConfig,
     compute_capability,
+    last_arrival,
     next_pow2,
     num_sms,
     pdl,
@@ -109,11 +110,12 @@ def _segment_tiles(n_tiles, num_segments, min_seg_tiles):
 def _paged_attn_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, qsl_ptr, seqlen_ptr, bt_ptr,
                        scale_log2, stride_qt, stride_qh, stride_ot, stride_oh, stride_bt, block_size,
                        num_segments, min_seg_tiles, v_scale,
-                       k_ptr, v_ptr, qw_ptr, kw_ptr, pos_ptr, cs_ptr, slot_ptr, stride_kt, eps,
+                       k_ptr, v_ptr, qw_ptr, kw_ptr, pos_ptr, cs_ptr, slot_ptr, stride_kt, eps, cnt_ptr,
                        HQ: tl.constexpr, HKV: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
                        D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
                        KV_FMT: tl.constexpr, PREFETCH: tl.constexpr = 0, QKN: tl.constexpr = False,
-                       PRELOAD: tl.constexpr = False):
+                       PRELOAD: tl.constexpr = False, FUSED_REDUCE: tl.constexpr = False,
+                       BLOCK_SF: tl.constexpr = 16):
     """QKN (decode-only launches, the model-dtype cache; paths.batch1_attn_qk): q_ptr, k_ptr, v_ptr are the
     projection's raw q | k | v rows (any float type; k and v rows strided by stride_kt, heads contiguous) and the
     kernel does qk_norm_rope_store's work itself: each program normalises and rotates its query rows (per-head
@@ -121,7 +123,11 @@ def _paged_attn_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, qsl_ptr
     normalises and rotates the new token's k (with kw) and stores k and v into the cache at slot_mapping[token]
     (skipped when < 0) before its key tiles, which read them back (a CTA barrier orders the two).
     PRELOAD (decode-only launches, PREFETCH 0; paths.attention_preload): a segment's first key tile is loaded
-    before the PDL wait except the new key's row, and processed ahead of the loop."""
+    before the PDL wait except the new key's row, and processed ahead of the loop.
+    FUSED_REDUCE (decode-only splits of at most BLOCK_SF segments; paths.attention_fused_reduce): after its
+    partials, each program bumps cnt_ptr[seq * HKV + kvh] (kernels/workspace.py, region "attention"); the one
+    that arrives last of the sequence's filled segments merges the GROUP query heads of its KV head and stores
+    the output (the reduce kernel's arithmetic, _merge_segments), and puts the counter back to zero."""
     tl.static_assert(not (PRELOAD and PREFETCH), "PRELOAD: the kernel's own prefetch off")
     seq = tl.program_id(0)
     qblk = tl.program_id(1)
@@ -254,24 +260,37 @@ def _paged_attn_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, qsl_ptr
         tl.store(part_ptr + base[:, None] * D + offs_d[None, :], acc, mask=row_ok[:, None])
         tl.store(ml_ptr + base * 2, m_i, mask=row_ok)
         tl.store(ml_ptr + base * 2 + 1, l_i, mask=row_ok)
+        if FUSED_REDUCE:
+            # decode-only: the sequence's one query row is token q_start; segments past its end returned above
+            # without arriving, so the arrivals are its filled segments, counted as the reduce kernel counts them
+            n_seg = tl.cdiv(n_tiles, tiles_per_seg)
+            if last_arrival(cnt_ptr + seq * HKV + kvh, n_seg):
+                tok0 = q_start.to(tl.int64)
+                for g in tl.static_range(GROUP):                          # independent loads: all in flight
+                    hh = kvh * GROUP + g
+                    o = _merge_segments(part_ptr, ml_ptr, (tok0 * HQ + hh) * num_segments, n_seg, offs_d, D,
+                                        BLOCK_SF, ".cg")                  # .cg: other SMs' partials, from L2
+                    tl.store(out_ptr + tok0 * stride_ot + hh * stride_oh + offs_d, o.to(out_ptr.dtype.element_ty))
 
 
 @triton.jit
-def _merge_segments(part_ptr, ml_ptr, base, n_seg, offs_d, D: tl.constexpr, BLOCK_S: tl.constexpr):
+def _merge_segments(part_ptr, ml_ptr, base, n_seg, offs_d, D: tl.constexpr, BLOCK_S: tl.constexpr,
+                    CACHE: tl.constexpr = ""):
     """[D] output of the first ``n_seg`` split-KV partials at rows base.. (partials [.., D], (m, l) [.., 2]),
-    BLOCK_S at a time (online rescale)."""
+    BLOCK_S at a time (online rescale); CACHE: the loads' cache modifier."""
     m_run = tl.full([], -1e30, tl.float32)
     l_run = tl.full([], 0.0, tl.float32)
     acc = tl.zeros([D], dtype=tl.float32)
     for s0 in range(0, n_seg, BLOCK_S):
         offs_s = s0 + tl.arange(0, BLOCK_S)
         s_ok = offs_s < n_seg
-        m = tl.load(ml_ptr + (base + offs_s) * 2, mask=s_ok, other=-1e30)
-        l = tl.load(ml_ptr + (base + offs_s) * 2 + 1, mask=s_ok, other=0.0)
+        m = tl.load(ml_ptr + (base + offs_s) * 2, mask=s_ok, other=-1e30, cache_modifier=CACHE)
+        l = tl.load(ml_ptr + (base + offs_s) * 2 + 1, mask=s_ok, other=0.0, cache_modifier=CACHE)
         m_new = tl.maximum(m_run, tl.max(m, axis=0))
         alpha = tl.exp2(m_run - m_new)
         w = tl.exp2(m - m_new)                                            # [S]
-        part = tl.load(part_ptr + (base + offs_s)[:, None] * D + offs_d[None, :], mask=s_ok[:, None], other=0.0)
+        part = tl.load(part_ptr + (base + offs_s)[:, None] * D + offs_d[None, :], mask=s_ok[:, None], other=0.0,
+                       cache_modifier=CACHE)
         acc = acc * alpha + tl.sum(part * w[:, None], axis=0)
         l_run = l_run * alpha + tl.sum(l * w, axis=0)
         m_run = m_new
@@ -324,6 +343,7 @@ def _segment_reduce_rows_kernel(part_ptr, ml_ptr, out_ptr, qsl_ptr, seqlen_ptr, 
 BLOCK_N = paths.ATTN_BLOCK_N
 ATTN_WARPS = paths.ATTN_WARPS
 MAX_SEGMENTS = paths.MAX_SEGMENTS
+FUSED_BLOCK_S = next_pow2(paths.FUSED_REDUCE_MAX_SEGMENTS)   # the fused reduce merges its segments in one pass
 SPLIT_MIN_SEQ_LEN = paths.SPLIT_MIN_SEQ_LEN
 attn_tiles = paths.attention_tiles       # (BLOCK_N, num_warps) by capability: the path table owns it
 
@@ -342,8 +362,11 @@ def launch_plan(md: AttentionMetadata, hq: int, hkv: int, device: torch.device) 
     decode_only = md.max_query_len == 1 and md.num_decode_tokens >= b
     gp = next_pow2(hq // hkv)
     bq = block_q(gp, md.max_query_len)
-    return paths.attention_launch(b, decode_only, md.max_seq_len, hkv, num_sms(device), compute_capability(device),
+    plan = paths.attention_launch(b, decode_only, md.max_seq_len, hkv, num_sms(device), compute_capability(device),
                                   bq * gp, md.max_query_len, triton.cdiv(md.max_query_len, bq))
+    if plan.fused_reduce and b * hkv > workspace.REGION_SIZE:             # more counters than the region holds
+        plan = plan._replace(fused_reduce=False)
+    return plan
 
 
 def split_plan(md: AttentionMetadata, hkv: int, device: torch.device, hq: int = 32) -> tuple[int, int]:
@@ -431,19 +454,21 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     qk = ((raw.k, raw.v, raw.q_weight, raw.k_weight, raw.positions, raw.cos_sin_cache, raw.slot_mapping,
            raw.k.stride(0), float(raw.eps)) if raw is not None
           else (q, q, q, q, md.slot_mapping, part, md.slot_mapping, 0, 0.0))
+    # the fused reduce's arrival counters, one per (sequence, KV head); unused otherwise (a stand-in of its type)
+    cnt = workspace.counters(q.device, "attention", b * hkv) if plan.fused_reduce else md.seq_lens
     _paged_attn_kernel[grid](
         q, kernel_view(k_cache), kernel_view(v_cache), out, part, ml, md.query_start_loc, md.seq_lens,
         md.block_table, scale * float(k_scale) * 1.4426950408889634, q.stride(0), q.stride(1), out.stride(0),
-        out.stride(1), md.block_table.stride(0), k_cache.shape[1], segs, min_tiles, float(v_scale), *qk,
+        out.stride(1), md.block_table.stride(0), k_cache.shape[1], segs, min_tiles, float(v_scale), *qk, cnt,
         HQ=hq, HKV=hkv, GROUP=group, GROUP_PAD=gp, D=d, BLOCK_Q=bq, BLOCK_N=block_n, PDL=use_pdl, KV_FMT=fmt,
-        PREFETCH=plan.prefetch, QKN=raw is not None, PRELOAD=plan.preload, num_warps=plan.num_warps,
-        num_stages=plan.num_stages, launch_pdl=use_pdl)
+        PREFETCH=plan.prefetch, QKN=raw is not None, PRELOAD=plan.preload, FUSED_REDUCE=plan.fused_reduce,
+        BLOCK_SF=FUSED_BLOCK_S, num_warps=plan.num_warps, num_stages=plan.num_stages, launch_pdl=use_pdl)
     if plan.row_reduce:                                                   # small-q: rows found per sequence
         _segment_reduce_rows_kernel[(b, md.max_query_len, hq)](
             part, ml, out, md.query_start_loc, md.seq_lens, out.stride(0), out.stride(1), segs, block_n, min_tiles,
             HQ=hq, D=d, BLOCK_Q=bq, BLOCK_S=plan.reduce_block_s, PDL=use_pdl, num_warps=plan.reduce_warps,
             launch_pdl=use_pdl)
-    elif segs > 1:
+    elif segs > 1 and not plan.fused_reduce:
         # decode-only: every sequence's single query row is row i (query_start_loc = arange)
         _segment_reduce_kernel[(md.num_decode_tokens, hq)](
             part, ml, out, md.seq_lens, out.stride(0), out.stride(1), segs, block_n, min_tiles, HQ=hq, D=d,
@@ -480,9 +505,14 @@ def aot_configs() -> list[AotConfig]:
             variants += [(decode_bq, 80, "qkn")] if kv_fmt == 0 else []
             # PRELOAD (paths.attention_preload: decode-only, sm80+; off), alone and with QKN, fp16 caches
             variants += [(decode_bq, 80, "preload"), (decode_bq, 80, "qkn+preload")] if kv_fmt == 0 else []
+            # FUSED_REDUCE (paths.attention_fused_reduce: decode-only; off): alone on every target's tiles, with
+            # QKN on sm80+'s, the model-dtype cache
+            variants += ([(decode_bq, 80, "fused"), (decode_bq, 70, "fused"), (decode_bq, 80, "qkn+fused")]
+                         if kv_fmt == 0 else [])
             for bq, tiles_cc, prefetch in variants:                      # the tiles of sm80+ and of below
                 tag = ",pre-sm80" if tiles_cc < 80 else ""
-                qkn, preload = prefetch in ("qkn", "qkn+preload"), prefetch in ("preload", "qkn+preload")
+                qkn, preload = prefetch in ("qkn", "qkn+preload", "qkn+fused"), prefetch in ("preload", "qkn+preload")
+                fused = prefetch in ("fused", "qkn+fused")
                 prefetch = 0 if isinstance(prefetch, str) else prefetch
                 if preload and (act != "fp16" or kv_cc > 70):
                     continue
@@ -491,7 +521,7 @@ def aot_configs() -> list[AotConfig]:
                 block_n, warps = attn_tiles(tiles_cc, bq * gp)
                 cx = {"HQ": hq, "HKV": hkv, "GROUP": group, "GROUP_PAD": gp, "D": d, "BLOCK_Q": bq,
                       "BLOCK_N": block_n, "PDL": False, "KV_FMT": kv_fmt, "PREFETCH": prefetch, "QKN": qkn,
-                      "PRELOAD": preload}
+                      "PRELOAD": preload, "FUSED_REDUCE": fused, "BLOCK_SF": FUSED_BLOCK_S}
                 raw_t = "*fp32" if qkn else f"*{act}"
                 args = {"q_ptr": raw_t, "kc_ptr": cache, "vc_ptr": cache, "out_ptr": f"*{act}",
                         "part_ptr": "*fp32", "ml_ptr": "*fp32", "qsl_ptr": "*i32", "seqlen_ptr": "*i32",
@@ -499,11 +529,11 @@ def aot_configs() -> list[AotConfig]:
                         "stride_ot": "i32", "stride_oh": "i32", "stride_bt": "i32", "block_size": "i32",
                         "num_segments": "i32", "min_seg_tiles": "i32", "v_scale": "fp32",
                         "k_ptr": raw_t, "v_ptr": raw_t, "qw_ptr": f"*{act}", "kw_ptr": f"*{act}", "pos_ptr": "*i64",
-                        "cs_ptr": "*fp32", "slot_ptr": "*i64", "stride_kt": "i32", "eps": "fp32"}
+                        "cs_ptr": "*fp32", "slot_ptr": "*i64", "stride_kt": "i32", "eps": "fp32", "cnt_ptr": "*i32"}
                 out.append(AotConfig(_paged_attn_kernel, signature(args, cx), cx, warps, paths.ATTN_STAGES,
                                      max(min_cc, tiles_cc),
                                      f"paged_attn[bq={bq}{tag},{act}{kv_tag}{f',prefetch={prefetch}' * bool(prefetch)}"
-                                     f"{',qkn' * qkn}{',preload' * preload}]"))
+                                     f"{',qkn' * qkn}{',preload' * preload}{',fused' * fused}]"))
         for segs in sorted({reduce_block_s(s) for s in range(2, MAX_SEGMENTS + 1)}):
             cx = {"HQ": hq, "D": d, "BLOCK_S": segs, "PDL": False}
             args = {"part_ptr": "*fp32", "ml_ptr": "*fp32", "out_ptr": f"*{act}", "seqlen_ptr": "*i32",

@@ -275,7 +275,7 @@ def _paged_attn_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, qsl_ptr
 
 @triton.jit
 def _merge_segments(part_ptr, ml_ptr, base, n_seg, offs_d, D: tl.constexpr, BLOCK_S: tl.constexpr,
-                    CACHE: tl.constexpr = ""):
+                    CACHE: tl.constexpr):
     """[D] output of the first ``n_seg`` split-KV partials at rows base.. (partials [.., D], (m, l) [.., 2]),
     BLOCK_S at a time (online rescale); CACHE: the loads' cache modifier."""
     m_run = tl.full([], -1e30, tl.float32)
@@ -309,7 +309,7 @@ def _segment_reduce_kernel(part_ptr, ml_ptr, out_ptr, seqlen_ptr, stride_ot, str
     n_seg = tl.cdiv(n_tiles, _segment_tiles(n_tiles, num_segments, min_seg_tiles))   # filled segments
     pdl_enter(PDL)
     offs_d = tl.arange(0, D)
-    o = _merge_segments(part_ptr, ml_ptr, (tok * HQ + h) * num_segments, n_seg, offs_d, D, BLOCK_S)
+    o = _merge_segments(part_ptr, ml_ptr, (tok * HQ + h) * num_segments, n_seg, offs_d, D, BLOCK_S, "")
     tl.store(out_ptr + tok * stride_ot + h * stride_oh + offs_d, o.to(out_ptr.dtype.element_ty))
 
 
@@ -336,7 +336,7 @@ def _segment_reduce_rows_kernel(part_ptr, ml_ptr, out_ptr, qsl_ptr, seqlen_ptr, 
     n_seg = tl.cdiv(n_tiles, _segment_tiles(n_tiles, num_segments, min_seg_tiles))   # filled segments
     tok = (q_start + q_idx).to(tl.int64)
     offs_d = tl.arange(0, D)
-    o = _merge_segments(part_ptr, ml_ptr, (tok * HQ + h) * num_segments, n_seg, offs_d, D, BLOCK_S)
+    o = _merge_segments(part_ptr, ml_ptr, (tok * HQ + h) * num_segments, n_seg, offs_d, D, BLOCK_S, "")
     tl.store(out_ptr + tok * stride_ot + h * stride_oh + offs_d, o.to(out_ptr.dtype.element_ty))
 
 

@@ -524,20 +524,14 @@ def run_case(name: str, seed: int) -> float:
         return _coder_b1acc_case(seed)
     if kind.startswith("gemmacc"):
         return _gemm_acc_case(int(kind[7:]), dt, seed)
-    if kind.startswith("attnblockqkpre"):
-        from onecard.kernels import paths
-        paths.set_attention_preload(True)
-        try:
-            return _attn_block_case(int(kind[14:]), dt, seed, attn_qk=True, split=1)
-        finally:
-            paths.set_attention_preload(None)
-    if kind.startswith("attnblockqkfused"):
-        from onecard.kernels import paths
-        paths.set_attention_fused_reduce(True)
-        try:
-            return _attn_block_case(int(kind[16:]), dt, seed, attn_qk=True, split=1)
-        finally:
-            paths.set_attention_fused_reduce(None)
+    for tag, setter in (("attnblockqkpre", "set_attention_preload"), ("attnblockqkfused", "set_attention_fused_reduce")):
+        if kind.startswith(tag):                                          # ATTN_QK_SPLITS[1] with one switch on
+            from onecard.kernels import paths
+            getattr(paths, setter)(True)
+            try:
+                return _attn_block_case(int(kind[len(tag):]), dt, seed, attn_qk=True, split=1)
+            finally:
+                getattr(paths, setter)(None)
     if kind.startswith("attnblockqk"):
         i, _, j = kind[11:].partition("s")
         return _attn_block_case(int(i), dt, seed, attn_qk=True, split=int(j))

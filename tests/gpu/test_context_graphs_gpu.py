@@ -58,7 +58,8 @@ def test_short_context_graph_replays_the_eager_launches(lens, fused):
         graphed, replays = _greedy(False, lens, 24)
         assert graphed == eager
         assert replays and all(bound == short for (_, bound) in replays), replays
-        cnt = workspace.counters(torch.device("cuda"), "attention", workspace.REGION_SIZE)
+        dev = torch.device("cuda", torch.cuda.current_device())        # the kernels' key: str(q.device)
+        cnt = workspace.counters(dev, "attention", workspace.REGION_SIZE)
         assert int(cnt.abs().sum()) == 0                                  # the zero invariant (workspace.py)
     finally:
         paths.set_decode_context_graphs(None)

@@ -298,6 +298,8 @@ def test_one_capability_function():
 
 
 def test_decode_graph_bounds_add_the_unsplit_class_only_where_the_split_differs():
+    paths.set_attention_fused_reduce(False)                                          # (with it: the test below)
+    paths.set_decode_context_graphs(False)
     assert paths.decode_graph_bounds(1, 65536, 4, 132, 90) == (65536,)               # off: max_model_len alone
     paths.set_decode_context_graphs(True)
     try:
@@ -309,6 +311,7 @@ def test_decode_graph_bounds_add_the_unsplit_class_only_where_the_split_differs(
         assert paths.decode_graph_bounds(1, 1000, 4, 132, 90) == (1000,)             # max_model_len does not split
     finally:
         paths.set_decode_context_graphs(None)
+        paths.set_attention_fused_reduce(None)
 
 
 def test_fused_reduce_takes_the_decode_splits_of_few_segments():
@@ -317,10 +320,11 @@ def test_fused_reduce_takes_the_decode_splits_of_few_segments():
     reduce kernel (one program merging ~90 segments x 8 heads would be a serial tail); prefill never splits."""
     short = paths.SPLIT_MIN_SEQ_LEN - 1
     launch = lambda bs, bound, decode=True: paths.attention_launch(bs, decode, bound, 4, 132, 90, 16)
-    assert not any(launch(bs, n).fused_reduce for bs in (1, 16) for n in (short, 65536))   # off by default
-    assert launch(1, short).segments == 1
-    paths.set_attention_fused_reduce(True)
     try:
+        paths.set_attention_fused_reduce(False)
+        assert not any(launch(bs, n).fused_reduce for bs in (1, 16) for n in (short, 65536))
+        assert launch(1, short).segments == 1
+        paths.set_attention_fused_reduce(True)
         one = launch(1, short)
         assert 1 < one.segments <= paths.FUSED_REDUCE_MAX_SEGMENTS and one.fused_reduce
         far = launch(1, 65536)

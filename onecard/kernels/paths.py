@@ -559,11 +559,14 @@ def split_kv(num_seqs: int, decode_only: bool, max_seq_len: int, kv_heads: int, 
     ov = _SplitKvPolicy.override if decode_only else {}
     if "segments" in ov:                                                  # a bench/test's forced split
         return max(1, int(ov["segments"])), int(ov.get("min_seg_tiles", SPLIT_MIN_SEGMENT_TILES))
-    short_fused = decode_only and attention_fused_reduce() and max_seq_len < SPLIT_MIN_SEQ_LEN
+    policy = policy or split_kv_policy()
+    # with the fused reduce a short decode split costs no launch: fill splits it too (not "legacy": the old rule)
+    short_fused = (decode_only and max_seq_len < SPLIT_MIN_SEQ_LEN and attention_fused_reduce()
+                   and policy != "legacy")
     if not (decode_only or small_q) or (max_seq_len < SPLIT_MIN_SEQ_LEN and not short_fused):
         return 1, 1
     base = max(1, num_seqs * kv_heads * (query_blocks if small_q else 1))   # programs without a split
-    if (policy or split_kv_policy()) == "legacy":
+    if policy == "legacy":
         want = 2 * sms // base
         return max(1, min(LEGACY_MAX_SEGMENTS, 1 if want <= 1 else 1 << (int(want) - 1).bit_length())), 1
     tiles = _cdiv(max_seq_len, ov.get("block_n") or block_n or attention_tiles(cc, 16)[0])   # tiles of the bound

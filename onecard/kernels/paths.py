@@ -582,7 +582,9 @@ def split_kv(num_seqs: int, decode_only: bool, max_seq_len: int, kv_heads: int, 
 # bound's, and a step replays the smallest bound that holds it. Any bound gives the same results (the kernel
 # cuts each sequence's own tiles into the segments), so the choice is only about speed. One class for now: the
 # unsplit one (a longer bound only moves the segment count, bs1 64 at 4k, 86 at 16k, 94 at 64k, for a graph more
-# per batch size). ``set_decode_context_graphs`` switches it in a process (bench A/Bs).
+# per batch size); with ATTN_FUSED_REDUCE it splits into <= FUSED_REDUCE_MAX_SEGMENTS segments merged in the
+# launch instead (bs16 then has the same split at every bound, so no second graph).
+# ``set_decode_context_graphs`` switches it in a process (bench A/Bs).
 DECODE_CONTEXT_GRAPHS = False
 DECODE_GRAPH_CONTEXTS = (SPLIT_MIN_SEQ_LEN - 1,)
 

@@ -554,7 +554,9 @@ def split_kv(num_seqs: int, decode_only: bool, max_seq_len: int, kv_heads: int, 
     bounds the reduce: its partials (B x query heads x S rows of D fp32) are at most one wave of programs x
     GROUP rows at a short bound, and at long contexts a segment is many tiles long.
     Policy "legacy" (issue 25's before, for A/B): ~2 programs per SM rounded up to a power of two, at most
-    LEGACY_MAX_SEGMENTS (bs1 at 32k on 132 SMs: 16 segments, 64 programs: half the SMs idle)."""
+    LEGACY_MAX_SEGMENTS (bs1 at 32k on 132 SMs: 16 segments, 64 programs: half the SMs idle).
+    Below SPLIT_MIN_SEQ_LEN a decode launch splits only with the fused reduce on (attention_fused_reduce), by
+    "fill" capped at FUSED_REDUCE_MAX_SEGMENTS, so that the kernel merges it (no reduce launch)."""
     small_q = query_blocks > 0 and not decode_only
     ov = _SplitKvPolicy.override if decode_only else {}
     if "segments" in ov:                                                  # a bench/test's forced split

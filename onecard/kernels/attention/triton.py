@@ -8,7 +8,8 @@ online softmax in fp32 (exp2, scale folded in). Split-KV (decode-only batches, k
 num_segments > 1 programs per (sequence, KV head); each sequence's own key tiles are cut into segments of
 max(ceil(tiles / num_segments), min_seg_tiles) tiles (_segment_tiles), each writes (acc, max, sum) partials,
 segments past the sequence's end exit at once, and a reduce kernel merges the filled ones (it derives their
-count from seq_lens with the same helper). Small-q launches (speculative verify steps, while
+count from seq_lens with the same helper; with paths.attention_fused_reduce a decode launch of at most
+FUSED_REDUCE_MAX_SEGMENTS segments merges them itself: its last segment program to arrive). Small-q launches (speculative verify steps, while
 paths.small_q_split(); on by default since the H100 A/B) split the same way per q-block program, cutting the keys that q-block
 sees; their row-wise reduce finds each row's sequence and q-block and derives the same count. The grid depends
 only on host-known sizes (B, max_query_len, segments; num_segments from an upper bound on the lengths, so one

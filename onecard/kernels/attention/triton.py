@@ -106,6 +106,13 @@ def _segment_tiles(n_tiles, num_segments, min_seg_tiles):
     return tl.maximum(tl.cdiv(n_tiles, num_segments), min_seg_tiles)
 
 
+@triton.jit
+def _filled_segments(n_tiles, num_segments, min_seg_tiles):
+    """How many of a sequence's split-KV segments hold keys (the rest exit at once): what the reduce merges and
+    the fused reduce counts arrivals to."""
+    return tl.cdiv(n_tiles, _segment_tiles(n_tiles, num_segments, min_seg_tiles))
+
+
 # runtime-varying ints: one compile serves all
 @triton.jit(do_not_specialize=["stride_bt", "num_segments", "min_seg_tiles"])
 def _paged_attn_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, qsl_ptr, seqlen_ptr, bt_ptr,
@@ -263,8 +270,8 @@ def _paged_attn_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, qsl_ptr
         tl.store(ml_ptr + base * 2 + 1, l_i, mask=row_ok)
         if FUSED_REDUCE:
             # decode-only: the sequence's one query row is token q_start; segments past its end returned above
-            # without arriving, so the arrivals are its filled segments, counted as the reduce kernel counts them
-            n_seg = tl.cdiv(n_tiles, tiles_per_seg)
+            # without arriving, so the arrivals are its filled segments
+            n_seg = _filled_segments(n_tiles, num_segments, min_seg_tiles)
             if last_arrival(cnt_ptr + seq * HKV + kvh, n_seg):
                 tok0 = q_start.to(tl.int64)
                 for g in tl.static_range(GROUP):                          # independent loads: all in flight
@@ -307,7 +314,7 @@ def _segment_reduce_kernel(part_ptr, ml_ptr, out_ptr, seqlen_ptr, stride_ot, str
     tok = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     n_tiles = tl.cdiv(tl.load(seqlen_ptr + tok, cache_modifier=".cg"), block_n)
-    n_seg = tl.cdiv(n_tiles, _segment_tiles(n_tiles, num_segments, min_seg_tiles))   # filled segments
+    n_seg = _filled_segments(n_tiles, num_segments, min_seg_tiles)
     pdl_enter(PDL)
     offs_d = tl.arange(0, D)
     o = _merge_segments(part_ptr, ml_ptr, (tok * HQ + h) * num_segments, n_seg, offs_d, D, BLOCK_S, "")
@@ -334,7 +341,7 @@ def _segment_reduce_rows_kernel(part_ptr, ml_ptr, out_ptr, qsl_ptr, seqlen_ptr, 
         return
     kv_end = tl.minimum(seq_len, seq_len - q_len + (q_idx // BLOCK_Q + 1) * BLOCK_Q)   # as the kernel's q-block
     n_tiles = tl.cdiv(kv_end, block_n)
-    n_seg = tl.cdiv(n_tiles, _segment_tiles(n_tiles, num_segments, min_seg_tiles))   # filled segments
+    n_seg = _filled_segments(n_tiles, num_segments, min_seg_tiles)
     tok = (q_start + q_idx).to(tl.int64)
     offs_d = tl.arange(0, D)
     o = _merge_segments(part_ptr, ml_ptr, (tok * HQ + h) * num_segments, n_seg, offs_d, D, BLOCK_S, "")

@@ -80,6 +80,19 @@ def _switched(setter, fn):
         setter(None)
 
 
+def _slices(cfg, fn):
+    """fn() with the batch-1 MoE's one-launch stages on, at slices config cfg (None: the shipped one)."""
+    from onecard.kernels import paths
+    from onecard.kernels.fused_moe import slices
+
+    shipped = slices.SLICES_CONFIG
+    slices.SLICES_CONFIG = cfg or shipped
+    try:
+        return _switched(paths.set_batch1_moe_slices, fn)
+    finally:
+        slices.SLICES_CONFIG = shipped
+
+
 def cases(quick: bool):
     from onecard.kernels import paths
     from onecard.kernels.triton_common import set_pdl
@@ -158,6 +171,16 @@ def cases(quick: bool):
                        moe_t.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True))),
                    lambda x=x, r=r: torch.cat(moe_r.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True)),
                    TOPK * per_expert + E * H * 2)
+        if t == 1:
+            # the expert stages in one launch (paths.set_batch1_moe_slices; fused_moe/slices.py): the shipped
+            # SLICES_CONFIG, then other (BLOCK_I, BLOCK_K8, BLOCK_H, warps, stages) to tune it
+            for cfg in (None, (32, 64, 512, 8, 1), (32, 16, 512, 4, 1), (16, 32, 512, 4, 1), (64, 32, 512, 8, 1),
+                        (32, 32, 256, 4, 1)):
+                yield (f"norm_moe T=1 slices{'' if cfg is None else ' ' + ','.join(map(str, cfg))}",
+                       lambda x=x, r=r, cfg=cfg: _slices(cfg, lambda: torch.cat(
+                           moe_t.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True))),
+                       lambda x=x, r=r: torch.cat(moe_r.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True)),
+                       TOPK * per_expert + E * H * 2)
         if t == 1:
             def chain(x=x, r=r):
                 h, res = n_t.rms_norm(x, nw, 1e-6, r)

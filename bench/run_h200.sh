@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU facts, kernel checks, tiny-checkpoint engine checks, the full-size benchmark.
 # Usage (repo root, on the H200): OUT=/some/dir bash bench/run_h200.sh [parts...]
-# parts: ab ctxgraphs ctxtests specverify apimem probe kernels checks full asyncab kvdtype capab capbisect hosttier loadab nopdl pdl16 emu70 longctx attnsweep gputests startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
+# parts: ab ctxgraphs ctxtests slices slicestests specverify apimem probe kernels checks full asyncab kvdtype capab capbisect hosttier loadab nopdl pdl16 emu70 longctx attnsweep gputests startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
 #   emu70: the full-size bench with every kernel-path decision on sm70's branch (ONECARD_EMULATE_CC=70): run it
 #          beside `full` in one call for the relative figure (a functional check, not a V100 timing)
 #   specverify: issue 30: verify-step latency vs tokens per sequence (1..9) at batch 1 and 16 (the cost model's
@@ -100,6 +100,16 @@ for p in $parts; do
           timeout 420 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_context_graphs_gpu.py \
             tests/gpu/test_precompile_gpu.py::test_precompile_covers_the_context_class_graphs \
             tests/gpu/test_kernels_gpu.py -k "context or precompile or attention or paged_attn" 2>&1 | tail -8 ;;
+    slices) log slices  # issue 25: the batch-1 MoE's expert stages in one launch (paths.BATCH1_MOE_SLICES), A/B'd in
+          # one engine at 1x512 and 1x32768 after the MoE block alone (the shipped SLICES_CONFIG and five others;
+          # ~5 min with the build). Its GPU tests: part slicestests, on the warm machine
+          AB_TESTS=0 AB_TIMEOUT="${AB_TIMEOUT:-200}" AB_KERNELS="norm_moe T=1" \
+            AB_SCENARIOS="${AB_SCENARIOS:-1x512,1x32768}" SWITCH_POLICIES="${SWITCH_POLICIES:-fill,fill+moe_slices}" \
+            bash "$0" switchab ;;
+    slicestests) log slicestests  # part slices' GPU tests (~2 min): the coder's greedy tokens with the slices in
+          # graphs == eager == the two-launch stages; the slices rows of every kernel vs reference
+          timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_moe_slices_gpu.py \
+            tests/gpu/test_kernels_gpu.py -k "slices or norm_moe" 2>&1 | tail -8 ;;
     ab) log ab  # A/B of source files, arms built as copies of this tree with files swapped in: AB_SWAP="PATH:.ab/FILE ..."
           # makes the base (/tmp/base: e.g. onecard/kernels/gptq_gemm/int4.py:.ab/int4_old.py, issue 25's dequant
           # A/B), AB_NEW the new arm (/tmp/new; unset: this tree as it is; e.g. a paths.py with a switch on),

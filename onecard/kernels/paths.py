@@ -297,6 +297,26 @@ def batch1_rank_topk() -> bool:
     return _Switches.on.get("batch1_rank_topk", BATCH1_RANK_TOPK)
 
 
+# The batch-1 MoE's two expert stages in one launch (fused_moe/slices.py): a program owns a slice of one expert's
+# intermediate rows, computes their gate/up over the whole input, silu and the product in registers, and adds
+# that slice's share of the down projection to the output with fp32 atomics. No gu buffer and no launch boundary
+# between gate/up and down (stages.py's two launches, the second waiting for the whole first). Costs: fewer,
+# longer programs (192 at the served shape against ~1,000 per stage), the down's scales read once per slice, H
+# atomics per program. int4 GPTQ without act order (slices.supported); any compute capability (no tl.dot, no
+# PDL needed). OFF until the full-model A/B (bench/run_h200.sh slices) runs.
+BATCH1_MOE_SLICES = False
+
+
+def set_batch1_moe_slices(on: bool | None) -> None:
+    """The batch-1 MoE's one-launch expert stages on or off in this process; None: BATCH1_MOE_SLICES."""
+    _set_switch("batch1_moe_slices", on)
+
+
+def batch1_moe_slices() -> bool:
+    """Does the batch-1 MoE block run its expert stages as one launch of intermediate slices (where supported)?"""
+    return _Switches.on.get("batch1_moe_slices", BATCH1_MOE_SLICES)
+
+
 # Decode MoE at T > 1: silu(gate) * up as a launch of its own between the two stages, stage 2 then loading it as
 # stage 1 loads x. Without it every stage-2 program recomputes silu for its K tile (exp and a division per value,
 # each value once per column tile of the down projection: 16 times at the served shape). Identical values either

@@ -59,6 +59,15 @@ MOE_INT = (0, 1, 2, 3, 4)
 # of E; no residual; E not a power of two) and T > 1 (RMSNorm + router + fused_moe)
 NORM_MOE = [(1, 64, 32, 8, 2, True, True), (1, 200, 48, 6, 3, False, True), (1, 128, 40, 16, 4, True, False),
             (3, 64, 32, 8, 2, True, True)]
+# (H, I, E, top_k, gate/up group, down group, SLICES_CONFIG or None): the batch-1 MoE block with its expert
+# stages in one launch (paths.set_batch1_moe_slices; fused_moe/slices.py) through norm_moe against the reference:
+# g128 at the shipped config (4 groups per gate/up tile), 4 slices; groups of 32 / 16 (per-row groups, BLOCK_I cut to
+# the down's 16, I = 40 ending inside a slice, H = 200 inside an output chunk); BLOCK_I 64 asked and cut to 32,
+# 4-packed-row tiles in one group of 32, two output chunks; channelwise gate/up, one-packed-row slices, k = E;
+# g128 with one group per gate/up tile (BLOCK_K8 16: the GEMV step); groups of 64 over 2 tiles each
+MOE_SLICES = [(256, 128, 8, 3, 128, 128, None), (200, 40, 6, 2, 32, 16, None),
+              (128, 96, 16, 4, 32, 32, (64, 4, 64, 2, 2)), (256, 64, 8, 8, 256, 64, (8, 8, 128, 4, 2)),
+              (256, 128, 8, 3, 128, 128, (32, 16, 128, 4, 1)), (256, 64, 8, 2, 64, 64, (16, 4, 128, 4, 1))]
 # (H, Hq, Hkv, D, input, slot, T): a layer's attention input (attn_in: RMSNorm + qkv + q/k norm + RoPE + KV
 # store), g128 weights, through dispatch's composition of the three Triton ops
 ATTN_IN = [(256, 2, 1, 64, "res", 2, 3)]
@@ -138,11 +147,12 @@ CASES = ([f"gemm{i}-{dt}" for i in range(len(GEMM)) for dt in (F32, F16)] + ["de
          + [f"attnblockqkpre{i}-{F16}" for i in range(len(ATTN_BLOCK))]
          + [f"attnblockqkfused{i}-{dt}" for i in range(len(ATTN_BLOCK)) for dt in (F32, F16)]
          + [f"rms_norm-zero-{dt}" for dt in (F32, F16)]
-         + [f"coderb1acc-{F16}"]
+         + [f"coderb1acc-{F16}", f"coderb1slices-{F16}"]
          + [f"topkrank{i}" for i in range(5)]                              # topk_cases.TOPK
          + [f"norm_moerank{i}-gptq-{dt}" for i in range(len(NORM_MOE)) if NORM_MOE[i][0] == 1 for dt in (F32, F16)]
          + [f"router{i}-{dt}" for i in range(len(ROUTER)) for dt in (F32, F16)]
          + [f"norm_moe{i}-{w}-{dt}" for i in range(len(NORM_MOE)) for w in ("float", "gptq") for dt in (F32, F16)]
+         + [f"moeslices{i}-{dt}" for i in range(len(MOE_SLICES)) for dt in (F32, F16)]
          + [f"attn{i}-{dt}" for i in range(len(ATTN)) for dt in (F32, F16)]
          + [f"attn{i}-sm70-{dt}" for i in range(len(ATTN)) for dt in (F32, F16)]   # the tiles used below sm80
          + [f"store_kv-{dt}" for dt in (F32, F16)]
@@ -356,11 +366,12 @@ def _attn_block_case(i: int, dt, seed: int, attn_qk: bool = False, split: int = 
     return max(_rel(oa, ob), _rel(ra, rb), _rel(torch.cat(ca), torch.cat(cb)))
 
 
-def _coder_b1acc_case(seed: int) -> float:
+def _coder_b1acc_case(seed: int, slices: bool = False) -> float:
     """The bundled tiny coder (g128 GPTQ MoE, fp16) decoding 1 token after a 6-token prefill, its
     attention blocks on the accumulating batch-1 path (fp32 sums into the next norm_moe / rms_norm) with the
     attention launch's own q/k norm + RoPE + KV store and the router's rank top-k, against the reference backend
-    on the same cache: relative error of the final hidden rows and of the caches."""
+    on the same cache: relative error of the final hidden rows and of the caches. ``slices``: the MoE blocks'
+    expert stages in one launch too (paths.set_batch1_moe_slices)."""
     import copy
 
     import torch
@@ -386,7 +397,8 @@ def _coder_b1acc_case(seed: int) -> float:
     for tok in ids[6:]:
         with dispatch.use_backend("ref"):
             (hr,) = ref_cache.step(model, [(seq, [tok])])
-        switches = (paths.set_batch1_accumulate, paths.set_batch1_attn_qk, paths.set_batch1_rank_topk)
+        switches = (paths.set_batch1_accumulate, paths.set_batch1_attn_qk, paths.set_batch1_rank_topk) + (
+            (paths.set_batch1_moe_slices,) if slices else ())
         for on in switches:
             on(True)
         try:
@@ -490,6 +502,33 @@ def _int_dot_case(case: str, tokens: int, on: bool, seed: int) -> float:
         setter(None)
 
 
+def _moe_slices_case(i: int, dt, seed: int) -> float:
+    """MOE_SLICES case i: norm_moe at batch 1 with the one-launch expert stages vs ref.norm_moe (the path must apply)."""
+    import torch
+    from kernels_testlib import random_gptq
+
+    from onecard.kernels import paths
+    from onecard.kernels.fused_moe import ref, slices
+    from onecard.kernels.fused_moe import triton as tk
+    h, inter, e, top_k, gs1, gs2, tuning = MOE_SLICES[i]
+    x, res = torch.randn(1, h).to(dt), torch.randn(1, h).to(dt)
+    nw, gate = (1 + 0.1 * torch.randn(h)).to(dt), (torch.randn(e, h) / math.sqrt(h)).to(dt)
+    ws = [random_gptq(h, inter, gs1, experts=e, seed=seed + 1)[0], random_gptq(h, inter, gs1, experts=e, seed=seed + 2)[0],
+          random_gptq(inter, h, gs2, experts=e, seed=seed + 3)[0]]
+    shipped = slices.SLICES_CONFIG
+    paths.set_batch1_moe_slices(True)
+    try:
+        slices.SLICES_CONFIG = tuning or shipped
+        if not slices.supported(*ws):
+            raise AssertionError(f"moeslices{i}: the one-launch path does not apply")
+        args = (nw, 1e-6, gate, *ws, top_k, True)
+        (o1, r1), (o2, r2) = tk.norm_moe(x, res, *args), ref.norm_moe(x, res, *args)
+    finally:
+        slices.SLICES_CONFIG = shipped
+        paths.set_batch1_moe_slices(None)
+    return max(_rel(o1, o2), _rel(r1, r2))
+
+
 def run_case(name: str, seed: int) -> float:
     import torch
     from kernels_testlib import make_paged_batch, random_gptq
@@ -504,6 +543,8 @@ def run_case(name: str, seed: int) -> float:
         return _fp8_case(name, seed)
     dt = torch.float16 if name.endswith(F16) else torch.float32
     kind, _, rest = name.partition("-")
+    if kind.startswith("moeslices"):
+        return _moe_slices_case(int(kind[9:]), dt, seed)
     if kind.startswith(("gemmint", "gemmnoint", "g128moeint", "g128moenoint")):   # the int dot forced on / off
         on = "noint" not in kind
         base = kind.replace("int" if on else "noint", "", 1)
@@ -520,8 +561,8 @@ def run_case(name: str, seed: int) -> float:
             return run_case(f"norm_moe{kind[12:]}-{rest}", seed)
         finally:
             paths.set_batch1_rank_topk(None)
-    if kind == "coderb1acc":
-        return _coder_b1acc_case(seed)
+    if kind in ("coderb1acc", "coderb1slices"):
+        return _coder_b1acc_case(seed, slices=kind == "coderb1slices")
     if kind.startswith("gemmacc"):
         return _gemm_acc_case(int(kind[7:]), dt, seed)
     for tag, setter in (("attnblockqkpre", "set_attention_preload"), ("attnblockqkfused", "set_attention_fused_reduce")):
@@ -803,7 +844,7 @@ def assert_within_bound(err: float | str, case: str, seed: int) -> None:
     bound = 1e-2 if case.endswith(("fp16", "fp8e5m2")) else 1e-4
     if case.startswith(INT_CASES):
         bound = 2e-3
-    if case.startswith("coderb1acc"):       # measured 8.2e-4-8.9e-4 (fp16, the whole tiny model); a 1% GEMV error: 8.7e-3
+    if case.startswith(("coderb1acc", "coderb1slices")):       # measured 8.2e-4-8.9e-4 (fp16, the whole tiny model); a 1% GEMV error: 8.7e-3
         bound = 4e-3
     assert err < bound, f"seed {seed}: relative error {err:.3g} >= {bound}"
 

@@ -131,6 +131,8 @@ def test_every_dispatcher_config_is_listed():
     assert {"w4a16[gemv,accum,fp16]", "w4a16[gemv,per_row,accum,fp16]", "norm_route[renorm=True,x=fp32,fp16]",
             "norm_route[renorm=True,x=fp32,rank,fp16]"} <= names
     assert "rms_norm[2048,res=True,x=fp32,zero,fp16]" in {c.name for c in norm.aot_configs()}
+    # the batch-1 MoE's one-launch expert stages (paths.batch1_moe_slices): the served g128 and groups of 32
+    assert {"moe_slices[g128,fp16]", "moe_slices[g32,fp16]"} <= names
     assert {"paged_attn[bq=2,fp16,qkn]", "paged_attn[bq=2,fp16,preload]", "paged_attn[bq=2,fp16,qkn,preload]"} <= {
         c.name for c in attn.aot_configs()}
     assert "qk_norm_rope[store=True,src=fp32,fp16]" in {c.name for c in rope.aot_configs()}

@@ -346,3 +346,32 @@ def test_fused_reduce_takes_the_decode_splits_of_few_segments():
     finally:
         paths.set_attention_fused_reduce(None)
         paths.set_decode_context_graphs(None)
+
+
+def test_moe_slices_take_the_served_weights_and_refuse_what_they_cannot_cut():
+    """fused_moe/slices.py's host rules (paths.batch1_moe_slices): the served g128 experts are taken, slices cut
+    to the down projection's group, and act order, float experts or groups of no power-of-two packed rows fall
+    back to the two-launch stages."""
+    import torch
+
+    from onecard.kernels.fused_moe import slices
+    from onecard.kernels.types import GPTQWeight
+
+    def w(k: int, n: int, gs: int, e: int = 2, g_idx: bool = False) -> GPTQWeight:
+        groups = -(-k // gs)
+        return GPTQWeight(torch.zeros(e, k // 8, n, dtype=torch.int32), torch.zeros(e, groups, n // 8, dtype=torch.int32),
+                          torch.zeros(e, groups, n, dtype=torch.float16),
+                          torch.zeros(e, k, dtype=torch.int32) if g_idx else None, gs, k, n)
+
+    gate, up, down = w(2048, 768, 128), w(2048, 768, 128), w(768, 2048, 128)   # the served shape
+    assert slices.supported(gate, up, down) and slices.group_k8(gate) == 16
+    assert slices.slice_rows(down, slices.SLICES_CONFIG[0]) == slices.SLICES_CONFIG[0]
+    assert slices.slice_rows(w(768, 2048, 16), 32) == 16               # a slice's rows lie in one group
+    assert slices.slice_rows(w(768, 2048, 768), 32) == 32             # channelwise: any slice
+    assert slices.slice_rows(w(768, 2048, 24), 32) == 8
+    assert slices.slice_rows(w(768, 2048, 12), 32) == 0
+    assert slices.group_k8(w(2048, 768, 2048)) == 256                 # channelwise gate/up: one group
+    assert not slices.supported(w(2048, 768, 96), w(2048, 768, 96), down)   # 12 packed rows a group
+    assert not slices.supported(w(2048, 768, 128, g_idx=True), up, down)
+    assert not slices.supported(torch.zeros(2, 2048, 768), up, down)
+    assert not slices.supported(gate, up, w(768, 2048, 12))

@@ -11,7 +11,8 @@ Here it is three:
      the two fp32 accumulators of the stages. The program that arrives last (``last_arrival``: plain stores,
      then a released counter) does softmax, top-k and renormalisation and writes the routing for the stages:
      ids, routed weights and the active list (expert + 1 per slot; a token's k experts are distinct).
-  2, 3. stages.moe_stages: gate/up into gu, down (times the routed weight, top-k summed) into out32.
+  2, 3. stages.moe_stages: gate/up into gu, down (times the routed weight, top-k summed) into out32. With
+     paths.batch1_moe_slices (where slices.supported): slices.moe_slices, both stages in ONE launch (no gu).
 The finish kernel (cast to the model dtype) is gone: out32 is returned and the next RMSNorm reads fp32
 (norm/ref.py: its outputs follow the residual's dtype). Nothing persists between calls but the arrival
 counter, which its last arriver resets (kernels/workspace.py). Under PDL the stages' rule holds as in
@@ -26,6 +27,7 @@ import triton
 import triton.language as tl
 
 from onecard.kernels import paths, workspace
+from onecard.kernels.fused_moe import slices
 from onecard.kernels.fused_moe.decode import topk_of, topk_rank_of
 from onecard.kernels.fused_moe.stages import moe_inter_size, moe_stages
 from onecard.kernels.norm.triton import inv_rms, residual_add
@@ -117,8 +119,11 @@ def norm_moe(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.
     topk_w = torch.empty(1, top_k, dtype=torch.float32, device=dev)
     ids = torch.empty(1, top_k, dtype=torch.int32, device=dev)
     active = torch.empty(top_k, dtype=torch.int32, device=dev)
-    gu = torch.empty(top_k, 2 * moe_inter_size(w_gate), dtype=torch.float32, device=dev)   # [k, 2I]
     out32 = torch.empty(1, h, dtype=torch.float32, device=dev)
+    one_launch = paths.batch1_moe_slices() and slices.supported(w_gate, w_up, w_down)
+    # gu [k, 2I]: stages.py's gate/up sums (the slices keep theirs in registers: nothing to zero)
+    gu = out32[:, :0] if one_launch else torch.empty(top_k, 2 * moe_inter_size(w_gate), dtype=torch.float32,
+                                                     device=dev)
     use_pdl = pdl(dev, 1)
     _norm_route_kernel[(e,)](x, residual if residual is not None else x, norm_weight, gate, hn, res_out, logits,
                              topk_w, ids, active, gu, out32, workspace.counters(dev, "router", 1), h, e,
@@ -126,7 +131,10 @@ def norm_moe(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.
                              BLOCK_E=next_pow2(e), RENORM=renormalize, HAS_RES=residual is not None,
                              PDL=use_pdl, RANK=paths.batch1_rank_topk(), num_warps=NORM_ROUTE_WARPS,
                              launch_pdl=use_pdl)
-    moe_stages(hn, gu, out32, w_gate, w_up, w_down, ids, topk_w, active, top_k, use_pdl)
+    if one_launch:
+        slices.moe_slices(hn, out32, w_gate, w_up, w_down, ids, topk_w, top_k, use_pdl)
+    else:
+        moe_stages(hn, gu, out32, w_gate, w_up, w_down, ids, topk_w, active, top_k, use_pdl)
     return out32, res_out
 
 

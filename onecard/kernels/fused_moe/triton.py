@@ -21,7 +21,7 @@ import triton.language as tl
 
 from onecard.kernels import paths
 from onecard.kernels.activation.triton import silu_mul
-from onecard.kernels.fused_moe import batch1
+from onecard.kernels.fused_moe import batch1, slices
 from onecard.kernels.fused_moe.decode import (
     DECODE_MAX_TOKENS,
     decode_aot_configs,
@@ -277,7 +277,7 @@ def aot_configs() -> list[AotConfig]:
             cx = dict(TOP_K=8, BLOCK_K=8, BLOCK_E=128, RENORM=renorm)
             args = dict(logits_ptr=f"*{act}", w_ptr="*fp32", ids_ptr="*i32", E="i32", stride_t="i32")
             out.append(AotConfig(_route_kernel, signature(args, cx), cx, 4, 1, min_cc, f"route[{renorm},{act}]"))
-        out += decode_aot_configs(act, min_cc) + batch1.aot_configs(act, min_cc)
+        out += decode_aot_configs(act, min_cc) + batch1.aot_configs(act, min_cc) + slices.slices_aot_configs(act, min_cc)
         for name, (bm, bn1, bn2, bk8, warps, stages) in _CONFIGS.items():
             for float_w in (False, True):
                 for gated, bn in ((True, bn1), (False, bn2)):

@@ -96,9 +96,19 @@ def gemv_tile_mac(acc, q, s_u, z_u, src, r, r_mask, INPUT: tl.constexpr, BLOCK_K
     row sums left to the caller (once, after its K loop). The inputs x [BK8] come from ``INPUT(src, r, j,
     r_mask)``, a @triton.jit function: row_input (src: the row's pointer), or one that computes the row from
     what src holds (fused MoE stage 2: silu(gate) * up); masked rows must be exact zeros.
-    The scale and zero are applied once per tile: with u_j = 1 + n_j/16 (unit_nibble),
-    sum_j (n_j - z) s x_j = s * (16 sum_j u_j x_j - (16 + z) sum_j x_j), so the inner loop is a shift, a LOP3
-    and an FMA per weight (the sum of u_j x_j, u_j in [1, 2), loses at most a bit or two to the subtraction)."""
+    The scale and zero are applied once per tile (unit_sums, unit_combine)."""
+    ux, xs = unit_sums(q, src, r, r_mask, INPUT, BLOCK_K8, BLOCK_N)
+    acc += unit_combine(ux, xs[:, None], s_u[None, :], z_u[None, :])
+    return acc
+
+
+@triton.jit
+def unit_sums(q, src, r, r_mask, INPUT: tl.constexpr, BLOCK_K8: tl.constexpr, BLOCK_N: tl.constexpr):
+    """-> (ux [BK8, BN], xs [BK8]) fp32: sum_j u_j x_j per packed row and column, with u_j = 1 + n_j/16
+    (unit_nibble), and sum_j x_j per packed row, over the 8 inputs x_(8r+j) = INPUT(src, r, j, r_mask) of the
+    int32 tile q [BK8, BN]. The inner loop is a shift, a LOP3 and an FMA per weight; unit_combine turns the two
+    sums into the weights' products once per packed row (the sum of u_j x_j, u_j in [1, 2), loses at most a bit
+    or two to the subtraction there)."""
     ux = tl.zeros((BLOCK_K8, BLOCK_N), dtype=tl.float32)                 # sum_j u_j x_j
     xs = tl.zeros((BLOCK_K8,), dtype=tl.float32)                          # sum_j x_j
     one_bits = unit_bits(r)[:, None]                                      # rows r >= 0: 1.0's bits, per row
@@ -106,8 +116,16 @@ def gemv_tile_mac(acc, q, s_u, z_u, src, r, r_mask, INPUT: tl.constexpr, BLOCK_K
         xv = INPUT(src, r, j, r_mask)
         ux += unit_nibble(q, j, one_bits) * xv[:, None]
         xs += xv
-    acc += ux * (16.0 * s_u)[None, :] - xs[:, None] * ((16.0 + z_u) * s_u)[None, :]
-    return acc
+    return ux, xs
+
+
+@triton.jit
+def unit_combine(ux, xs, s, z):
+    """sum_j (n_j - z) s x_j = s * (16 sum_j u_j x_j - (16 + z) sum_j x_j), fp32, from unit_sums' ux and xs and the
+    scales and true zeros s, z of each packed row's group, xs, s and z broadcastable to ux's shape (a [BK8, BN]
+    tile in one group: xs[:, None], s[None, :], z[None, :]; reshaped to [G, rows, BN], G groups: xs[:, :, None],
+    s[:, None, :], z[:, None, :])."""
+    return ux * (16.0 * s) - xs * ((16.0 + z) * s)
 
 
 @triton.jit

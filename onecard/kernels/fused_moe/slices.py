@@ -1,0 +1,229 @@
+"""The batch-1 MoE's two expert stages in ONE launch, by slices of the intermediate size (paths.batch1_moe_slices).
+
+Same contract as stages.moe_stages at T = 1, given the routing of batch1.py's norm-route launch (ids and routed
+weights of the token's k experts; out32 [1, H] fp32 zeroed by that launch): out32 += sum over the k experts of
+w_e * (silu(x @ Wg[e]) * (x @ Wu[e])) @ Wd[e]. Nothing else is read or written (no gu, no active list).
+
+Why: at batch 1 stages.py is two launches, gate/up into gu (fp32 atomics), then down (which needs every K
+split of gu complete, so it waits for the whole first launch). That boundary is one more dependent step on the
+decode chain. Here a program owns BLOCK_I rows of the intermediate size of ONE expert, ``(slice, slot)``:
+  1. gate/up for its BLOCK_I columns over the whole input (K = H): nobody else contributes to them, so silu
+     and the product follow at once, in registers: h [BLOCK_I] fp32;
+  2. down for those BLOCK_I rows of Wd[e] (BLOCK_I / 8 packed rows, one quantization group: the host picks
+     BLOCK_I to divide the group size), over all H outputs in chunks of BLOCK_H, times w_e, added to out32
+     with fp32 atomics (the top-k sum and the sum over slices; order differs from stages.py only in fp32).
+Grid: (ceil(I / BLOCK_I), k). Weight bytes are those of stages.py plus the down projection's scales and zeros,
+read once per slice instead of once per expert; atomics: H per program.
+The tile step is the batch-1 GEMV's (gptq_gemm/int4.gemv_tile_mac: scale and zero once per tile) where a K
+tile lies in one group; a tile of several whole groups (g128 at the shipped BLOCK_K8) applies each group's scale
+and zero once per packed row (int4.unit_sums / unit_combine on the tile's rows reshaped by group). int4 GPTQ
+weights without act order (g_idx) only: ``supported``.
+Under PDL the program waits before its first load: the routing is the previous launch's output.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from onecard.kernels.activation.triton import silu_mul
+from onecard.kernels.gptq_gemm.int4 import (
+    gemv_tile_mac,
+    row_input,
+    unit_combine,
+    unit_sums,
+)
+from onecard.kernels.triton_common import AotConfig, pdl_enter, settle_cache_keys, signature
+from onecard.kernels.types import GPTQWeight, MoEWeight
+
+# (BLOCK_I, BLOCK_K8, BLOCK_H, num_warps, num_stages). BLOCK_I 32: 128-byte rows of gate/up tiles, 24 slices x 8
+# experts = 192 programs at the served shape; BLOCK_K8 32: a program's gate/up is 8 K tiles of 2 g128 groups,
+# 8 KB a tile for gate and up together, the next one loading while one is multiplied; its down 4 chunks of 8 KB,
+# the first loaded with the first gate/up tile. sm90 (JIT-aligned compile): 127 registers at 8 warps, so two
+# programs per SM and the 192 in one wave; BLOCK_K8 64 needs 161 (one per SM), BLOCK_H 1024 254. Not yet timed
+# on a GPU: the "norm_moe T=1 slices" rows of bench/kernels_gpu.py try other configs.
+SLICES_CONFIG = (32, 32, 512, 8, 1)
+
+
+@triton.jit
+def _slice_input(h2, r, j: tl.constexpr, r_mask):
+    """fp32 [BI8] inputs 8r + j of the down projection from the program's own h2 [BI8, 8] (registers): an INPUT of
+    gemv_tile_mac. Rows past I are zeros already."""
+    return tl.sum(tl.where(tl.arange(0, 8)[None, :] == j, h2, 0.0), axis=1)
+
+
+@triton.jit
+def _gate_up_load(q_ptr, s_ptr, z_ptr, r0, k8, offs_r, offs_i, i_mask, I, num_groups, GROUP_K8: tl.constexpr,
+                  TILE_GROUPS: tl.constexpr):
+    """One expert's gate or up K tile at packed rows r0 + [0, BK8) (pointers at the expert; rows past k8 are 0):
+    (q [BK8, BI] int32, scales, packed zeros of its TILE_GROUPS groups: [BI] for one, else [TILE_GROUPS, BI])."""
+    r = r0 + offs_r
+    q = tl.load(q_ptr + r[:, None] * I + offs_i[None, :], mask=(r < k8)[:, None] & i_mask[None, :], other=0)
+    if TILE_GROUPS == 1:
+        g = tl.minimum(r0 // GROUP_K8, num_groups - 1)
+        s = tl.load(s_ptr + g * I + offs_i, mask=i_mask, other=0.0)
+        zp = tl.load(z_ptr + g * (I // 8) + offs_i // 8, mask=i_mask, other=0)
+    else:
+        g = r0 // GROUP_K8 + tl.arange(0, TILE_GROUPS)                    # [TG]
+        m = (g < num_groups)[:, None] & i_mask[None, :]
+        s = tl.load(s_ptr + g[:, None] * I + offs_i[None, :], mask=m, other=0.0)
+        zp = tl.load(z_ptr + g[:, None] * (I // 8) + (offs_i // 8)[None, :], mask=m, other=0)
+    return q, s, zp
+
+
+@triton.jit
+def _gate_up_mac(acc, q, s, zp, x_ptr, r0, k8, offs_r, z_shift, BLOCK_K8: tl.constexpr, BLOCK_I: tl.constexpr,
+                 GROUP_K8: tl.constexpr, TILE_GROUPS: tl.constexpr):
+    """acc += x rows 8r + j times a tile of _gate_up_load (r = r0 + [0, BK8)): acc [BK8, BI] (one group a tile) or
+    [TILE_GROUPS, GROUP_K8, BI] (the tile's rows by group, each group's scale and zero applied once per row)."""
+    r = r0 + offs_r
+    r_mask = r < k8
+    if TILE_GROUPS == 1:
+        z = ((zp >> z_shift) & 0xF).to(tl.float32)
+        acc = gemv_tile_mac(acc, q, s.to(tl.float32), z, x_ptr, r, r_mask, row_input, BLOCK_K8, BLOCK_I)
+    else:
+        z = ((zp >> z_shift[None, :]) & 0xF).to(tl.float32)              # [TG, BI]
+        ux, xs = unit_sums(q, x_ptr, r, r_mask, row_input, BLOCK_K8, BLOCK_I)
+        acc += unit_combine(tl.reshape(ux, (TILE_GROUPS, GROUP_K8, BLOCK_I)),
+                            tl.reshape(xs, (TILE_GROUPS, GROUP_K8))[:, :, None],
+                            s.to(tl.float32)[:, None, :], z[:, None, :])
+    return acc
+
+
+@triton.jit
+def _down_load(q_ptr, s_ptr, z_ptr, g, n0, offs_p, p_mask, H, BLOCK_H: tl.constexpr):
+    """The slice's down chunk at output columns n0 + [0, BH) (nothing past H): (q [BI8, BH] int32, scales [BH],
+    packed zeros [BH] of group g)."""
+    offs_n = n0 + tl.arange(0, BLOCK_H)
+    n_mask = offs_n < H
+    q = tl.load(q_ptr + offs_p[:, None] * H + offs_n[None, :], mask=p_mask[:, None] & n_mask[None, :], other=0)
+    s = tl.load(s_ptr + g * H + offs_n, mask=n_mask, other=0.0)
+    zp = tl.load(z_ptr + g * (H // 8) + offs_n // 8, mask=n_mask, other=0)
+    return q, s, zp
+
+
+@triton.jit
+def _moe_slices_kernel(x_ptr, out_ptr, qg_ptr, zg_ptr, sg_ptr, qu_ptr, zu_ptr, su_ptr, qd_ptr, zd_ptr, sd_ptr,
+                       ids_ptr, topk_w_ptr, H, I, ng1, gs2, ng2,
+                       BLOCK_I: tl.constexpr, BLOCK_K8: tl.constexpr, BLOCK_H: tl.constexpr,
+                       GROUP_K8: tl.constexpr, PDL: tl.constexpr):
+    """Program (slice, slot): out[n] += w * sum_i h[i] Wd[e][i, n] over the slice's rows i, h = silu(x @ Wg[e][:, i])
+    * (x @ Wu[e][:, i]), e = ids[slot], w = topk_w[slot]. x [1, H] model dtype; out [1, H] fp32. GROUP_K8: packed
+    rows per gate/up group (a power of two; the input size or more: one group).
+    Each loop loads its next tile before it multiplies the current one (Triton pipelines only loads that feed
+    tl.dot), and the down's first chunk is loaded before the gate/up loop: it does not depend on h."""
+    pid_i = tl.program_id(0)
+    slot = tl.program_id(1)
+    BI8: tl.constexpr = BLOCK_I // 8
+    TG: tl.constexpr = BLOCK_K8 // GROUP_K8 if BLOCK_K8 > GROUP_K8 else 1  # groups per gate/up K tile
+    pdl_enter(PDL)
+    e = tl.load(ids_ptr + slot, cache_modifier=".cg").to(tl.int64)
+    w_e = tl.load(topk_w_ptr + slot, cache_modifier=".cg")
+    k8 = H // 8
+    i8 = I // 8
+    offs_i = pid_i * BLOCK_I + tl.arange(0, BLOCK_I)                      # [BI] gate/up columns
+    i_mask = offs_i < I
+    zs_i = (offs_i % 8) * 4
+    offs_r = tl.arange(0, BLOCK_K8)
+    qg, qu = qg_ptr + e * k8 * I, qu_ptr + e * k8 * I
+    sg, su = sg_ptr + e * ng1 * I, su_ptr + e * ng1 * I
+    zg, zu = zg_ptr + e * ng1 * i8, zu_ptr + e * ng1 * i8
+    offs_p = pid_i * BI8 + tl.arange(0, BI8)                              # [BI8] the slice's packed down rows
+    p_mask = offs_p < i8
+    g2 = tl.minimum((pid_i * BLOCK_I) // gs2, ng2 - 1)                    # their one group
+    qd = qd_ptr + e * i8 * H
+    sd = sd_ptr + e * ng2 * H
+    zd = zd_ptr + e * ng2 * (H // 8)
+    q_g, s_g, z_g = _gate_up_load(qg, sg, zg, 0, k8, offs_r, offs_i, i_mask, I, ng1, GROUP_K8, TG)
+    q_u, s_u, z_u = _gate_up_load(qu, su, zu, 0, k8, offs_r, offs_i, i_mask, I, ng1, GROUP_K8, TG)
+    q_d, s_d, z_d = _down_load(qd, sd, zd, g2, 0, offs_p, p_mask, H, BLOCK_H)
+    # 1. gate and up for the slice's BI columns over every input: the sums are complete in this program
+    if TG == 1:                                                           # row sums deferred past the loop
+        acc_g = tl.zeros((BLOCK_K8, BLOCK_I), dtype=tl.float32)
+    else:
+        acc_g = tl.zeros((TG, GROUP_K8, BLOCK_I), dtype=tl.float32)
+    acc_u = tl.zeros_like(acc_g)
+    for r0 in range(0, k8, BLOCK_K8):
+        nq_g, ns_g, nz_g = _gate_up_load(qg, sg, zg, r0 + BLOCK_K8, k8, offs_r, offs_i, i_mask, I, ng1, GROUP_K8, TG)
+        nq_u, ns_u, nz_u = _gate_up_load(qu, su, zu, r0 + BLOCK_K8, k8, offs_r, offs_i, i_mask, I, ng1, GROUP_K8, TG)
+        acc_g = _gate_up_mac(acc_g, q_g, s_g, z_g, x_ptr, r0, k8, offs_r, zs_i, BLOCK_K8, BLOCK_I, GROUP_K8, TG)
+        acc_u = _gate_up_mac(acc_u, q_u, s_u, z_u, x_ptr, r0, k8, offs_r, zs_i, BLOCK_K8, BLOCK_I, GROUP_K8, TG)
+        q_g, s_g, z_g, q_u, s_u, z_u = nq_g, ns_g, nz_g, nq_u, ns_u, nz_u
+    if TG == 1:
+        gate, up = tl.sum(acc_g, axis=0), tl.sum(acc_u, axis=0)          # [BI]
+    else:
+        gate, up = tl.sum(tl.sum(acc_g, axis=0), axis=0), tl.sum(tl.sum(acc_u, axis=0), axis=0)
+    h = silu_mul(gate, up)                                                # [BI] fp32
+    h2 = tl.reshape(tl.where(i_mask, h, 0.0), (BI8, 8))                   # [BI8, 8]: input 8p + j of the down
+    # 2. down: the slice's BI8 packed rows of Wd[e], every output column, times w_e, into out (fp32 atomics)
+    for n0 in range(0, H, BLOCK_H):
+        nq_d, ns_d, nz_d = _down_load(qd, sd, zd, g2, n0 + BLOCK_H, offs_p, p_mask, H, BLOCK_H)
+        offs_n = n0 + tl.arange(0, BLOCK_H)
+        z = ((z_d >> ((offs_n % 8) * 4)) & 0xF).to(tl.float32)
+        acc = gemv_tile_mac(tl.zeros((BI8, BLOCK_H), dtype=tl.float32), q_d, s_d.to(tl.float32), z, h2, offs_p,
+                            p_mask, _slice_input, BI8, BLOCK_H)
+        tl.atomic_add(out_ptr + offs_n, tl.sum(acc, axis=0) * w_e, mask=offs_n < H, sem="relaxed")
+        q_d, s_d, z_d = nq_d, ns_d, nz_d
+
+
+def slice_rows(w_down: GPTQWeight, block_i: int) -> int:
+    """BLOCK_I for this down projection: at most ``block_i``, a power of two >= 8 that divides its group size
+    (a slice's rows must lie in one group); 0 when none does."""
+    bi = block_i
+    while bi >= 8 and w_down.group_size % bi != 0 and w_down.group_size < w_down.in_features:
+        bi //= 2
+    return bi if bi >= 8 else 0
+
+
+def group_k8(w: GPTQWeight) -> int:
+    """GROUP_K8: packed rows per group of a gate/up weight (the whole input when it is one group); 0 when that is
+    not a power of two (the kernel's K tiles hold whole groups or lie in one)."""
+    g8 = min(w.group_size, w.in_features) // 8
+    return g8 if g8 > 0 and g8 & (g8 - 1) == 0 and min(w.group_size, w.in_features) % 8 == 0 else 0
+
+
+def supported(w_gate: MoEWeight, w_up: MoEWeight, w_down: MoEWeight) -> bool:
+    """int4 GPTQ experts without act order, gate/up groups of a power of two packed rows (or one group), a down
+    projection that slice_rows can cut."""
+    ws = (w_gate, w_up, w_down)
+    return (all(isinstance(w, GPTQWeight) and w.g_idx is None for w in ws)
+            and w_gate.group_size == w_up.group_size and group_k8(w_gate) > 0
+            and slice_rows(w_down, SLICES_CONFIG[0]) > 0)
+
+
+def moe_slices(x: torch.Tensor, out32: torch.Tensor, w_gate: GPTQWeight, w_up: GPTQWeight, w_down: GPTQWeight,
+               topk_ids: torch.Tensor, topk_w: torch.Tensor, top_k: int, use_pdl: bool,
+               tuning: tuple[int, int, int, int, int] | None = None) -> None:
+    """out32 [1, H] fp32 += the k experts' outputs; x [1, H] model dtype; topk_ids int32 / topk_w fp32 [1, k] (or
+    [k]) written by the previous launch. ``tuning``: a SLICES_CONFIG tuple instead of the shipped one (benchmarks)."""
+    assert supported(w_gate, w_up, w_down) and x.shape[0] == 1, x.shape
+    bi, bk8, bh, warps, stages = tuning or SLICES_CONFIG
+    bi = slice_rows(w_down, bi)
+    h, inter = w_gate.in_features, w_gate.out_features
+    assert w_down.in_features == inter and w_down.out_features == h == x.shape[1], (x.shape, inter)
+    for w in (w_gate, w_up, w_down):
+        assert w.qweight.is_contiguous() and w.qzeros.is_contiguous() and w.scales.is_contiguous()
+    _moe_slices_kernel[(triton.cdiv(inter, bi), top_k)](
+        x, out32, w_gate.qweight, w_gate.qzeros, w_gate.scales, w_up.qweight, w_up.qzeros, w_up.scales,
+        w_down.qweight, w_down.qzeros, w_down.scales, topk_ids, topk_w, h, inter, w_gate.num_groups,
+        w_down.group_size, w_down.num_groups, BLOCK_I=bi, BLOCK_K8=bk8, BLOCK_H=bh,
+        GROUP_K8=group_k8(w_gate), PDL=use_pdl, num_warps=warps, num_stages=stages, launch_pdl=use_pdl)
+
+
+def slices_aot_configs(act: str, min_cc: int) -> list[AotConfig]:
+    """The shipped config with the served g128 weights (GROUP_K8 16) and with groups of 32 (GROUP_K8 4)."""
+    out: list[AotConfig] = []
+    bi, bk8, bh, warps, stages = SLICES_CONFIG
+    for g8 in (16, 4):
+        cx = dict(BLOCK_I=bi, BLOCK_K8=bk8, BLOCK_H=bh, GROUP_K8=g8, PDL=False)
+        args = dict(x_ptr=f"*{act}", out_ptr="*fp32", qg_ptr="*i32", zg_ptr="*i32", sg_ptr="*fp16", qu_ptr="*i32",
+                    zu_ptr="*i32", su_ptr="*fp16", qd_ptr="*i32", zd_ptr="*i32", sd_ptr="*fp16", ids_ptr="*i32",
+                    topk_w_ptr="*fp32", H="i32", I="i32", ng1="i32", gs2="i32", ng2="i32")
+        out.append(AotConfig(_moe_slices_kernel, signature(args, cx), cx, warps, stages, min_cc,
+                             f"moe_slices[g{8 * g8},{act}]"))
+    return out
+
+
+__all__ = ["SLICES_CONFIG", "moe_slices", "slice_rows", "slices_aot_configs", "supported"]
+
+settle_cache_keys(globals())   # Triton cache keys, helpers first (triton_common.settle_cache_keys)

@@ -1,0 +1,63 @@
+"""GPU-only: the batch-1 MoE's expert stages in one launch (kernels/paths.BATCH1_MOE_SLICES, fused_moe/slices.py).
+
+With the switch on, the bundled tiny coder (GPTQ g128, fp16) decodes at batch 1 through the slices kernel in every
+MoE layer: its greedy tokens from CUDA graphs must equal eager's, and both must equal the tokens of the
+two-launch stages (the same sums in another fp32 order). The kernel against its reference at the real shapes is
+bench/kernels_gpu.py's "norm_moe T=1 slices" rows (tests/gpu/test_kernels_gpu.py)."""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+
+def _greedy(eager: bool, slices_on: bool, n_prompt: int = 40, new: int = 32) -> tuple[list[int], int]:
+    """-> (greedy tokens of one request, slices launches seen while the engine ran)."""
+    from bench.gpu_checks import CODER
+    from onecard.config import EngineArgs
+    from onecard.core.engine_core import EngineCore
+    from onecard.kernels import paths
+    from onecard.kernels.fused_moe import slices
+    from onecard.protocol import EngineRequest
+    from onecard.sampling_params import SamplingParams
+
+    launches = [0]
+    real = slices.moe_slices
+
+    def counted(*a, **k):
+        launches[0] += 1
+        return real(*a, **k)
+
+    paths.set_batch1_moe_slices(slices_on)
+    slices.moe_slices = counted
+    try:
+        cfg = EngineArgs(model=str(CODER), device="cuda", dtype="float16", max_model_len=2048, enforce_eager=eager,
+                         kv_cache_memory_bytes=128 << 20, max_num_seqs=2).create_config()
+        core = EngineCore(cfg)
+        vocab = int(cfg.model.hf_config["vocab_size"])
+        prompt = torch.randint(3, vocab, (n_prompt,), generator=torch.Generator().manual_seed(5)).tolist()
+        core.add_request(EngineRequest("0", prompt, SamplingParams(temperature=0.0, max_tokens=new, ignore_eos=True),
+                                       time.monotonic(), []))
+        out: list[int] = []
+        while core.has_unfinished():
+            for o in core.step():
+                out.extend(o.new_token_ids)
+        return out, launches[0]
+    finally:
+        slices.moe_slices = real
+        paths.set_batch1_moe_slices(None)
+
+
+def test_slices_decode_equals_the_two_launch_stages_in_graphs_and_eager():
+    stages, n_off = _greedy(True, False)
+    eager, n_eager = _greedy(True, True)
+    graphed, n_graphed = _greedy(False, True)
+    assert n_off == 0 and n_eager > 0 and n_graphed > 0                # the path ran (captured, in graphs)
+    assert eager == stages
+    assert graphed == eager

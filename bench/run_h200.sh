@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU facts, kernel checks, tiny-checkpoint engine checks, the full-size benchmark.
 # Usage (repo root, on the H200): OUT=/some/dir bash bench/run_h200.sh [parts...]
-# parts: ab ctxgraphs ctxtests slices slicestests specverify apimem probe kernels checks full asyncab kvdtype capab capbisect hosttier loadab nopdl pdl16 emu70 longctx attnsweep gputests startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
+# parts: ab decode10 ctxgraphs ctxtests slices slicestests specverify apimem probe kernels checks full asyncab kvdtype capab capbisect hosttier loadab nopdl pdl16 emu70 longctx attnsweep gputests startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
 #   emu70: the full-size bench with every kernel-path decision on sm70's branch (ONECARD_EMULATE_CC=70): run it
 #          beside `full` in one call for the relative figure (a functional check, not a V100 timing)
 #   specverify: issue 30: verify-step latency vs tokens per sequence (1..9) at batch 1 and 16 (the cost model's
@@ -81,7 +81,7 @@ for p in $parts; do
           # the GPU tests of the kernels and the engine (~6 min; each scenario's JSON line is kept as it finishes;
           # AB_TIMEOUT: the A/B's seconds, default 220; AB_TESTS=0: no tests)
           [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30 > /dev/null
-          timeout 100 python3 bench/kernels_gpu.py --quick --only "${AB_KERNELS:-attention block,M=1,T=1}"
+          timeout "${AB_KTIMEOUT:-100}" python3 bench/kernels_gpu.py --quick --only "${AB_KERNELS:-attention block,M=1,T=1}"
           timeout "${AB_TIMEOUT:-220}" python3 bench/long_context.py /tmp/q30 "$OUT/switch_ab.json" --scenarios "${AB_SCENARIOS:-1x512,16x512}" \
               --policies "${SWITCH_POLICIES:-fill,fill+ctx_graphs}" \
               | tee "$OUT/switch_ab.log" | grep -v '^{'
@@ -100,6 +100,13 @@ for p in $parts; do
           timeout 420 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_context_graphs_gpu.py \
             tests/gpu/test_precompile_gpu.py::test_precompile_covers_the_context_class_graphs \
             tests/gpu/test_kernels_gpu.py -k "context or precompile or attention or paged_attn" 2>&1 | tail -8 ;;
+    decode10) log decode10  # issue 25, all three switches that wait on the GPU in ONE call (~9 min with the build):
+          # the kernels alone, then policies fill, +context graphs and fused reduce, +slices, and all of them in one
+          # engine at 1x512, 16x512, 1x32768, 16x8192. Their GPU tests after it: parts ctxtests and slicestests
+          AB_TESTS=0 AB_TIMEOUT="${AB_TIMEOUT:-330}" AB_KTIMEOUT=150 AB_KERNELS="attention block,paged_attn decode,norm_moe T=1" \
+            AB_SCENARIOS="${AB_SCENARIOS:-1x512,1x32768,16x512,16x8192}" \
+            SWITCH_POLICIES="${SWITCH_POLICIES:-fill,fill+ctx_graphs+fused_reduce,fill+moe_slices,fill+ctx_graphs+fused_reduce+moe_slices}" \
+            bash "$0" switchab ;;
     slices) log slices  # issue 25: the batch-1 MoE's expert stages in one launch (paths.BATCH1_MOE_SLICES), A/B'd in
           # one engine at 1x512 and 1x32768 after the MoE block alone (the shipped SLICES_CONFIG and five others;
           # ~5 min with the build). Its GPU tests: part slicestests, on the warm machine

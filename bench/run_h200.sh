@@ -113,9 +113,10 @@ for p in $parts; do
           AB_TESTS=0 AB_TIMEOUT="${AB_TIMEOUT:-200}" AB_KERNELS="norm_moe T=1" \
             AB_SCENARIOS="${AB_SCENARIOS:-1x512,1x32768}" SWITCH_POLICIES="${SWITCH_POLICIES:-fill,fill+moe_slices}" \
             bash "$0" switchab ;;
-    slicestests) log slicestests  # part slices' GPU tests (~2 min): the coder's greedy tokens with the slices in
-          # graphs == eager == the two-launch stages; the slices rows of every kernel vs reference
+    slicestests) log slicestests  # part slices' GPU tests (~3 min): the coder's greedy tokens with the slices in
+          # graphs == eager == the two-launch stages; the precompile covers them; the slices rows vs reference
           timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_moe_slices_gpu.py \
+            tests/gpu/test_precompile_gpu.py::test_precompile_covers_the_moe_slices \
             tests/gpu/test_kernels_gpu.py -k "slices or norm_moe" 2>&1 | tail -8 ;;
     ab) log ab  # A/B of source files, arms built as copies of this tree with files swapped in: AB_SWAP="PATH:.ab/FILE ..."
           # makes the base (/tmp/base: e.g. onecard/kernels/gptq_gemm/int4.py:.ab/int4_old.py, issue 25's dequant

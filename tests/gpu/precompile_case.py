@@ -2,11 +2,12 @@
 cold): start an engine on a tiny GPTQ-MoE checkpoint, run greedy requests, print JSON with the tokens and
 the kernels the engine process JIT-compiled itself (cache misses).
 
-Usage: TRITON_CACHE_DIR=... [ONECARD_PRECOMPILE=0] python tests/gpu/precompile_case.py CKPT_DIR [spec | ctx | ctxfused]
+Usage: TRITON_CACHE_DIR=... [ONECARD_PRECOMPILE=0] python tests/gpu/precompile_case.py CKPT_DIR [spec | ctx | ctxfused | slices]
 (``spec``: with --speculative-config ngram k=4, so that the verify graphs are captured too; ``ctx``: with the
 decode graphs per context class on (kernels/paths.DECODE_CONTEXT_GRAPHS) and 2,048 positions, so that the
 unsplit class's graphs are captured beside the split ones; ``ctxfused``: the same with the split-KV reduce merged
-in the attention launch, kernels/paths.ATTN_FUSED_REDUCE, so that the short class splits and fuses)
+in the attention launch, kernels/paths.ATTN_FUSED_REDUCE, so that the short class splits and fuses; ``slices``:
+the batch-1 MoE's expert stages in one launch, kernels/paths.BATCH1_MOE_SLICES)
 """
 from __future__ import annotations
 
@@ -40,6 +41,9 @@ def main() -> None:
         paths.set_decode_context_graphs(True)
         paths.set_attention_fused_reduce(sys.argv[2] == "ctxfused")
         max_len = 2048
+    if sys.argv[2:3] == ["slices"]:
+        from onecard.kernels import paths
+        paths.set_batch1_moe_slices(True)
     tokens = greedy(Path(sys.argv[1]), "triton", "float16", eager=False, speculative=spec, max_model_len=max_len)
     print(json.dumps({"tokens": tokens, "misses": MISSES}))
 

@@ -16,7 +16,7 @@ CASE = Path(__file__).with_name("precompile_case.py")
 
 
 def _start(ckpt: Path, cache: Path, precompile: bool, mode: str | None = None) -> dict:
-    """``mode``: precompile_case.py's (None, "spec", "ctx" or "ctxfused")."""
+    """``mode``: precompile_case.py's (None, "spec", "ctx", "ctxfused" or "slices")."""
     env = dict(os.environ, TRITON_CACHE_DIR=str(cache), ONECARD_PRECOMPILE="1" if precompile else "0")
     out = subprocess.run([sys.executable, str(CASE), str(ckpt)] + ([mode] if mode else []), env=env,
                          capture_output=True, text=True, timeout=600)
@@ -59,3 +59,17 @@ def test_precompile_covers_the_context_class_graphs(tmp_path, mode):
     assert with_pc["misses"] == [], with_pc["miss_lines"]
     without = _start(CODER, tmp_path / "cache_b", False, mode=mode)
     assert len(without["misses"]) >= 5 and with_pc["tokens"] == without["tokens"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_precompile_covers_the_moe_slices(tmp_path):
+    """With the batch-1 MoE's expert stages in one launch (kernels/paths.BATCH1_MOE_SLICES), the precompile's dry
+    run records the slices kernel too: nothing left to JIT, the same greedy tokens as a start-up without it."""
+    sys.path.insert(0, str(Path(__file__).parents[2]))
+    from bench.gpu_checks import CODER
+
+    with_pc = _start(CODER, tmp_path / "cache_a", True, mode="slices")
+    assert with_pc["misses"] == [], with_pc["miss_lines"]
+    without = _start(CODER, tmp_path / "cache_b", False, mode="slices")
+    assert any("slices" in m for m in without["misses"]), without["misses"]     # the kernel did run
+    assert with_pc["tokens"] == without["tokens"]

@@ -39,8 +39,8 @@ from onecard.kernels.types import GPTQWeight, MoEWeight
 # (BLOCK_I, BLOCK_K8, BLOCK_H, num_warps, num_stages). BLOCK_I 32: 128-byte rows of gate/up tiles, 24 slices x 8
 # experts = 192 programs at the served shape; BLOCK_K8 32: a program's gate/up is 8 K tiles of 2 g128 groups,
 # 8 KB a tile for gate and up together, the next one loading while one is multiplied; its down 4 chunks of 8 KB,
-# the first loaded with the first gate/up tile. sm90 (JIT-aligned compile): 127 registers at 8 warps, so two
-# programs per SM and the 192 in one wave; BLOCK_K8 64 needs 161 (one per SM), BLOCK_H 1024 254. Not yet timed
+# likewise. sm90 (JIT-aligned compile): 112 registers at 8 warps, so two
+# programs per SM and the 192 in one wave; BLOCK_K8 64 needs 155 (one per SM). Not yet timed
 # on a GPU: the "norm_moe T=1 slices" rows of bench/kernels_gpu.py try other configs.
 SLICES_CONFIG = (32, 32, 512, 8, 1)
 
@@ -111,7 +111,7 @@ def _moe_slices_kernel(x_ptr, out_ptr, qg_ptr, zg_ptr, sg_ptr, qu_ptr, zu_ptr, s
     * (x @ Wu[e][:, i]), e = ids[slot], w = topk_w[slot]. x [1, H] model dtype; out [1, H] fp32. GROUP_K8: packed
     rows per gate/up group (a power of two; the input size or more: one group).
     Each loop loads its next tile before it multiplies the current one (Triton pipelines only loads that feed
-    tl.dot), and the down's first chunk is loaded before the gate/up loop: it does not depend on h."""
+    tl.dot)."""
     pid_i = tl.program_id(0)
     slot = tl.program_id(1)
     BI8: tl.constexpr = BLOCK_I // 8
@@ -136,7 +136,6 @@ def _moe_slices_kernel(x_ptr, out_ptr, qg_ptr, zg_ptr, sg_ptr, qu_ptr, zu_ptr, s
     zd = zd_ptr + e * ng2 * (H // 8)
     q_g, s_g, z_g = _gate_up_load(qg, sg, zg, 0, k8, offs_r, offs_i, i_mask, I, ng1, GROUP_K8, TG)
     q_u, s_u, z_u = _gate_up_load(qu, su, zu, 0, k8, offs_r, offs_i, i_mask, I, ng1, GROUP_K8, TG)
-    q_d, s_d, z_d = _down_load(qd, sd, zd, g2, 0, offs_p, p_mask, H, BLOCK_H)
     # 1. gate and up for the slice's BI columns over every input: the sums are complete in this program
     if TG == 1:                                                           # row sums deferred past the loop
         acc_g = tl.zeros((BLOCK_K8, BLOCK_I), dtype=tl.float32)
@@ -149,6 +148,9 @@ def _moe_slices_kernel(x_ptr, out_ptr, qg_ptr, zg_ptr, sg_ptr, qu_ptr, zu_ptr, s
         acc_g = _gate_up_mac(acc_g, q_g, s_g, z_g, x_ptr, r0, k8, offs_r, zs_i, BLOCK_K8, BLOCK_I, GROUP_K8, TG)
         acc_u = _gate_up_mac(acc_u, q_u, s_u, z_u, x_ptr, r0, k8, offs_r, zs_i, BLOCK_K8, BLOCK_I, GROUP_K8, TG)
         q_g, s_g, z_g, q_u, s_u, z_u = nq_g, ns_g, nz_g, nq_u, ns_u, nz_u
+    # the down's first chunk, requested before the sums are reduced and h is laid out for the down (~40 CTA
+    # barriers on sm90). Requested before the loop instead, it is sunk here by the compiler anyway (sm90 SASS).
+    q_d, s_d, z_d = _down_load(qd, sd, zd, g2, 0, offs_p, p_mask, H, BLOCK_H)
     if TG == 1:
         gate, up = tl.sum(acc_g, axis=0), tl.sum(acc_u, axis=0)          # [BI]
     else:

@@ -38,18 +38,34 @@ from onecard.kernels.types import GPTQWeight, MoEWeight
 
 # (BLOCK_I, BLOCK_K8, BLOCK_H, num_warps, num_stages). BLOCK_I 32: 128-byte rows of gate/up tiles, 24 slices x 8
 # experts = 192 programs at the served shape; BLOCK_K8 32: a program's gate/up is 8 K tiles of 2 g128 groups,
-# 8 KB a tile for gate and up together, the next one loading while one is multiplied; its down 4 chunks of 8 KB,
-# likewise. sm90 (JIT-aligned compile): 112 registers at 8 warps, so two
-# programs per SM and the 192 in one wave; BLOCK_K8 64 needs 155 (one per SM). Not yet timed
-# on a GPU: the "norm_moe T=1 slices" rows of bench/kernels_gpu.py try other configs.
-SLICES_CONFIG = (32, 32, 512, 8, 1)
+# 8 KB a tile for gate and up together, the next one loading while one is multiplied; its down 2 chunks of 16 KB,
+# likewise. sm90 (JIT-aligned compile): 128 registers at 8 warps, so two programs per SM and the 192 in one wave;
+# at BLOCK_H 1,024 the down tile's layout (outputs first, 8 warps along them) keeps a column's 4 packed rows in
+# one thread: no CTA barrier in the down loop and 16-byte atomics (BLOCK_H 512: 9 barriers a chunk, 8-byte
+# atomics). BLOCK_K8 64 needs 254 registers. Not yet timed on a GPU: the "norm_moe T=1 slices" rows of
+# bench/kernels_gpu.py try other configs.
+SLICES_CONFIG = (32, 32, 1024, 8, 1)
 
 
 @triton.jit
-def _slice_input(h2, r, j: tl.constexpr, r_mask):
-    """fp32 [BI8] inputs 8r + j of the down projection from the program's own h2 [BI8, 8] (registers): an INPUT of
-    gemv_tile_mac. Rows past I are zeros already."""
-    return tl.sum(tl.where(tl.arange(0, 8)[None, :] == j, h2, 0.0), axis=1)
+def _slice_input(hj, r, j: tl.constexpr, r_mask):
+    """fp32 [BI8] inputs 8r + j of the down projection: hj[j] of the program's own h by column (registers,
+    _columns_of); an INPUT of gemv_tile_mac. Rows past I are zeros already."""
+    return hj[j]
+
+
+@triton.jit
+def _columns_of(h, BI8: tl.constexpr):
+    """h [8 * BI8] -> its 8 columns as a tuple of [BI8] (column j: h[8p + j]), by three halvings of the reshaped
+    row (register moves, no reduction)."""
+    a0, a1 = tl.split(tl.reshape(h, (BI8, 4, 2)))                        # j % 2 = 0, 1: [BI8, 4]
+    b00, b01 = tl.split(tl.reshape(a0, (BI8, 2, 2)))                      # j = 0, 2 | 4, 6 by j // 2 % 2
+    b10, b11 = tl.split(tl.reshape(a1, (BI8, 2, 2)))                      # j = 1, 3 | 5, 7
+    c000, c001 = tl.split(b00)                                            # j = 0, 4
+    c010, c011 = tl.split(b01)                                            # j = 2, 6
+    c100, c101 = tl.split(b10)                                            # j = 1, 5
+    c110, c111 = tl.split(b11)                                            # j = 3, 7
+    return c000, c100, c010, c110, c001, c101, c011, c111
 
 
 @triton.jit
@@ -96,7 +112,10 @@ def _down_load(q_ptr, s_ptr, z_ptr, g, n0, offs_p, p_mask, H, BLOCK_H: tl.conste
     packed zeros [BH] of group g)."""
     offs_n = n0 + tl.arange(0, BLOCK_H)
     n_mask = offs_n < H
-    q = tl.load(q_ptr + offs_p[:, None] * H + offs_n[None, :], mask=p_mask[:, None] & n_mask[None, :], other=0)
+    # loaded as [BH, BI8] (outputs first): a thread's 16-byte vectors run along the outputs and it holds every
+    # packed row of its columns, so the sum over the rows stays in the thread
+    q = tl.trans(tl.load(q_ptr + offs_p[None, :] * H + offs_n[:, None], mask=p_mask[None, :] & n_mask[:, None],
+                         other=0))
     s = tl.load(s_ptr + g * H + offs_n, mask=n_mask, other=0.0)
     zp = tl.load(z_ptr + g * (H // 8) + offs_n // 8, mask=n_mask, other=0)
     return q, s, zp
@@ -151,18 +170,17 @@ def _moe_slices_kernel(x_ptr, out_ptr, qg_ptr, zg_ptr, sg_ptr, qu_ptr, zu_ptr, s
     # the down's first chunk, requested before the sums are reduced and h is laid out for the down (~40 CTA
     # barriers on sm90). Requested before the loop instead, it is sunk here by the compiler anyway (sm90 SASS).
     q_d, s_d, z_d = _down_load(qd, sd, zd, g2, 0, offs_p, p_mask, H, BLOCK_H)
-    if TG == 1:
-        gate, up = tl.sum(acc_g, axis=0), tl.sum(acc_u, axis=0)          # [BI]
-    else:
-        gate, up = tl.sum(tl.sum(acc_g, axis=0), axis=0), tl.sum(tl.sum(acc_u, axis=0), axis=0)
+    # the column sums of gate and up in one cross-warp reduction: [BK8, BI, 2] -> [BI, 2]
+    gate, up = tl.split(tl.sum(tl.join(tl.reshape(acc_g, (BLOCK_K8, BLOCK_I)), tl.reshape(acc_u, (BLOCK_K8, BLOCK_I))),
+                               axis=0))
     h = silu_mul(gate, up)                                                # [BI] fp32
-    h2 = tl.reshape(tl.where(i_mask, h, 0.0), (BI8, 8))                   # [BI8, 8]: input 8p + j of the down
+    hj = _columns_of(tl.where(i_mask, h, 0.0), BI8)                       # 8 x [BI8]: input 8p + j of the down
     # 2. down: the slice's BI8 packed rows of Wd[e], every output column, times w_e, into out (fp32 atomics)
     for n0 in range(0, H, BLOCK_H):
         nq_d, ns_d, nz_d = _down_load(qd, sd, zd, g2, n0 + BLOCK_H, offs_p, p_mask, H, BLOCK_H)
         offs_n = n0 + tl.arange(0, BLOCK_H)
         z = ((z_d >> ((offs_n % 8) * 4)) & 0xF).to(tl.float32)
-        acc = gemv_tile_mac(tl.zeros((BI8, BLOCK_H), dtype=tl.float32), q_d, s_d.to(tl.float32), z, h2, offs_p,
+        acc = gemv_tile_mac(tl.zeros((BI8, BLOCK_H), dtype=tl.float32), q_d, s_d.to(tl.float32), z, hj, offs_p,
                             p_mask, _slice_input, BI8, BLOCK_H)
         tl.atomic_add(out_ptr + offs_n, tl.sum(acc, axis=0) * w_e, mask=offs_n < H, sem="relaxed")
         q_d, s_d, z_d = nq_d, ns_d, nz_d

@@ -174,9 +174,9 @@ def cases(quick: bool):
         if t == 1:
             # the expert stages in one launch (paths.set_batch1_moe_slices; fused_moe/slices.py): the shipped
             # SLICES_CONFIG, then other (BLOCK_I, BLOCK_K8, BLOCK_H, warps, stages) to tune it
-            # (sm90 registers: shipped 128; 127; 115; 127; 127; 127. Programs: 192; 192; 192; 192; 384; 96)
+            # (sm90 registers: shipped 128; 127; 115; 127; 127; 127; 117. Programs: 192; 192; 192; 192; 384; 96; 384)
             for cfg in (None, (32, 32, 2048, 8, 1), (32, 32, 512, 8, 1), (32, 16, 1024, 4, 1), (16, 32, 1024, 4, 1),
-                        (64, 16, 512, 8, 1)):
+                        (64, 16, 512, 8, 1), (16, 64, 1024, 8, 1)):
                 yield (f"norm_moe T=1 slices{'' if cfg is None else ' ' + ','.join(map(str, cfg))}",
                        lambda x=x, r=r, cfg=cfg: _slices(cfg, lambda: torch.cat(
                            moe_t.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True))),

@@ -182,6 +182,11 @@ def cases(quick: bool):
                            moe_t.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True))),
                        lambda x=x, r=r: torch.cat(moe_r.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True)),
                        TOPK * per_expert + E * H * 2)
+            yield ("norm_moe T=1 slices routing themselves",
+                   lambda x=x, r=r: _switched(paths.set_batch1_slices_route, lambda: _slices(None, lambda: torch.cat(
+                       moe_t.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True)))),
+                   lambda x=x, r=r: torch.cat(moe_r.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True)),
+                   TOPK * per_expert + E * H * 2)
         if t == 1:
             def chain(x=x, r=r):
                 h, res = n_t.rms_norm(x, nw, 1e-6, r)

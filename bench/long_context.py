@@ -145,6 +145,7 @@ def switch_setters() -> dict:
             "ctx_graphs": paths.set_decode_context_graphs,                # read when a policy's graphs are captured
             "fused_reduce": paths.set_attention_fused_reduce,
             "moe_slices": paths.set_batch1_moe_slices,                    # batch 1 only
+            "slices_route": paths.set_batch1_slices_route,                # (with moe_slices only)
             "fast_silu": paths.set_decode_fast_silu,
             "gemv4": _table_override(gemm.SMALL_PROGRAMS_PER_SM, "gemv", 4),
             "moe1pps8": _table_override(stages.DECODE_CONFIGS, "decode1",

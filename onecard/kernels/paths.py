@@ -317,6 +317,24 @@ def batch1_moe_slices() -> bool:
     return _Switches.on.get("batch1_moe_slices", BATCH1_MOE_SLICES)
 
 
+# With BATCH1_MOE_SLICES: every slices program finds the token's top-k itself from the router's logits (softmax and
+# TOP_K rounds of max, fused_moe/decode.topk_of, the same keys and ties) and the norm-route launch ends when its
+# programs have stored their logits: no arrival counter (an acq_rel atomic and the barrier before it), no last
+# program's top-k and routing stores at the end of that launch, no routing load at the start of the slices'.
+# The top-k is then computed 192 times (on 8 warps) instead of once (on 4). OFF until the full-model A/B.
+BATCH1_SLICES_ROUTE = False
+
+
+def set_batch1_slices_route(on: bool | None) -> None:
+    """The slices' own routing on or off in this process; None: BATCH1_SLICES_ROUTE."""
+    _set_switch("batch1_slices_route", on)
+
+
+def batch1_slices_route() -> bool:
+    """Do the batch-1 MoE slices (when they run) route the token themselves from the router's logits?"""
+    return _Switches.on.get("batch1_slices_route", BATCH1_SLICES_ROUTE)
+
+
 # Decode MoE at T > 1: silu(gate) * up as a launch of its own between the two stages, stage 2 then loading it as
 # stage 1 loads x. Without it every stage-2 program recomputes silu for its K tile (exp and a division per value,
 # each value once per column tile of the down projection: 16 times at the served shape). Identical values either

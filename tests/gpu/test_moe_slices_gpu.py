@@ -2,7 +2,8 @@
 
 With the switch on, the bundled tiny coder (GPTQ g128, fp16) decodes at batch 1 through the slices kernel in every
 MoE layer: its greedy tokens from CUDA graphs must equal eager's, and both must equal the tokens of the
-two-launch stages (the same sums in another fp32 order). The kernel against its reference at the real shapes is
+two-launch stages (the same sums in another fp32 order); also with the slices routing themselves from the
+logits (paths.BATCH1_SLICES_ROUTE). The kernel against its reference at the real shapes is
 bench/kernels_gpu.py's "norm_moe T=1 slices" rows (tests/gpu/test_kernels_gpu.py)."""
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
-def _greedy(eager: bool, slices_on: bool, n_prompt: int = 40, new: int = 32) -> tuple[list[int], int]:
+def _greedy(eager: bool, slices_on: bool, route: bool = False, n_prompt: int = 40,
+            new: int = 32) -> tuple[list[int], int]:
     """-> (greedy tokens of one request, slices launches seen while the engine ran)."""
     from bench.gpu_checks import CODER
     from onecard.config import EngineArgs
@@ -35,6 +37,7 @@ def _greedy(eager: bool, slices_on: bool, n_prompt: int = 40, new: int = 32) -> 
         return real(*a, **k)
 
     paths.set_batch1_moe_slices(slices_on)
+    paths.set_batch1_slices_route(route)
     slices.moe_slices = counted
     try:
         cfg = EngineArgs(model=str(CODER), device="cuda", dtype="float16", max_model_len=2048, enforce_eager=eager,
@@ -52,12 +55,20 @@ def _greedy(eager: bool, slices_on: bool, n_prompt: int = 40, new: int = 32) -> 
     finally:
         slices.moe_slices = real
         paths.set_batch1_moe_slices(None)
+        paths.set_batch1_slices_route(None)
 
 
-def test_slices_decode_equals_the_two_launch_stages_in_graphs_and_eager():
+@pytest.mark.parametrize("route", [False, True], ids=["routing", "routing-in-slices"])
+def test_slices_decode_equals_the_two_launch_stages_in_graphs_and_eager(route):
+    """``routing-in-slices``: the slices find the top-k themselves (paths.BATCH1_SLICES_ROUTE) and the norm-route
+    launch has no last arriver; the router's arrival counter must stay zero."""
+    from onecard.kernels import workspace
+
     stages, n_off = _greedy(True, False)
-    eager, n_eager = _greedy(True, True)
-    graphed, n_graphed = _greedy(False, True)
+    eager, n_eager = _greedy(True, True, route)
+    graphed, n_graphed = _greedy(False, True, route)
     assert n_off == 0 and n_eager > 0 and n_graphed > 0                # the path ran (captured, in graphs)
     assert eager == stages
     assert graphed == eager
+    cnt = workspace.counters(torch.device("cuda", torch.cuda.current_device()), "router", 1)
+    assert int(cnt.abs().sum()) == 0                                      # the zero invariant (workspace.py)

@@ -131,8 +131,10 @@ def test_every_dispatcher_config_is_listed():
     assert {"w4a16[gemv,accum,fp16]", "w4a16[gemv,per_row,accum,fp16]", "norm_route[renorm=True,x=fp32,fp16]",
             "norm_route[renorm=True,x=fp32,rank,fp16]"} <= names
     assert "rms_norm[2048,res=True,x=fp32,zero,fp16]" in {c.name for c in norm.aot_configs()}
-    # the batch-1 MoE's one-launch expert stages (paths.batch1_moe_slices): the served g128 and groups of 32
-    assert {"moe_slices[g128,fp16]", "moe_slices[g32,fp16]"} <= names
+    # the batch-1 MoE's one-launch expert stages (paths.batch1_moe_slices): the served g128 and groups of 32,
+    # and routing themselves after a norm-route launch without its last arriver (paths.batch1_slices_route)
+    assert {"moe_slices[g128,fp16]", "moe_slices[g32,fp16]", "moe_slices[g128,route,fp16]",
+            "norm_route[renorm=True,x=fp32,noroute,fp16]"} <= names
     assert {"paged_attn[bq=2,fp16,qkn]", "paged_attn[bq=2,fp16,preload]", "paged_attn[bq=2,fp16,qkn,preload]"} <= {
         c.name for c in attn.aot_configs()}
     assert "qk_norm_rope[store=True,src=fp32,fp16]" in {c.name for c in rope.aot_configs()}
@@ -147,6 +149,20 @@ def test_every_dispatcher_config_is_listed():
     assert {f"paged_attn[bq={b}{t},fp16{kv}]" for b in bqs for t in ("", ",pre-sm80") for kv in ("", ",kv=e5m2")} \
         | {f"paged_attn[bq={b},{a},kv=e4m3]" for b in bqs for a in ("fp16", "bf16")} <= {
         c.name for c in attn.aot_configs()}
+
+
+def test_every_config_names_its_kernels_defaulted_arguments():
+    """triton.compile takes a constexpr's default from nobody: a config that leaves one out compiles another
+    variant than the JIT launches (found when the norm-route kernel gained ROUTE = True: its configs compiled the
+    variant without the routing). Every argument with a default must be in the config."""
+    import inspect
+    missing = []
+    for mod in MODULES:
+        for c in importlib.import_module(f"onecard.kernels.{mod}.triton").aot_configs():
+            params = inspect.signature(c.kernel.fn).parameters
+            missing += [f"{c.name}: {n}" for n, p in params.items()
+                        if p.default is not inspect.Parameter.empty and n not in c.constexprs]
+    assert not missing, missing
 
 
 def test_every_kv_format_compiles_for_its_targets(compiled):

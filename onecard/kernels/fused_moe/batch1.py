@@ -12,7 +12,8 @@ Here it is three:
      then a released counter) does softmax, top-k and renormalisation and writes the routing for the stages:
      ids, routed weights and the active list (expert + 1 per slot; a token's k experts are distinct).
   2, 3. stages.moe_stages: gate/up into gu, down (times the routed weight, top-k summed) into out32. With
-     paths.batch1_moe_slices (where slices.supported): slices.moe_slices, both stages in ONE launch (no gu).
+     paths.batch1_moe_slices (where slices.supported): slices.moe_slices, both stages in ONE launch (no gu);
+     and with paths.batch1_slices_route the slices find the top-k themselves from the logits (no last arriver).
 The finish kernel (cast to the model dtype) is gone: out32 is returned and the next RMSNorm reads fp32
 (norm/ref.py: its outputs follow the residual's dtype). Nothing persists between calls but the arrival
 counter, which its last arriver resets (kernels/workspace.py). Under PDL the stages' rule holds as in
@@ -69,8 +70,10 @@ def _zero_share(ptr, n, part, parts, BLOCK: tl.constexpr):
 def _norm_route_kernel(x_ptr, res_ptr, nw_ptr, gate_ptr, h_ptr, res_out_ptr, logits_ptr, topk_w_ptr, ids_ptr,
                        active_ptr, gu_ptr, out32_ptr, cnt_ptr, H, E, GU_N, eps,
                        TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_E: tl.constexpr,
-                       RENORM: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr, RANK: tl.constexpr = False):
-    """RANK (paths.batch1_rank_topk): the last arriver's top-k by rank (decode.topk_rank_of), same result."""
+                       RENORM: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr, RANK: tl.constexpr = False,
+                       ROUTE: tl.constexpr = True):
+    """RANK (paths.batch1_rank_topk): the last arriver's top-k by rank (decode.topk_rank_of), same result.
+    not ROUTE (paths.batch1_slices_route): no last arriver, no routing written; the slices route from the logits."""
     e = tl.program_id(0)
     offs = tl.arange(0, BLOCK_H)
     m = offs < H
@@ -90,17 +93,18 @@ def _norm_route_kernel(x_ptr, res_ptr, nw_ptr, gate_ptr, h_ptr, res_out_ptr, log
     tl.store(logits_ptr + e, logit.to(logits_ptr.dtype.element_ty))
     _zero_share(gu_ptr, GU_N, e, E, BLOCK_H)
     _zero_share(out32_ptr, H, e, E, BLOCK_H)
-    if last_arrival(cnt_ptr, E):
-        offs_e = tl.arange(0, BLOCK_E)
-        lg = tl.load(logits_ptr + offs_e, mask=offs_e < E, other=-float("inf"), cache_modifier=".cg")
-        if RANK:
-            vals, ids, offs_k = topk_rank_of(lg.to(tl.float32), offs_e, E, TOP_K, BLOCK_K, BLOCK_E, RENORM)
-        else:
-            vals, ids, offs_k = topk_of(lg.to(tl.float32), offs_e, E, TOP_K, BLOCK_K, BLOCK_E, RENORM)
-        k_mask = offs_k < TOP_K
-        tl.store(topk_w_ptr + offs_k, vals, mask=k_mask)
-        tl.store(ids_ptr + offs_k, ids, mask=k_mask)
-        tl.store(active_ptr + offs_k, ids + 1, mask=k_mask)
+    if ROUTE:  # noqa: SIM102 -- a constexpr; an `and` would still emit last_arrival's barrier and atomic
+        if last_arrival(cnt_ptr, E):
+            offs_e = tl.arange(0, BLOCK_E)
+            lg = tl.load(logits_ptr + offs_e, mask=offs_e < E, other=-float("inf"), cache_modifier=".cg")
+            if RANK:
+                vals, ids, offs_k = topk_rank_of(lg.to(tl.float32), offs_e, E, TOP_K, BLOCK_K, BLOCK_E, RENORM)
+            else:
+                vals, ids, offs_k = topk_of(lg.to(tl.float32), offs_e, E, TOP_K, BLOCK_K, BLOCK_E, RENORM)
+            k_mask = offs_k < TOP_K
+            tl.store(topk_w_ptr + offs_k, vals, mask=k_mask)
+            tl.store(ids_ptr + offs_k, ids, mask=k_mask)
+            tl.store(active_ptr + offs_k, ids + 1, mask=k_mask)
 
 
 def norm_moe(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
@@ -121,6 +125,7 @@ def norm_moe(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.
     active = torch.empty(top_k, dtype=torch.int32, device=dev)
     out32 = torch.empty(1, h, dtype=torch.float32, device=dev)
     one_launch = paths.batch1_moe_slices() and slices.supported(w_gate, w_up, w_down)
+    route_in_slices = one_launch and paths.batch1_slices_route()
     # gu [k, 2I]: stages.py's gate/up sums (the slices keep theirs in registers: nothing to zero)
     gu = out32[:, :0] if one_launch else torch.empty(top_k, 2 * moe_inter_size(w_gate), dtype=torch.float32,
                                                      device=dev)
@@ -129,10 +134,11 @@ def norm_moe(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.
                              topk_w, ids, active, gu, out32, workspace.counters(dev, "router", 1), h, e,
                              gu.numel(), eps, TOP_K=top_k, BLOCK_K=next_pow2(top_k), BLOCK_H=next_pow2(h),
                              BLOCK_E=next_pow2(e), RENORM=renormalize, HAS_RES=residual is not None,
-                             PDL=use_pdl, RANK=paths.batch1_rank_topk(), num_warps=NORM_ROUTE_WARPS,
-                             launch_pdl=use_pdl)
+                             PDL=use_pdl, RANK=paths.batch1_rank_topk(), ROUTE=not route_in_slices,
+                             num_warps=NORM_ROUTE_WARPS, launch_pdl=use_pdl)
     if one_launch:
-        slices.moe_slices(hn, out32, w_gate, w_up, w_down, ids, topk_w, top_k, use_pdl)
+        slices.moe_slices(hn, out32, w_gate, w_up, w_down, ids, topk_w, top_k, use_pdl,
+                          logits=logits if route_in_slices else None, renormalize=renormalize)
     else:
         moe_stages(hn, gu, out32, w_gate, w_up, w_down, ids, topk_w, active, top_k, use_pdl)
     return out32, res_out
@@ -145,7 +151,8 @@ def aot_configs(act: str, min_cc: int) -> list[AotConfig]:
     for renorm, x_t, rank in itertools.product((True, False), (act, "fp32"), (False, True)):
         if rank and x_t != "fp32":
             continue
-        cx = dict(TOP_K=8, BLOCK_K=8, BLOCK_H=2048, BLOCK_E=128, RENORM=renorm, HAS_RES=True, PDL=False, RANK=rank)
+        cx = dict(TOP_K=8, BLOCK_K=8, BLOCK_H=2048, BLOCK_E=128, RENORM=renorm, HAS_RES=True, PDL=False, RANK=rank,
+                  ROUTE=True)                                             # (an AOT compile takes no defaults)
         args = dict(x_ptr=f"*{x_t}", res_ptr=f"*{act}", nw_ptr=f"*{act}", gate_ptr=f"*{act}", h_ptr=f"*{act}",
                     res_out_ptr=f"*{act}", logits_ptr=f"*{act}", topk_w_ptr="*fp32", ids_ptr="*i32",
                     active_ptr="*i32", gu_ptr="*fp32", out32_ptr="*fp32", cnt_ptr="*i32", H="i32", E="i32",
@@ -153,6 +160,14 @@ def aot_configs(act: str, min_cc: int) -> list[AotConfig]:
         out.append(AotConfig(_norm_route_kernel, signature(args, cx), cx, NORM_ROUTE_WARPS, 1, min_cc,
                              f"norm_route[renorm={renorm}{',x=fp32' if x_t == 'fp32' else ''}"
                              f"{',rank' if rank else ''},{act}]"))
+    # no routing: the slices route themselves (paths.batch1_slices_route; on the accumulating path: x fp32)
+    cx = dict(TOP_K=8, BLOCK_K=8, BLOCK_H=2048, BLOCK_E=128, RENORM=True, HAS_RES=True, PDL=False, RANK=False,
+              ROUTE=False)
+    args = dict(x_ptr="*fp32", res_ptr=f"*{act}", nw_ptr=f"*{act}", gate_ptr=f"*{act}", h_ptr=f"*{act}",
+                res_out_ptr=f"*{act}", logits_ptr=f"*{act}", topk_w_ptr="*fp32", ids_ptr="*i32", active_ptr="*i32",
+                gu_ptr="*fp32", out32_ptr="*fp32", cnt_ptr="*i32", H="i32", E="i32", GU_N="i32", eps="fp32")
+    out.append(AotConfig(_norm_route_kernel, signature(args, cx), cx, NORM_ROUTE_WARPS, 1, min_cc,
+                         f"norm_route[renorm=True,x=fp32,noroute,{act}]"))
     return out
 
 

@@ -27,13 +27,14 @@ import triton
 import triton.language as tl
 
 from onecard.kernels.activation.triton import silu_mul
+from onecard.kernels.fused_moe.decode import topk_of
 from onecard.kernels.gptq_gemm.int4 import (
     gemv_tile_mac,
     row_input,
     unit_combine,
     unit_sums,
 )
-from onecard.kernels.triton_common import AotConfig, pdl_enter, settle_cache_keys, signature
+from onecard.kernels.triton_common import AotConfig, next_pow2, pdl_enter, settle_cache_keys, signature
 from onecard.kernels.types import GPTQWeight, MoEWeight
 
 # (BLOCK_I, BLOCK_K8, BLOCK_H, num_warps, num_stages). BLOCK_I 32: 128-byte rows of gate/up tiles, 24 slices x 8
@@ -123,12 +124,16 @@ def _down_load(q_ptr, s_ptr, z_ptr, g, n0, offs_p, p_mask, H, BLOCK_H: tl.conste
 
 @triton.jit
 def _moe_slices_kernel(x_ptr, out_ptr, qg_ptr, zg_ptr, sg_ptr, qu_ptr, zu_ptr, su_ptr, qd_ptr, zd_ptr, sd_ptr,
-                       ids_ptr, topk_w_ptr, H, I, ng1, gs2, ng2,
+                       ids_ptr, topk_w_ptr, logits_ptr, H, I, ng1, gs2, ng2, E,
                        BLOCK_I: tl.constexpr, BLOCK_K8: tl.constexpr, BLOCK_H: tl.constexpr,
-                       GROUP_K8: tl.constexpr, PDL: tl.constexpr):
+                       GROUP_K8: tl.constexpr, PDL: tl.constexpr, ROUTE: tl.constexpr = False,
+                       TOP_K: tl.constexpr = 8, BLOCK_K: tl.constexpr = 8, BLOCK_E: tl.constexpr = 128,
+                       RENORM: tl.constexpr = True):
     """Program (slice, slot): out[n] += w * sum_i h[i] Wd[e][i, n] over the slice's rows i, h = silu(x @ Wg[e][:, i])
     * (x @ Wu[e][:, i]), e = ids[slot], w = topk_w[slot]. x [1, H] model dtype; out [1, H] fp32. GROUP_K8: packed
-    rows per gate/up group (a power of two; the input size or more: one group).
+    rows per gate/up group (a power of two; the input size or more: one group). ROUTE (paths.batch1_slices_route):
+    e and w come from the router's logits [E] (the previous launch's), by the program's own softmax and top-k
+    (decode.topk_of, the norm-route kernel's arithmetic), instead of ids / topk_w.
     Each loop loads its next tile before it multiplies the current one (Triton pipelines only loads that feed
     tl.dot)."""
     pid_i = tl.program_id(0)
@@ -136,8 +141,15 @@ def _moe_slices_kernel(x_ptr, out_ptr, qg_ptr, zg_ptr, sg_ptr, qu_ptr, zu_ptr, s
     BI8: tl.constexpr = BLOCK_I // 8
     TG: tl.constexpr = BLOCK_K8 // GROUP_K8 if BLOCK_K8 > GROUP_K8 else 1  # groups per gate/up K tile
     pdl_enter(PDL)
-    e = tl.load(ids_ptr + slot, cache_modifier=".cg").to(tl.int64)
-    w_e = tl.load(topk_w_ptr + slot, cache_modifier=".cg")
+    if ROUTE:
+        offs_e = tl.arange(0, BLOCK_E)
+        lg = tl.load(logits_ptr + offs_e, mask=offs_e < E, other=-float("inf"), cache_modifier=".cg")
+        vals, ids, offs_k = topk_of(lg.to(tl.float32), offs_e, E, TOP_K, BLOCK_K, BLOCK_E, RENORM)
+        e = tl.sum(tl.where(offs_k == slot, ids, 0), axis=0).to(tl.int64)
+        w_e = tl.sum(tl.where(offs_k == slot, vals, 0.0), axis=0)
+    else:
+        e = tl.load(ids_ptr + slot, cache_modifier=".cg").to(tl.int64)
+        w_e = tl.load(topk_w_ptr + slot, cache_modifier=".cg")
     k8 = H // 8
     i8 = I // 8
     offs_i = pid_i * BLOCK_I + tl.arange(0, BLOCK_I)                      # [BI] gate/up columns
@@ -213,9 +225,12 @@ def supported(w_gate: MoEWeight, w_up: MoEWeight, w_down: MoEWeight) -> bool:
 
 def moe_slices(x: torch.Tensor, out32: torch.Tensor, w_gate: GPTQWeight, w_up: GPTQWeight, w_down: GPTQWeight,
                topk_ids: torch.Tensor, topk_w: torch.Tensor, top_k: int, use_pdl: bool,
+               logits: torch.Tensor | None = None, renormalize: bool = True,
                tuning: tuple[int, int, int, int, int] | None = None) -> None:
     """out32 [1, H] fp32 += the k experts' outputs; x [1, H] model dtype; topk_ids int32 / topk_w fp32 [1, k] (or
-    [k]) written by the previous launch. ``tuning``: a SLICES_CONFIG tuple instead of the shipped one (benchmarks)."""
+    [k]) written by the previous launch, or, given ``logits`` [1, E] (the router's, written by the previous
+    launch; ``renormalize`` as the model's), the kernel routes itself and the two are not read. ``tuning``: a
+    SLICES_CONFIG tuple instead of the shipped one (benchmarks)."""
     assert supported(w_gate, w_up, w_down) and x.shape[0] == 1, x.shape
     bi, bk8, bh, warps, stages = tuning or SLICES_CONFIG
     bi = slice_rows(w_down, bi)
@@ -223,24 +238,31 @@ def moe_slices(x: torch.Tensor, out32: torch.Tensor, w_gate: GPTQWeight, w_up: G
     assert w_down.in_features == inter and w_down.out_features == h == x.shape[1], (x.shape, inter)
     for w in (w_gate, w_up, w_down):
         assert w.qweight.is_contiguous() and w.qzeros.is_contiguous() and w.scales.is_contiguous()
+    e = int(w_gate.qweight.shape[0])
+    route = dict(ROUTE=True, TOP_K=top_k, BLOCK_K=next_pow2(top_k), BLOCK_E=next_pow2(e), RENORM=renormalize) \
+        if logits is not None else {}
     _moe_slices_kernel[(triton.cdiv(inter, bi), top_k)](
         x, out32, w_gate.qweight, w_gate.qzeros, w_gate.scales, w_up.qweight, w_up.qzeros, w_up.scales,
-        w_down.qweight, w_down.qzeros, w_down.scales, topk_ids, topk_w, h, inter, w_gate.num_groups,
-        w_down.group_size, w_down.num_groups, BLOCK_I=bi, BLOCK_K8=bk8, BLOCK_H=bh,
-        GROUP_K8=group_k8(w_gate), PDL=use_pdl, num_warps=warps, num_stages=stages, launch_pdl=use_pdl)
+        w_down.qweight, w_down.qzeros, w_down.scales, topk_ids, topk_w, logits if logits is not None else topk_w,
+        h, inter, w_gate.num_groups, w_down.group_size, w_down.num_groups, e, BLOCK_I=bi, BLOCK_K8=bk8,
+        BLOCK_H=bh, GROUP_K8=group_k8(w_gate), PDL=use_pdl, num_warps=warps, num_stages=stages,
+        launch_pdl=use_pdl, **route)
 
 
 def slices_aot_configs(act: str, min_cc: int) -> list[AotConfig]:
-    """The shipped config with the served g128 weights (GROUP_K8 16) and with groups of 32 (GROUP_K8 4)."""
+    """The shipped config with the served g128 weights (GROUP_K8 16) and with groups of 32 (GROUP_K8 4); g128
+    routing itself from the logits (paths.batch1_slices_route; E 128, k 8, renormalised)."""
     out: list[AotConfig] = []
     bi, bk8, bh, warps, stages = SLICES_CONFIG
-    for g8 in (16, 4):
-        cx = dict(BLOCK_I=bi, BLOCK_K8=bk8, BLOCK_H=bh, GROUP_K8=g8, PDL=False)
+    for g8, route in ((16, False), (4, False), (16, True)):
+        cx = dict(BLOCK_I=bi, BLOCK_K8=bk8, BLOCK_H=bh, GROUP_K8=g8, PDL=False, ROUTE=route, TOP_K=8, BLOCK_K=8,
+                  BLOCK_E=128, RENORM=True)
         args = dict(x_ptr=f"*{act}", out_ptr="*fp32", qg_ptr="*i32", zg_ptr="*i32", sg_ptr="*fp16", qu_ptr="*i32",
                     zu_ptr="*i32", su_ptr="*fp16", qd_ptr="*i32", zd_ptr="*i32", sd_ptr="*fp16", ids_ptr="*i32",
-                    topk_w_ptr="*fp32", H="i32", I="i32", ng1="i32", gs2="i32", ng2="i32")
+                    topk_w_ptr="*fp32", logits_ptr=f"*{act}" if route else "*fp32", H="i32", I="i32", ng1="i32",
+                    gs2="i32", ng2="i32", E="i32")
         out.append(AotConfig(_moe_slices_kernel, signature(args, cx), cx, warps, stages, min_cc,
-                             f"moe_slices[g{8 * g8},{act}]"))
+                             f"moe_slices[g{8 * g8},{'route,' if route else ''}{act}]"))
     return out
 
 

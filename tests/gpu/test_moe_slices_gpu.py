@@ -3,7 +3,7 @@
 With the switch on, the bundled tiny coder (GPTQ g128, fp16) decodes at batch 1 through the slices kernel in every
 MoE layer: its greedy tokens from CUDA graphs must equal eager's, and both must equal the tokens of the
 two-launch stages (the same sums in another fp32 order); also with the slices routing themselves from the
-logits (paths.BATCH1_SLICES_ROUTE). The kernel against its reference at the real shapes is
+logits (paths.BATCH1_SLICES_ROUTE), and under ONECARD_EMULATE_CC=70. The kernel against its reference at the real shapes is
 bench/kernels_gpu.py's "norm_moe T=1 slices" rows (tests/gpu/test_kernels_gpu.py)."""
 from __future__ import annotations
 
@@ -72,3 +72,21 @@ def test_slices_decode_equals_the_two_launch_stages_in_graphs_and_eager(route):
     assert graphed == eager
     cnt = workspace.counters(torch.device("cuda", torch.cuda.current_device()), "router", 1)
     assert int(cnt.abs().sum()) == 0                                      # the zero invariant (workspace.py)
+
+
+def test_slices_under_emulated_sm70():
+    """The same comparison with every path decision on sm70's branch (ONECARD_EMULATE_CC=70: no PDL, the V100's
+    tiles around the slices), in a fresh process (the capability is read once per process)."""
+    import json
+    import os
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    code = ("import json; from tests.gpu.test_moe_slices_gpu import _greedy; "
+            "print(json.dumps([_greedy(True, False), _greedy(True, True), _greedy(False, True, True)]))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, ONECARD_EMULATE_CC="70", PYTHONPATH=str(root)), check=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (stages, n_off), (eager, n_eager), (graphed, n_graphed) = json.loads(r.stdout.strip().splitlines()[-1])
+    assert n_off == 0 and n_eager > 0 and n_graphed > 0
+    assert eager == stages and graphed == eager

@@ -2,7 +2,9 @@
 
 Same contract as stages.moe_stages at T = 1, given the routing of batch1.py's norm-route launch (ids and routed
 weights of the token's k experts; out32 [1, H] fp32 zeroed by that launch): out32 += sum over the k experts of
-w_e * (silu(x @ Wg[e]) * (x @ Wu[e])) @ Wd[e]. Nothing else is read or written (no gu, no active list).
+w_e * (silu(x @ Wg[e]) * (x @ Wu[e])) @ Wd[e]. Nothing else is read or written (no gu, no active list). With
+ROUTE (paths.batch1_slices_route) each program routes the token itself from that launch's router logits, as its
+last program would have (decode.topk_of), and the ids and weights are neither written nor read.
 
 Why: at batch 1 stages.py is two launches, gate/up into gu (fp32 atomics), then down (which needs every K
 split of gu complete, so it waits for the whole first launch). That boundary is one more dependent step on the
@@ -18,7 +20,7 @@ The tile step is the batch-1 GEMV's (gptq_gemm/int4.gemv_tile_mac: scale and zer
 tile lies in one group; a tile of several whole groups (g128 at the shipped BLOCK_K8) applies each group's scale
 and zero once per packed row (int4.unit_sums / unit_combine on the tile's rows reshaped by group). int4 GPTQ
 weights without act order (g_idx) only: ``supported``.
-Under PDL the program waits before its first load: the routing is the previous launch's output.
+Under PDL the program waits before its first load: the routing (or the logits) is the previous launch's output.
 """
 from __future__ import annotations
 

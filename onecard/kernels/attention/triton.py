@@ -135,7 +135,8 @@ def _paged_attn_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, qsl_ptr
     FUSED_REDUCE (decode-only splits of at most BLOCK_SF segments; paths.attention_fused_reduce): after its
     partials, each program bumps cnt_ptr[seq * HKV + kvh] (kernels/workspace.py, region "attention"); the one
     that arrives last of the sequence's filled segments merges the GROUP query heads of its KV head and stores
-    the output (the reduce kernel's arithmetic, _merge_segments), and puts the counter back to zero."""
+    the output (the reduce kernel's arithmetic, _merge_weights / _merge_apply, one pass a head with the next
+    head's partials loading meanwhile), and puts the counter back to zero."""
     tl.static_assert(not (PRELOAD and PREFETCH), "PRELOAD: the kernel's own prefetch off")
     seq = tl.program_id(0)
     qblk = tl.program_id(1)
@@ -274,35 +275,83 @@ def _paged_attn_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, qsl_ptr
             n_seg = _filled_segments(n_tiles, num_segments, min_seg_tiles)
             if last_arrival(cnt_ptr + seq * HKV + kvh, n_seg):
                 tok0 = q_start.to(tl.int64)
-                for g in tl.static_range(GROUP):                          # independent loads: all in flight
+                # n_seg <= BLOCK_SF: ONE pass per head, no loop, and head g + 1's loads are issued before head g's
+                # sums (which take CTA barriers: the compiler moves no load across them). Through _merge_segments'
+                # dynamic loop each head's loads waited for the head before: GROUP dependent L2 round trips
+                base0 = (tok0 * HQ + kvh * GROUP) * num_segments              # head g's rows: + g * num_segments
+                offs_s = tl.arange(0, BLOCK_SF)
+                s_ok = offs_s < n_seg
+                m_h, l_h = _merge_ml(ml_ptr, base0, offs_s, s_ok, ".cg")      # .cg: other SMs' partials, from L2
+                p_h = _merge_part(part_ptr, base0, offs_s, s_ok, offs_d, D, ".cg")
+                for g in tl.static_range(GROUP):
+                    if g + 1 < GROUP:
+                        b_n = base0 + (g + 1) * num_segments
+                        m_n, l_n = _merge_ml(ml_ptr, b_n, offs_s, s_ok, ".cg")
+                        p_n = _merge_part(part_ptr, b_n, offs_s, s_ok, offs_d, D, ".cg")
+                    _, alpha, w = _merge_weights(tl.full([], -1e30, tl.float32), m_h)
+                    o, l_o = _merge_apply(tl.zeros([D], dtype=tl.float32), tl.full([], 0.0, tl.float32), alpha, w,
+                                          l_h, p_h)
                     hh = kvh * GROUP + g
-                    o = _merge_segments(part_ptr, ml_ptr, (tok0 * HQ + hh) * num_segments, n_seg, offs_d, D,
-                                        BLOCK_SF, ".cg")                  # .cg: other SMs' partials, from L2
-                    tl.store(out_ptr + tok0 * stride_ot + hh * stride_oh + offs_d, o.to(out_ptr.dtype.element_ty))
+                    tl.store(out_ptr + tok0 * stride_ot + hh * stride_oh + offs_d,
+                             (o / tl.maximum(l_o, 1e-30)).to(out_ptr.dtype.element_ty))
+                    if g + 1 < GROUP:
+                        m_h, l_h, p_h = m_n, l_n, p_n
 
 
 @triton.jit
 def _merge_segments(part_ptr, ml_ptr, base, n_seg, offs_d, D: tl.constexpr, BLOCK_S: tl.constexpr,
                     CACHE: tl.constexpr):
     """[D] output of the first ``n_seg`` split-KV partials at rows base.. (partials [.., D], (m, l) [.., 2]),
-    BLOCK_S at a time (online rescale); CACHE: the loads' cache modifier."""
+    BLOCK_S at a time (online rescale, _merge_pass); CACHE: the loads' cache modifier."""
     m_run = tl.full([], -1e30, tl.float32)
     l_run = tl.full([], 0.0, tl.float32)
     acc = tl.zeros([D], dtype=tl.float32)
     for s0 in range(0, n_seg, BLOCK_S):
-        offs_s = s0 + tl.arange(0, BLOCK_S)
-        s_ok = offs_s < n_seg
-        m = tl.load(ml_ptr + (base + offs_s) * 2, mask=s_ok, other=-1e30, cache_modifier=CACHE)
-        l = tl.load(ml_ptr + (base + offs_s) * 2 + 1, mask=s_ok, other=0.0, cache_modifier=CACHE)
-        m_new = tl.maximum(m_run, tl.max(m, axis=0))
-        alpha = tl.exp2(m_run - m_new)
-        w = tl.exp2(m - m_new)                                            # [S]
-        part = tl.load(part_ptr + (base + offs_s)[:, None] * D + offs_d[None, :], mask=s_ok[:, None], other=0.0,
-                       cache_modifier=CACHE)
-        acc = acc * alpha + tl.sum(part * w[:, None], axis=0)
-        l_run = l_run * alpha + tl.sum(l * w, axis=0)
-        m_run = m_new
+        m_run, l_run, acc = _merge_pass(m_run, l_run, acc, part_ptr, ml_ptr, base, s0, n_seg, offs_d, D, BLOCK_S,
+                                        CACHE)
     return acc / tl.maximum(l_run, 1e-30)
+
+
+@triton.jit
+def _merge_pass(m_run, l_run, acc, part_ptr, ml_ptr, base, s0, n_seg, offs_d, D: tl.constexpr,
+                BLOCK_S: tl.constexpr, CACHE: tl.constexpr):
+    """Partials s0 .. s0 + BLOCK_S (those < n_seg) folded into the running (max, sum, acc [D]) by the online
+    rescale (_merge_weights, _merge_apply: the merge's arithmetic in one home)."""
+    offs_s = s0 + tl.arange(0, BLOCK_S)
+    s_ok = offs_s < n_seg
+    m, l = _merge_ml(ml_ptr, base, offs_s, s_ok, CACHE)
+    m_new, alpha, w = _merge_weights(m_run, m)
+    part = _merge_part(part_ptr, base, offs_s, s_ok, offs_d, D, CACHE)
+    acc, l_run = _merge_apply(acc, l_run, alpha, w, l, part)
+    return m_new, l_run, acc
+
+
+@triton.jit
+def _merge_ml(ml_ptr, base, offs_s, s_ok, CACHE: tl.constexpr):
+    """(m, l) [S] of segments offs_s (-1e30 and 0 where not s_ok)."""
+    m = tl.load(ml_ptr + (base + offs_s) * 2, mask=s_ok, other=-1e30, cache_modifier=CACHE)
+    l = tl.load(ml_ptr + (base + offs_s) * 2 + 1, mask=s_ok, other=0.0, cache_modifier=CACHE)
+    return m, l
+
+
+@triton.jit
+def _merge_part(part_ptr, base, offs_s, s_ok, offs_d, D: tl.constexpr, CACHE: tl.constexpr):
+    """Partials [S, D] of segments offs_s (0 where not s_ok)."""
+    return tl.load(part_ptr + (base + offs_s)[:, None] * D + offs_d[None, :], mask=s_ok[:, None], other=0.0,
+                   cache_modifier=CACHE)
+
+
+@triton.jit
+def _merge_weights(m_run, m):
+    """-> (new running max, the running sums' rescale, the segments' weights [S])."""
+    m_new = tl.maximum(m_run, tl.max(m, axis=0))
+    return m_new, tl.exp2(m_run - m_new), tl.exp2(m - m_new)
+
+
+@triton.jit
+def _merge_apply(acc, l_run, alpha, w, l, part):
+    """-> (acc [D], l_run) with the weighted segments added to the rescaled running sums."""
+    return acc * alpha + tl.sum(part * w[:, None], axis=0), l_run * alpha + tl.sum(l * w, axis=0)
 
 
 @triton.jit(do_not_specialize=["num_segments", "block_n", "min_seg_tiles"])  # runtime-varying: one compile

@@ -264,7 +264,7 @@ def attention_preload(cc: int) -> bool:
 # decode launch below SPLIT_MIN_SEQ_LEN splits too (fill, at most FUSED_REDUCE_MAX_SEGMENTS segments: 512 tokens at
 # batch 1 run 8 one-tile programs per KV head instead of one program of 8 tiles), since that split costs no launch.
 # Launches of more segments (bs1 from ~1.1k tokens of bound) keep the reduce kernel: one program merging GROUP
-# heads x ~90 segments would be a serial tail. OFF until the full-model A/B (bench/run_h200.sh ctxgraphs) runs.
+# heads x ~90 segments would be a serial tail. OFF until the full-model A/B (bench/run_h200.sh decode10) runs.
 ATTN_FUSED_REDUCE = False
 FUSED_REDUCE_MAX_SEGMENTS = 16
 
@@ -303,7 +303,7 @@ def batch1_rank_topk() -> bool:
 # between gate/up and down (stages.py's two launches, the second waiting for the whole first). Costs: fewer,
 # longer programs (192 at the served shape against ~1,000 per stage), the down's scales read once per slice, H
 # atomics per program. int4 GPTQ without act order (slices.supported); any compute capability (no tl.dot, no
-# PDL needed). OFF until the full-model A/B (bench/run_h200.sh slices) runs.
+# PDL needed). OFF until the full-model A/B (bench/run_h200.sh decode10, or slices) runs.
 BATCH1_MOE_SLICES = False
 
 

@@ -624,7 +624,8 @@ def split_kv(num_seqs: int, decode_only: bool, max_seq_len: int, kv_heads: int, 
 # unsplit one (a longer bound only moves the segment count, bs1 64 at 4k, 86 at 16k, 94 at 64k, for a graph more
 # per batch size); with ATTN_FUSED_REDUCE it splits into <= FUSED_REDUCE_MAX_SEGMENTS segments merged in the
 # launch instead (bs16 then has the same split at every bound, so no second graph).
-# ``set_decode_context_graphs`` switches it in a process (bench A/Bs).
+# ``set_decode_context_graphs`` switches it in a process (bench A/Bs). OFF until the full-model A/B
+# (bench/run_h200.sh decode10) runs.
 DECODE_CONTEXT_GRAPHS = False
 DECODE_GRAPH_CONTEXTS = (SPLIT_MIN_SEQ_LEN - 1,)
 

@@ -130,11 +130,20 @@ def _table_override(table: dict, key: str, value):
     return setter
 
 
+def _attr_override(module, name: str, value):
+    """A setter for bench switches that change a module's config constant: on -> value, None -> the shipped one."""
+    shipped = getattr(module, name)
+
+    def setter(on: bool | None) -> None:
+        setattr(module, name, value if on else shipped)
+    return setter
+
+
 def switch_setters() -> dict:
     """The "+NAME" parts of a policy spec (the decode paths' on/off switches of kernels/paths.py, and two
     config-table entries bench/tune_decode.py found faster alone): NAME -> setter(True | None)."""
     from onecard.kernels import paths
-    from onecard.kernels.fused_moe import stages
+    from onecard.kernels.fused_moe import slices, stages
     from onecard.kernels.gptq_gemm import triton as gemm
 
     return {"moe_act": paths.set_decode_moe_act_launch,
@@ -146,6 +155,9 @@ def switch_setters() -> dict:
             "fused_reduce": paths.set_attention_fused_reduce,
             "moe_slices": paths.set_batch1_moe_slices,                    # batch 1 only
             "slices_route": paths.set_batch1_slices_route,                # (with moe_slices only)
+            # the slices at BLOCK_I 16, 4 warps: 384 programs, ~3 on every SM of 132 (the shipped 192 leave 72 SMs
+            # with one and 60 with two), twice the atomics
+            "slices16": _attr_override(slices, "SLICES_CONFIG", (16, 32, 1024, 4, 1)),
             "fast_silu": paths.set_decode_fast_silu,
             "gemv4": _table_override(gemm.SMALL_PROGRAMS_PER_SM, "gemv", 4),
             "moe1pps8": _table_override(stages.DECODE_CONFIGS, "decode1",

@@ -46,7 +46,8 @@ from onecard.kernels.types import GPTQWeight, MoEWeight
 # at BLOCK_H 1,024 the down tile's layout (outputs first, 8 warps along them) keeps a column's 4 packed rows in
 # one thread: no CTA barrier in the down loop and 16-byte atomics (BLOCK_H 512: 9 barriers a chunk, 8-byte
 # atomics). BLOCK_K8 64 needs 254 registers. Not yet timed on a GPU: the "norm_moe T=1 slices" rows of
-# bench/kernels_gpu.py try other configs.
+# bench/kernels_gpu.py try other configs, and the full-model A/B also BLOCK_I 16 on 4 warps (bench/long_context.py
+# "slices16": 384 programs, 2-3 on every SM where these 192 leave 72 SMs one and 60 two; twice the atomics).
 SLICES_CONFIG = (32, 32, 1024, 8, 1)
 
 

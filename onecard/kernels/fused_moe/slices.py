@@ -111,11 +111,11 @@ def _gate_up_mac(acc, q, s, zp, x_ptr, r0, k8, offs_r, z_shift, BLOCK_K8: tl.con
 
 
 @triton.jit
-def _down_load(q_ptr, s_ptr, z_ptr, g, n0, offs_p, p_mask, H, BLOCK_H: tl.constexpr):
-    """The slice's down chunk at output columns n0 + [0, BH) (nothing past H): (q [BI8, BH] int32, scales [BH],
-    packed zeros [BH] of group g)."""
+def _down_load(q_ptr, s_ptr, z_ptr, g, n0, offs_p, p_mask, H, live, BLOCK_H: tl.constexpr):
+    """The slice's down chunk at output columns n0 + [0, BH) (nothing past H, nothing at all unless live): (q [BI8,
+    BH] int32, scales [BH], packed zeros [BH] of group g)."""
     offs_n = n0 + tl.arange(0, BLOCK_H)
-    n_mask = offs_n < H
+    n_mask = (offs_n < H) & live
     # loaded as [BH, BI8] (outputs first): a thread's 16-byte vectors run along the outputs and it holds every
     # packed row of its columns, so the sum over the rows stays in the thread
     q = tl.trans(tl.load(q_ptr + offs_p[None, :] * H + offs_n[:, None], mask=p_mask[None, :] & n_mask[:, None],
@@ -190,15 +190,21 @@ def _moe_slices_kernel(x_ptr, out_ptr, qg_ptr, zg_ptr, sg_ptr, qu_ptr, zu_ptr, s
         q_g, s_g, z_g, q_u, s_u, z_u = nq_g, ns_g, nz_g, nq_u, ns_u, nz_u
     # the down's first chunk, requested before the sums are reduced and h is laid out for the down (~40 CTA
     # barriers on sm90). Requested before the loop instead, it is sunk here by the compiler anyway (sm90 SASS).
-    q_d, s_d, z_d = _down_load(qd, sd, zd, g2, 0, offs_p, p_mask, H, BLOCK_H)
+    # programs start their down on different chunks (the slice and the slot pick it), so that the 192 programs'
+    # fp32 atomics spread over all of out's lines at once rather than all hitting the first chunk's
+    n_ch = tl.cdiv(H, BLOCK_H)
+    c0 = (pid_i + slot) % n_ch
+    q_d, s_d, z_d = _down_load(qd, sd, zd, g2, c0 * BLOCK_H, offs_p, p_mask, H, True, BLOCK_H)
     # the column sums of gate and up in one cross-warp reduction: [BK8, BI, 2] -> [BI, 2]
     gate, up = tl.split(tl.sum(tl.join(tl.reshape(acc_g, (BLOCK_K8, BLOCK_I)), tl.reshape(acc_u, (BLOCK_K8, BLOCK_I))),
                                axis=0))
     h = silu_mul(gate, up)                                                # [BI] fp32
     hj = _columns_of(tl.where(i_mask, h, 0.0), BI8)                       # 8 x [BI8]: input 8p + j of the down
     # 2. down: the slice's BI8 packed rows of Wd[e], every output column, times w_e, into out (fp32 atomics)
-    for n0 in range(0, H, BLOCK_H):
-        nq_d, ns_d, nz_d = _down_load(qd, sd, zd, g2, n0 + BLOCK_H, offs_p, p_mask, H, BLOCK_H)
+    for c in range(n_ch):
+        n0 = ((c0 + c) % n_ch) * BLOCK_H
+        nq_d, ns_d, nz_d = _down_load(qd, sd, zd, g2, ((c0 + c + 1) % n_ch) * BLOCK_H, offs_p, p_mask, H,
+                                      c + 1 < n_ch, BLOCK_H)
         offs_n = n0 + tl.arange(0, BLOCK_H)
         z = ((z_d >> ((offs_n % 8) * 4)) & 0xF).to(tl.float32)
         acc = gemv_tile_mac(tl.zeros((BI8, BLOCK_H), dtype=tl.float32), q_d, s_d.to(tl.float32), z, hj, offs_p,

@@ -147,27 +147,20 @@ def norm_moe(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.
 def aot_configs(act: str, min_cc: int) -> list[AotConfig]:
     """The served shape (H 2048, E 128, k 8) with the residual (the model always has one here)."""
     out: list[AotConfig] = []
-    # x fp32: after attention_block's accumulating GEMVs; RANK (paths.batch1_rank_topk, off): on that path only
-    for renorm, x_t, rank in itertools.product((True, False), (act, "fp32"), (False, True)):
-        if rank and x_t != "fp32":
+    # x fp32: after attention_block's accumulating GEMVs; RANK (paths.batch1_rank_topk, off): on that path only;
+    # not ROUTE (paths.batch1_slices_route, off: the slices route themselves): on that path, renormalised, only
+    for renorm, x_t, rank, route in itertools.product((True, False), (act, "fp32"), (False, True), (True, False)):
+        if (rank and x_t != "fp32") or (not route and (rank or x_t != "fp32" or not renorm)):
             continue
         cx = dict(TOP_K=8, BLOCK_K=8, BLOCK_H=2048, BLOCK_E=128, RENORM=renorm, HAS_RES=True, PDL=False, RANK=rank,
-                  ROUTE=True)                                             # (an AOT compile takes no defaults)
+                  ROUTE=route)                                            # (an AOT compile takes no defaults)
         args = dict(x_ptr=f"*{x_t}", res_ptr=f"*{act}", nw_ptr=f"*{act}", gate_ptr=f"*{act}", h_ptr=f"*{act}",
                     res_out_ptr=f"*{act}", logits_ptr=f"*{act}", topk_w_ptr="*fp32", ids_ptr="*i32",
                     active_ptr="*i32", gu_ptr="*fp32", out32_ptr="*fp32", cnt_ptr="*i32", H="i32", E="i32",
                     GU_N="i32", eps="fp32")
         out.append(AotConfig(_norm_route_kernel, signature(args, cx), cx, NORM_ROUTE_WARPS, 1, min_cc,
                              f"norm_route[renorm={renorm}{',x=fp32' if x_t == 'fp32' else ''}"
-                             f"{',rank' if rank else ''},{act}]"))
-    # no routing: the slices route themselves (paths.batch1_slices_route; on the accumulating path: x fp32)
-    cx = dict(TOP_K=8, BLOCK_K=8, BLOCK_H=2048, BLOCK_E=128, RENORM=True, HAS_RES=True, PDL=False, RANK=False,
-              ROUTE=False)
-    args = dict(x_ptr="*fp32", res_ptr=f"*{act}", nw_ptr=f"*{act}", gate_ptr=f"*{act}", h_ptr=f"*{act}",
-                res_out_ptr=f"*{act}", logits_ptr=f"*{act}", topk_w_ptr="*fp32", ids_ptr="*i32", active_ptr="*i32",
-                gu_ptr="*fp32", out32_ptr="*fp32", cnt_ptr="*i32", H="i32", E="i32", GU_N="i32", eps="fp32")
-    out.append(AotConfig(_norm_route_kernel, signature(args, cx), cx, NORM_ROUTE_WARPS, 1, min_cc,
-                         f"norm_route[renorm=True,x=fp32,noroute,{act}]"))
+                             f"{',rank' if rank else ''}{'' if route else ',noroute'},{act}]"))
     return out
 
 

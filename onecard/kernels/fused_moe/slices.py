@@ -240,14 +240,13 @@ def supported(w_gate: MoEWeight, w_up: MoEWeight, w_down: MoEWeight) -> bool:
 
 def moe_slices(x: torch.Tensor, out32: torch.Tensor, w_gate: GPTQWeight, w_up: GPTQWeight, w_down: GPTQWeight,
                topk_ids: torch.Tensor, topk_w: torch.Tensor, top_k: int, use_pdl: bool,
-               logits: torch.Tensor | None = None, renormalize: bool = True,
-               tuning: tuple[int, int, int, int, int] | None = None) -> None:
+               logits: torch.Tensor | None = None, renormalize: bool = True) -> None:
     """out32 [1, H] fp32 += the k experts' outputs; x [1, H] model dtype; topk_ids int32 / topk_w fp32 [1, k] (or
     [k]) written by the previous launch, or, given ``logits`` [1, E] (the router's, written by the previous
-    launch; ``renormalize`` as the model's), the kernel routes itself and the two are not read. ``tuning``: a
-    SLICES_CONFIG tuple instead of the shipped one (benchmarks)."""
+    launch; ``renormalize`` as the model's), the kernel routes itself and the two are not read. The config is
+    SLICES_CONFIG's at the call (benchmarks and tests replace it there)."""
     assert supported(w_gate, w_up, w_down) and x.shape[0] == 1, x.shape
-    bi, bk8, bh, warps, stages = tuning or SLICES_CONFIG
+    bi, bk8, bh, warps, stages = SLICES_CONFIG
     bi = slice_rows(w_down, bi)
     h, inter = w_gate.in_features, w_gate.out_features
     assert w_down.in_features == inter and w_down.out_features == h == x.shape[1], (x.shape, inter)

@@ -42,6 +42,12 @@ from onecard.kernels.triton_common import (
 )
 from onecard.kernels.triton_dot import dot
 
+# The online softmax's two sentinels, one home for every kernel here: the running max of a row that has seen no key
+# (finite: rescaling by exp2(EMPTY_MAX - EMPTY_MAX) is 1 and by exp2(EMPTY_MAX - m) 0, where -inf would give nan for
+# an empty segment) and the floor of the sum that divides the output (an empty row's 0 / SUM_FLOOR is 0, not nan).
+EMPTY_MAX = tl.constexpr(-1e30)
+SUM_FLOOR = tl.constexpr(1e-30)
+
 
 @triton.jit
 def _store_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, stride_kt, stride_vt, HD, k_scale, v_scale,
@@ -214,7 +220,7 @@ def _paged_attn_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, qsl_ptr
         q = tl.load(q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
                     mask=row_ok[:, None], other=0.0)                      # [BM, D]
     q_pos = ctx_len + q_idx                                               # [BM]
-    m_i = tl.zeros((BLOCK_M,), dtype=tl.float32) - 1e30
+    m_i = tl.zeros((BLOCK_M,), dtype=tl.float32) + EMPTY_MAX
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, D), dtype=tl.float32)
     offs_n = tl.arange(0, BLOCK_N)
@@ -260,7 +266,7 @@ def _paged_attn_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, qsl_ptr
     if KV_FMT != 0:
         acc = acc * v_scale                                               # before the split-KV merge: linear
     if num_segments == 1:
-        o = acc / tl.maximum(l_i, 1e-30)[:, None]
+        o = acc / tl.maximum(l_i, SUM_FLOOR)[:, None]
         tl.store(out_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
                  o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
     else:
@@ -288,12 +294,12 @@ def _paged_attn_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, qsl_ptr
                         b_n = base0 + (g + 1) * num_segments
                         m_n, l_n = _merge_ml(ml_ptr, b_n, offs_s, s_ok, ".cg")
                         p_n = _merge_part(part_ptr, b_n, offs_s, s_ok, offs_d, D, ".cg")
-                    _, alpha, w = _merge_weights(tl.full([], -1e30, tl.float32), m_h)
+                    _, alpha, w = _merge_weights(tl.full([], EMPTY_MAX, tl.float32), m_h)
                     o, l_o = _merge_apply(tl.zeros([D], dtype=tl.float32), tl.full([], 0.0, tl.float32), alpha, w,
                                           l_h, p_h)
                     hh = kvh * GROUP + g
                     tl.store(out_ptr + tok0 * stride_ot + hh * stride_oh + offs_d,
-                             (o / tl.maximum(l_o, 1e-30)).to(out_ptr.dtype.element_ty))
+                             (o / tl.maximum(l_o, SUM_FLOOR)).to(out_ptr.dtype.element_ty))
                     if g + 1 < GROUP:
                         m_h, l_h, p_h = m_n, l_n, p_n
 
@@ -303,13 +309,13 @@ def _merge_segments(part_ptr, ml_ptr, base, n_seg, offs_d, D: tl.constexpr, BLOC
                     CACHE: tl.constexpr):
     """[D] output of the first ``n_seg`` split-KV partials at rows base.. (partials [.., D], (m, l) [.., 2]),
     BLOCK_S at a time (online rescale, _merge_pass); CACHE: the loads' cache modifier."""
-    m_run = tl.full([], -1e30, tl.float32)
+    m_run = tl.full([], EMPTY_MAX, tl.float32)
     l_run = tl.full([], 0.0, tl.float32)
     acc = tl.zeros([D], dtype=tl.float32)
     for s0 in range(0, n_seg, BLOCK_S):
         m_run, l_run, acc = _merge_pass(m_run, l_run, acc, part_ptr, ml_ptr, base, s0, n_seg, offs_d, D, BLOCK_S,
                                         CACHE)
-    return acc / tl.maximum(l_run, 1e-30)
+    return acc / tl.maximum(l_run, SUM_FLOOR)
 
 
 @triton.jit
@@ -328,8 +334,8 @@ def _merge_pass(m_run, l_run, acc, part_ptr, ml_ptr, base, s0, n_seg, offs_d, D:
 
 @triton.jit
 def _merge_ml(ml_ptr, base, offs_s, s_ok, CACHE: tl.constexpr):
-    """(m, l) [S] of segments offs_s (-1e30 and 0 where not s_ok)."""
-    m = tl.load(ml_ptr + (base + offs_s) * 2, mask=s_ok, other=-1e30, cache_modifier=CACHE)
+    """(m, l) [S] of segments offs_s (EMPTY_MAX and 0 where not s_ok)."""
+    m = tl.load(ml_ptr + (base + offs_s) * 2, mask=s_ok, other=EMPTY_MAX, cache_modifier=CACHE)
     l = tl.load(ml_ptr + (base + offs_s) * 2 + 1, mask=s_ok, other=0.0, cache_modifier=CACHE)
     return m, l
 
@@ -377,7 +383,7 @@ def _segment_reduce_rows_kernel(part_ptr, ml_ptr, out_ptr, qsl_ptr, seqlen_ptr, 
     """Merge the filled segments of query row ``q_idx`` of sequence ``seq`` (a split small-q launch: any rows per
     sequence). Its q-block's program cut keys [0, kv_end) into the segments, so the filled count is derived from
     that q-block's kv_end as the attention kernel did; a segment that held none of this row's visible keys
-    (causal) left m = -1e30, l = 0, acc = 0, which the merge weighs to nothing. Metadata before the PDL wait,
+    (causal) left m = EMPTY_MAX, l = 0, acc = 0, which the merge weighs to nothing. Metadata before the PDL wait,
     the partials after it (as the attention kernel)."""
     seq = tl.program_id(0)
     q_idx = tl.program_id(1)

@@ -71,30 +71,30 @@ def bench_graph(fn, copies: int = 20, replays: int = 20) -> float:
         return float("nan")
 
 
-def _switched(setter, fn):
-    """fn() with a paths switch on (setter(True)), back to the table's default after (setter(None))."""
-    setter(True)
+def _switched(name: str, fn):
+    """fn() with paths switch ``name`` on, back to its shipped value after."""
+    from onecard.kernels import paths
+
+    paths.set_switch(name, True)
     try:
         return fn()
     finally:
-        setter(None)
+        paths.set_switch(name, None)
 
 
 def _slices(cfg, fn):
     """fn() with the batch-1 MoE's one-launch stages on, at slices config cfg (None: the shipped one)."""
-    from onecard.kernels import paths
     from onecard.kernels.fused_moe import slices
 
     shipped = slices.SLICES_CONFIG
     slices.SLICES_CONFIG = cfg or shipped
     try:
-        return _switched(paths.set_batch1_moe_slices, fn)
+        return _switched("batch1_moe_slices", fn)
     finally:
         slices.SLICES_CONFIG = shipped
 
 
 def cases(quick: bool):
-    from onecard.kernels import paths
     from onecard.kernels.triton_common import set_pdl
 
     set_pdl(int(os.environ.get("ONECARD_PDL_MAX_TOKENS", "1")))          # as the runner does from Env
@@ -123,10 +123,10 @@ def cases(quick: bool):
                 yield (f"w4a16 {name} M=1 accumulate (+memset)",
                        lambda x=x, w=w, acc=acc: g_t.small_m_gemm(x, w, accumulate=acc.zero_()),
                        lambda x=x, w=w: g_r.w4a16_gemm(x, w), nbytes)
-            if m in (1, 16):   # the exact-integer dot (paths.set_batch1_int_dot / set_decode_int_dot)
-                setter = paths.set_batch1_int_dot if m == 1 else paths.set_decode_int_dot
+            if m in (1, 16):   # the exact-integer dot ("batch1_int_dot" / "decode_int_dot")
+                name_ = "batch1_int_dot" if m == 1 else "decode_int_dot"
                 yield (f"w4a16 {name} M={m} int dot",
-                       lambda x=x, w=w, setter=setter: _switched(setter, lambda: g_t.w4a16_gemm(x, w)),
+                       lambda x=x, w=w, name=name_: _switched(name, lambda: g_t.w4a16_gemm(x, w)),
                        lambda x=x, w=w: g_r.w4a16_gemm(x, w), nbytes)
     yield from _attn_block_cases()
     wr = (torch.randn(E, H, device=DEV) / math.sqrt(H)).half()
@@ -146,14 +146,14 @@ def cases(quick: bool):
         yield (f"fused_moe T={t}", lambda x=x, logits=logits: moe_t.fused_moe(x, logits, wg, wu, wd, TOPK, True),
                lambda x=x, logits=logits: moe_r.fused_moe(x, logits, wg, wu, wd, TOPK, True), distinct * per_expert)
         # the decode MoE's switches (kernels/paths.py), each on alone, against the same reference
-        switches = {1: (("int dot", paths.set_batch1_int_dot), ("fast silu", paths.set_decode_fast_silu)),
-                    16: (("silu launch", paths.set_decode_moe_act_launch), ("int dot", paths.set_decode_int_dot),
-                         ("fast silu", paths.set_decode_fast_silu))}
+        switches = {1: (("int dot", "batch1_int_dot"), ("fast silu", "decode_fast_silu")),
+                    16: (("silu launch", "decode_moe_act_launch"), ("int dot", "decode_int_dot"),
+                         ("fast silu", "decode_fast_silu"))}
         if t in switches:
-            for label, setter in switches[t]:
+            for label, sw in switches[t]:
                 yield (f"fused_moe T={t} {label}",
-                       lambda x=x, logits=logits, setter=setter: _switched(
-                           setter, lambda: moe_t.fused_moe(x, logits, wg, wu, wd, TOPK, True)),
+                       lambda x=x, logits=logits, sw=sw: _switched(
+                           sw, lambda: moe_t.fused_moe(x, logits, wg, wu, wd, TOPK, True)),
                        lambda x=x, logits=logits: moe_r.fused_moe(x, logits, wg, wu, wd, TOPK, True),
                        distinct * per_expert)
     # the layer's whole MoE block: post-attention RMSNorm + router + experts (batch 1: fused_moe/batch1.py),
@@ -165,14 +165,14 @@ def cases(quick: bool):
                lambda x=x, r=r: torch.cat(moe_t.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True)),
                lambda x=x, r=r: torch.cat(moe_r.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True)),
                TOPK * per_expert + E * H * 2)
-        if t == 1:                                  # the router's top-k by rank (paths.set_batch1_rank_topk)
+        if t == 1:                                  # the router's top-k by rank (paths switch "batch1_rank_topk")
             yield ("norm_moe T=1 rank top-k",
-                   lambda x=x, r=r: _switched(paths.set_batch1_rank_topk, lambda: torch.cat(
+                   lambda x=x, r=r: _switched("batch1_rank_topk", lambda: torch.cat(
                        moe_t.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True))),
                    lambda x=x, r=r: torch.cat(moe_r.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True)),
                    TOPK * per_expert + E * H * 2)
         if t == 1:
-            # the expert stages in one launch (paths.set_batch1_moe_slices; fused_moe/slices.py): the shipped
+            # the expert stages in one launch (paths switch "batch1_moe_slices"; fused_moe/slices.py): the shipped
             # SLICES_CONFIG, then other (BLOCK_I, BLOCK_K8, BLOCK_H, warps, stages) to tune it
             # (sm90 registers: shipped 128; 127; 115; 127; 127; 127; 117. Programs: 192; 192; 192; 192; 384; 96; 384)
             for cfg in (None, (32, 32, 2048, 8, 1), (32, 32, 512, 8, 1), (32, 16, 1024, 4, 1), (16, 32, 1024, 4, 1),
@@ -183,7 +183,7 @@ def cases(quick: bool):
                        lambda x=x, r=r: torch.cat(moe_r.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True)),
                        TOPK * per_expert + E * H * 2)
             yield ("norm_moe T=1 slices routing themselves",
-                   lambda x=x, r=r: _switched(paths.set_batch1_slices_route, lambda: _slices(None, lambda: torch.cat(
+                   lambda x=x, r=r: _switched("batch1_slices_route", lambda: _slices(None, lambda: torch.cat(
                        moe_t.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True)))),
                    lambda x=x, r=r: torch.cat(moe_r.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True)),
                    TOPK * per_expert + E * H * 2)
@@ -207,7 +207,7 @@ def cases(quick: bool):
         if (b, ctx) != (1, 8192):                                         # splits of <= 16 segments, merged in the kernel
             yield (f"paged_attn decode B={b} ctx={ctx} fused reduce",     # (paths.ATTN_FUSED_REDUCE)
                    lambda q=q, kc=kc, vc=vc, md=md, s=s: _switched(
-                       paths.set_attention_fused_reduce, lambda: at_t.paged_attention(q, kc, vc, md, s)),
+                       "attention_fused_reduce", lambda: at_t.paged_attention(q, kc, vc, md, s)),
                    lambda q=q, kc=kc, vc=vc, md=md, s=s: at_r.paged_attention(q, kc, vc, md, s),
                    b * ctx * HKV * D * 2 * 2)
     from onecard.kernels.attention import fp8
@@ -299,15 +299,15 @@ def _attn_block_cases():
         m = dataclasses.replace(md, max_seq_len=bound)                   # the switches set either way
 
         def call():
-            paths.set_batch1_accumulate(acc)
-            paths.set_batch1_attn_qk(qk)
-            paths.set_attention_fused_reduce(fused)
+            paths.set_switch("batch1_accumulate", acc)
+            paths.set_switch("batch1_attn_qk", qk)
+            paths.set_switch("attention_fused_reduce", fused)
             try:
                 o, r = fn(x, res, nw, 1e-6, wq, None, qn, kn, pos, cache, kc, vc, m, D ** -0.5, wo, None)
             finally:
-                paths.set_batch1_accumulate(None)
-                paths.set_batch1_attn_qk(None)
-                paths.set_attention_fused_reduce(None)
+                paths.set_switch("batch1_accumulate", None)
+                paths.set_switch("batch1_attn_qk", None)
+                paths.set_switch("attention_fused_reduce", None)
             return torch.cat([o.float().flatten(), r.float().flatten(), kc.view(-1, HKV * D)[slot].float(),
                               vc.view(-1, HKV * D)[slot].float()])
         return call

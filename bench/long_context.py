@@ -34,6 +34,7 @@ import json
 import statistics
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -146,19 +147,19 @@ def switch_setters() -> dict:
     from onecard.kernels.fused_moe import slices, stages
     from onecard.kernels.gptq_gemm import triton as gemm
 
-    return {"moe_act": paths.set_decode_moe_act_launch,
-            "int_dot": paths.set_decode_int_dot, "b1_int": paths.set_batch1_int_dot,
-            "b1_acc": paths.set_batch1_accumulate, "rank_topk": paths.set_batch1_rank_topk,
-            "attn_qk": paths.set_batch1_attn_qk,                          # (with b1_acc only)
-            "attn_pre": paths.set_attention_preload,
-            "ctx_graphs": paths.set_decode_context_graphs,                # read when a policy's graphs are captured
-            "fused_reduce": paths.set_attention_fused_reduce,
-            "moe_slices": paths.set_batch1_moe_slices,                    # batch 1 only
-            "slices_route": paths.set_batch1_slices_route,                # (with moe_slices only)
+    # short name -> kernels/paths.py switch (read when a policy's graphs are captured)
+    on_off = {"moe_act": "decode_moe_act_launch", "int_dot": "decode_int_dot", "b1_int": "batch1_int_dot",
+              "b1_acc": "batch1_accumulate", "rank_topk": "batch1_rank_topk",
+              "attn_qk": "batch1_attn_qk",                                # (with b1_acc only)
+              "attn_pre": "attention_preload", "ctx_graphs": "decode_context_graphs",
+              "fused_reduce": "attention_fused_reduce",
+              "moe_slices": "batch1_moe_slices",                          # batch 1 only
+              "slices_route": "batch1_slices_route",                      # (with moe_slices only)
+              "fast_silu": "decode_fast_silu"}
+    return {**{short: partial(paths.set_switch, name) for short, name in on_off.items()},
             # the slices at BLOCK_I 16, 4 warps: 384 programs, ~3 on every SM of 132 (the shipped 192 leave 72 SMs
             # with one and 60 with two), twice the atomics
             "slices16": _attr_override(slices, "SLICES_CONFIG", (16, 32, 1024, 4, 1)),
-            "fast_silu": paths.set_decode_fast_silu,
             "gemv4": _table_override(gemm.SMALL_PROGRAMS_PER_SM, "gemv", 4),
             "moe1pps8": _table_override(stages.DECODE_CONFIGS, "decode1",
                                         stages.DECODE_CONFIGS["decode1"][:5] + (8,)),

@@ -39,8 +39,8 @@ Parts:
           adaptive policy on this call's measured table, plus fixed k at the highest α; tok/s, the ratio to (b)
           and to (a), tokens equal to (a)'s, acceptance, how many steps replayed a verify graph.
   random  (d) the same engine, the random prompts, its own ngram drafter and the policy (target >= 0.97 x (b)).
-``--split-small-q`` (split-KV of verify steps' attention, kernels/paths.set_small_q_split; on by default since its A/B):
-"on" runs everything with it on (the table then measures it); "ab" measures the verify part off (the table, as
+``--split-small-q`` (split-KV of verify steps' attention, kernels/paths switch "small_q_split"; on by default since
+its A/B): "on" runs everything with it on (the table then measures it); "ab" measures the verify part off (the table, as
 today) and then again on, in the same engine, and writes both per context, batch and t under "split_small_q_ab"
 (graph and eager GPU seconds, on / off ratios). The split only applies from paths.SPLIT_MIN_SEQ_LEN keys.
 """
@@ -248,12 +248,12 @@ def split_ab(core, s: Setup, cfg: dict, off: dict) -> dict:
     SPLIT_MIN_SEQ_LEN - 1: a step's bound is ctx + t); per context, batch and t: GPU seconds off and on (graph
     replay and eager) and on / off."""
     shape, gen = ModelShape.from_hf_config(cfg), torch.Generator().manual_seed(7)
-    paths.set_small_q_split(True)
+    paths.set_switch("small_q_split", True)
     try:                                                                  # shorter contexts do not split
         on = {ctx: _verify_context(core.runner, s, shape, ctx, gen) for ctx in s.contexts
               if ctx + 1 >= paths.SPLIT_MIN_SEQ_LEN}
     finally:
-        paths.set_small_q_split(False)
+        paths.set_switch("small_q_split", False)
     out: dict = {}
     for ctx, r_on in on.items():
         r_off = off["contexts"][ctx]
@@ -511,7 +511,7 @@ def main(argv: list[str] | None = None) -> dict:
     card = card_name(a.device)
     res: dict = {"card": card, "model": model, "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
                  "split_small_q": a.split_small_q}
-    paths.set_small_q_split(a.split_small_q == "on")                      # for the whole run ("ab": the A/B below)
+    paths.set_switch("small_q_split", a.split_small_q == "on")               # for the whole run ("ab": the A/B below)
     t0 = time.perf_counter()
     table = None
     if "verify" in parts:

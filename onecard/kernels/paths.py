@@ -25,6 +25,10 @@ paged-attention launch: tiles, stages, split, the segment reduce, the kernel's p
 replace its decode-only knobs through ``set_decode_attention_override``, the one hook), ``use_pdl``
 (programmatic dependent launch: sm90+, decode-sized launches), ``grouped_gemm_dtype`` (bf16 on sm90+ for
 fp16 inputs), ``bf16_allowed`` (the dtype rule: sm80+).
+
+On/off switches: each is a module constant defined by ``_switch(name, shipped)`` beside the comment that says what
+it does and the measurement that set it; the decision functions read ``switch(name)``, tests and benchmarks
+override it in a process with ``set_switch(name, on)`` (None: the shipped value again), ``switches()`` lists them.
 """
 from __future__ import annotations
 
@@ -34,6 +38,45 @@ from typing import Any, ClassVar, NamedTuple
 
 # the values ONECARD_EMULATE_CC and ONECARD_SPLIT_KV accept (their home: env.py, which reads them)
 from onecard.env import CAPABILITIES, SPLIT_KV_POLICIES
+
+
+# ---------------------------------------------------------------- on/off switches (one mechanism)
+class _Switches:
+    """The table's on/off switches: name -> the shipped value (registered by ``_switch`` where each is defined,
+    with the measurement that set it), and name -> this process's override (``set_switch``: tests, benches;
+    serving never sets one)."""
+
+    shipped: ClassVar[dict[str, bool]] = {}
+    on: ClassVar[dict[str, bool]] = {}
+
+
+def _switch(name: str, shipped: bool) -> bool:
+    """Register switch ``name`` with its shipped value, which it returns (the module constant keeps it)."""
+    assert name not in _Switches.shipped, f"switch {name!r} defined twice"
+    _Switches.shipped[name] = shipped
+    return shipped
+
+
+def set_switch(name: str, on: bool | None) -> None:
+    """Switch ``name`` (one of ``switches()``) on or off in this process; None: back to its shipped value.
+    Launches decide at launch time: CUDA graphs keep what they were captured with."""
+    if name not in _Switches.shipped:
+        raise ValueError(f"unknown switch {name!r}; known: {sorted(_Switches.shipped)}")
+    if on is None:
+        _Switches.on.pop(name, None)
+    else:
+        _Switches.on[name] = bool(on)
+
+
+def switch(name: str) -> bool:
+    """Is switch ``name`` on in this process (its override, else its shipped value)?"""
+    return _Switches.on.get(name, _Switches.shipped[name])
+
+
+def switches() -> dict[str, bool]:
+    """Every switch's name and its value in this process now (reports, benches)."""
+    return {name: switch(name) for name in sorted(_Switches.shipped)}
+
 
 INTERPRETER_CC = 80                   # TRITON_INTERPRET on the CPU counts as sm80 (exercises the tensor-core paths)
 
@@ -54,9 +97,9 @@ LEGACY_MAX_SEGMENTS = 16              # ... under the "legacy" policy (the one b
 # Split-KV of small-q launches (speculative verify steps: every sequence 1 + k <= SPLIT_MAX_QUERY rows). Measured
 # (BENCHMARKS.md, H100, 2026-12-06, bench/spec_verify.py --split-small-q ab, graphed verify steps, ms off -> on):
 # batch 1 at 32k t=2..9 47-54 -> 5.4-7.4, at 8k 14-16 -> 4.2-5.7; batch 16 at 8k t=2 31.3 -> 23.2, t=9 52.8 -> 51.4;
-# decode (t=1) unchanged. ``set_small_q_split`` turns it off (A/Bs).
+# decode (t=1) unchanged. ``set_switch("small_q_split", False)`` turns it off (A/Bs).
 SPLIT_MAX_QUERY = 16
-SPLIT_SMALL_Q = True
+SPLIT_SMALL_Q = _switch("small_q_split", True)
 # Resident decode-attention CTAs per SM that split-KV aims to fill (one wave): sm80+ tiles (64 keys, 4 warps) at
 # the served shape compile for sm90 to 96 registers / 38 KB shared (fp16 KV: 5 fit) and 164 registers / 22 KB
 # (fp8_e5m2 KV: 3 fit), so 3 is one full wave for both; below sm80 (32 keys, 8 warps, 210 registers) 1 fits.
@@ -180,20 +223,6 @@ def choose_decode_moe(tokens: int, cc: int) -> str:
     return "decode16" if tensor_core_dot(cc) else "decode16-pre-sm80"
 
 
-class _Switches:
-    """Per-process overrides of the table's on/off switches above and below (tests, benches; serving never sets
-    them): switch name -> on."""
-
-    on: ClassVar[dict[str, bool]] = {}
-
-
-def _set_switch(name: str, on: bool | None) -> None:
-    if on is None:
-        _Switches.on.pop(name, None)
-    else:
-        _Switches.on[name] = on
-
-
 # A decoder layer's attention block at batch 1 with its two GEMVs accumulating (attn_in/triton.attention_block):
 # the input RMSNorm zeroes one fp32 row [N_qkv + H]; the qkv and o_proj GEMVs' K splits add their partial sums
 # into it with fp32 atomics (no partials, no arrival counter, no last-arriving program that reads the partials
@@ -202,18 +231,13 @@ def _set_switch(name: str, on: bool | None) -> None:
 # dtype before the q/k norm and the residual add, and the order of the splits' fp32 additions varies (as the
 # decode MoE's stages' already does). ON from 2026-12-06 (H100, bench/run_h200.sh switchab, one engine,
 # alternating; BENCHMARKS.md): batch 1 at 512 tokens 420.1 -> 438.5 tok/s, at 32k 286.9 -> 296.9, batch 16
-# unchanged, the same greedy tokens. ``set_batch1_accumulate(False)`` turns it off in a process.
-BATCH1_ACCUMULATE = True
-
-
-def set_batch1_accumulate(on: bool | None) -> None:
-    """The batch-1 attention block's accumulating GEMVs on or off in this process; None: BATCH1_ACCUMULATE."""
-    _set_switch("batch1_accumulate", on)
+# unchanged, the same greedy tokens. ``set_switch("batch1_accumulate", False)`` turns it off in a process.
+BATCH1_ACCUMULATE = _switch("batch1_accumulate", True)
 
 
 def batch1_accumulate(tokens: int) -> bool:
     """Does a ``tokens``-token forward run its attention blocks with accumulating GEMVs (batch 1 only)?"""
-    return tokens == 1 and _Switches.on.get("batch1_accumulate", BATCH1_ACCUMULATE)
+    return tokens == 1 and switch("batch1_accumulate")
 
 
 # The batch-1 attention block's q/k RMSNorm + RoPE and K/V store inside the paged-attention launch
@@ -223,18 +247,13 @@ def batch1_accumulate(tokens: int) -> bool:
 # first version's pre-sm80 tiles compiled for sm70 to 255 registers and 360 B of stack per thread). ON from
 # 2026-12-06 (H100, switchab): batch 1 at 512 tokens 439.3 -> 441.3 tok/s, at 32k 297.1 -> 297.8. (The first
 # version patched the new K/V into the tiles from registers: 168 registers on sm90 against 92 now, +1.5% at 512
-# but -2.4% at 32k.) ``set_batch1_attn_qk(False)`` turns it off in a process.
-BATCH1_ATTN_QK = True
-
-
-def set_batch1_attn_qk(on: bool | None) -> None:
-    """The batch-1 attention kernel's own q/k norm + RoPE + KV store on or off in this process; None: BATCH1_ATTN_QK."""
-    _set_switch("batch1_attn_qk", on)
+# but -2.4% at 32k.) ``set_switch("batch1_attn_qk", False)`` turns it off in a process.
+BATCH1_ATTN_QK = _switch("batch1_attn_qk", True)
 
 
 def batch1_attn_qk(cc: int) -> bool:
     """Does the batch-1 attention block's paged attention normalise, rotate and store q/k itself (sm80+)?"""
-    return tensor_core_dot(cc) and _Switches.on.get("batch1_attn_qk", BATCH1_ATTN_QK)
+    return tensor_core_dot(cc) and switch("batch1_attn_qk")
 
 
 # Decode attention loading each segment's first key tile before the PDL wait (attention/triton.py PRELOAD: the
@@ -242,18 +261,13 @@ def batch1_attn_qk(cc: int) -> bool:
 # one dependent load chain (block table, then K/V) off every decode layer's critical path. Decode-only launches,
 # the kernel's own PREFETCH off, sm80+ (the pre-sm80 tiles have no registers to spare: 212 on sm70). OFF
 # (H100, 2026-12-06, switchab): batch 1 at 512 tokens +0.6%, at 32k -12% (sm90: 164 registers against 90, the
-# preloaded tile held across the wait). ``set_attention_preload`` turns it on in a process.
-ATTN_PRELOAD = False
-
-
-def set_attention_preload(on: bool | None) -> None:
-    """Decode attention's first-tile preload on or off in this process; None: ATTN_PRELOAD."""
-    _set_switch("attention_preload", on)
+# preloaded tile held across the wait). ``set_switch("attention_preload", True)`` turns it on in a process.
+ATTN_PRELOAD = _switch("attention_preload", False)
 
 
 def attention_preload(cc: int) -> bool:
     """Does a decode-only attention launch load its segments' first key tiles before the PDL wait (sm80+)?"""
-    return tensor_core_dot(cc) and _Switches.on.get("attention_preload", ATTN_PRELOAD)
+    return tensor_core_dot(cc) and switch("attention_preload")
 
 
 # Split-KV decode attention merging its own segments (attention/triton.py FUSED_REDUCE): each program stores its
@@ -265,36 +279,26 @@ def attention_preload(cc: int) -> bool:
 # batch 1 run 8 one-tile programs per KV head instead of one program of 8 tiles), since that split costs no launch.
 # Launches of more segments (bs1 from ~1.1k tokens of bound) keep the reduce kernel: one program merging GROUP
 # heads x ~90 segments would be a serial tail. OFF until the full-model A/B (bench/run_h200.sh decode10) runs.
-ATTN_FUSED_REDUCE = False
+ATTN_FUSED_REDUCE = _switch("attention_fused_reduce", False)
 FUSED_REDUCE_MAX_SEGMENTS = 16
-
-
-def set_attention_fused_reduce(on: bool | None) -> None:
-    """Split-KV decode attention's in-kernel reduce on or off in this process; None: ATTN_FUSED_REDUCE."""
-    _set_switch("attention_fused_reduce", on)
 
 
 def attention_fused_reduce() -> bool:
     """May a decode-only split-KV launch of at most FUSED_REDUCE_MAX_SEGMENTS segments merge them itself?"""
-    return _Switches.on.get("attention_fused_reduce", ATTN_FUSED_REDUCE)
+    return switch("attention_fused_reduce")
 
 
 # The batch-1 router's top-k (fused_moe/batch1.py's last-arriving program, on the decode step's critical path) by
 # rank (fused_moe/decode.topk_rank_of: a [E, E] compare and two selects) instead of TOP_K rounds of max, each a
 # cross-warp reduction: the same keys, so the same experts, order and ties. OFF (H100, 2026-12-06, switchab):
 # batch 1 -1.8% (norm_moe T=1 alone 24.7 -> 26.6 µs: the [128, 128] int64 compare costs more than the rounds).
-# ``set_batch1_rank_topk`` turns it on in a process.
-BATCH1_RANK_TOPK = False
-
-
-def set_batch1_rank_topk(on: bool | None) -> None:
-    """The batch-1 router's rank top-k on or off in this process; None: BATCH1_RANK_TOPK."""
-    _set_switch("batch1_rank_topk", on)
+# ``set_switch("batch1_rank_topk", True)`` turns it on in a process.
+BATCH1_RANK_TOPK = _switch("batch1_rank_topk", False)
 
 
 def batch1_rank_topk() -> bool:
     """Does the batch-1 router find its top-k by rank (fused_moe/decode.topk_rank_of)?"""
-    return _Switches.on.get("batch1_rank_topk", BATCH1_RANK_TOPK)
+    return switch("batch1_rank_topk")
 
 
 # The batch-1 MoE's two expert stages in one launch (fused_moe/slices.py): a program owns a slice of one expert's
@@ -304,17 +308,12 @@ def batch1_rank_topk() -> bool:
 # longer programs (192 at the served shape against ~1,000 per stage), the down's scales read once per slice, H
 # atomics per program. int4 GPTQ without act order (slices.supported); any compute capability (no tl.dot, no
 # PDL needed). OFF until the full-model A/B (bench/run_h200.sh decode10, or slices) runs.
-BATCH1_MOE_SLICES = False
-
-
-def set_batch1_moe_slices(on: bool | None) -> None:
-    """The batch-1 MoE's one-launch expert stages on or off in this process; None: BATCH1_MOE_SLICES."""
-    _set_switch("batch1_moe_slices", on)
+BATCH1_MOE_SLICES = _switch("batch1_moe_slices", False)
 
 
 def batch1_moe_slices() -> bool:
     """Does the batch-1 MoE block run its expert stages as one launch of intermediate slices (where supported)?"""
-    return _Switches.on.get("batch1_moe_slices", BATCH1_MOE_SLICES)
+    return switch("batch1_moe_slices")
 
 
 # With BATCH1_MOE_SLICES: every slices program finds the token's top-k itself from the router's logits (softmax and
@@ -322,17 +321,12 @@ def batch1_moe_slices() -> bool:
 # programs have stored their logits: no arrival counter (an acq_rel atomic and the barrier before it), no last
 # program's top-k and routing stores at the end of that launch, no routing load at the start of the slices'.
 # The top-k is then computed 192 times (on 8 warps) instead of once (on 4). OFF until the full-model A/B.
-BATCH1_SLICES_ROUTE = False
-
-
-def set_batch1_slices_route(on: bool | None) -> None:
-    """The slices' own routing on or off in this process; None: BATCH1_SLICES_ROUTE."""
-    _set_switch("batch1_slices_route", on)
+BATCH1_SLICES_ROUTE = _switch("batch1_slices_route", False)
 
 
 def batch1_slices_route() -> bool:
     """Do the batch-1 MoE slices (when they run) route the token themselves from the router's logits?"""
-    return _Switches.on.get("batch1_slices_route", BATCH1_SLICES_ROUTE)
+    return switch("batch1_slices_route")
 
 
 # Decode MoE at T > 1: silu(gate) * up as a launch of its own between the two stages, stage 2 then loading it as
@@ -342,17 +336,12 @@ def batch1_slices_route() -> bool:
 # switchab): batch 16 at 512 tokens 2,614 -> 2,906 tok/s. Left off as a switch of its own: DECODE_INT_DOT (on)
 # implies it where it applies and gains more (3,134); it still matters where the int dot does not (bf16, g_idx,
 # below sm80).
-DECODE_MOE_ACT_LAUNCH = False
-
-
-def set_decode_moe_act_launch(on: bool | None) -> None:
-    """The decode MoE's separate silu launch (T > 1) on or off in this process; None: DECODE_MOE_ACT_LAUNCH."""
-    _set_switch("decode_moe_act_launch", on)
+DECODE_MOE_ACT_LAUNCH = _switch("decode_moe_act_launch", False)
 
 
 def decode_moe_act_launch(tokens: int) -> bool:
     """Does a decode MoE of ``tokens`` tokens compute silu(gate) * up in a launch of its own (T > 1 only)?"""
-    return tokens > 1 and _Switches.on.get("decode_moe_act_launch", DECODE_MOE_ACT_LAUNCH)
+    return tokens > 1 and switch("decode_moe_act_launch")
 
 
 # The decode GEMMs at 1 < T <= 16 in fp16 (the dense skinny GEMM and both decode MoE stages, int4 weights with one
@@ -363,14 +352,8 @@ def decode_moe_act_launch(tokens: int) -> bool:
 # 1,254 -> 818; these loops are bound by instructions (the MoE's time did not move with 4-24 programs per SM).
 # ON from 2026-12-06 (H100, bench/run_h200.sh switchab, one engine, alternating; BENCHMARKS.md): batch 16 at 512
 # tokens 2,614 -> 3,134 tok/s (+20%), 16 x 8k 1,555 -> 1,735; graph µs fused MoE T=16 166 -> 149, o_proj M=16
-# 10.0 -> 9.0 (qkv 11.4 -> 11.8); batch 1 unchanged. set_decode_int_dot(False) turns it off in a process.
-DECODE_INT_DOT = True
-
-
-def set_decode_int_dot(on: bool | None) -> None:
-    """The decode GEMMs' exact-integer dot (1 < T, fp16) on or off in this process; None: DECODE_INT_DOT."""
-    _set_switch("decode_int_dot", on)
-
+# 10.0 -> 9.0 (qkv 11.4 -> 11.8); batch 1 unchanged. set_switch("decode_int_dot", False) turns it off in a process.
+DECODE_INT_DOT = _switch("decode_int_dot", True)
 
 
 # Batch 1 with the exact-integer dot too: the dense GEMV (qkv, o_proj; gptq_gemm/triton.INT_DOT_GEMV, 2
@@ -382,12 +365,7 @@ def set_decode_int_dot(on: bool | None) -> None:
 # 512 tokens 418.8 -> 354.8 tok/s. Fewer instructions do not help a launch whose programs each stream 1-3 tiles
 # at 2 warps: latency, not issue, bounds it. (Also: with it on, the g128 coder's batch-1 greedy text from CUDA
 # graphs differed from eager in 2 of 3 runs, bench/gpu_checks.py; not looked into.)
-BATCH1_INT_DOT = False
-
-
-def set_batch1_int_dot(on: bool | None) -> None:
-    """The batch-1 exact-integer dot on or off in this process; None: BATCH1_INT_DOT."""
-    _set_switch("batch1_int_dot", on)
+BATCH1_INT_DOT = _switch("batch1_int_dot", False)
 
 
 def int_dot(tokens: int, cc: int) -> bool:
@@ -398,8 +376,8 @@ def int_dot(tokens: int, cc: int) -> bool:
     if not (1 <= tokens <= DECODE_MAX_TOKENS and tensor_core_dot(cc)):
         return False
     if tokens == 1:
-        return _Switches.on.get("batch1_int_dot", BATCH1_INT_DOT)
-    return _Switches.on.get("decode_int_dot", DECODE_INT_DOT)
+        return switch("batch1_int_dot")
+    return switch("decode_int_dot")
 
 
 # The decode MoE's silu (its down stage recomputes it for every input of its K tile; the silu launch of
@@ -410,17 +388,12 @@ def int_dot(tokens: int, cc: int) -> bool:
 # served 65,536; batch 16 with silu inline 2,614 -> 2,679), but with the decode configs shipped the same day
 # (gemv 4 and decode1 8 programs/SM: 419.1 at the served bound) it loses (416.0); at batch 16 DECODE_INT_DOT's
 # silu launch replaces the inline silu it speeds up (3,124 either way).
-DECODE_FAST_SILU = False
-
-
-def set_decode_fast_silu(on: bool | None) -> None:
-    """The decode MoE's fast silu on or off in this process; None: DECODE_FAST_SILU."""
-    _set_switch("decode_fast_silu", on)
+DECODE_FAST_SILU = _switch("decode_fast_silu", False)
 
 
 def decode_fast_silu() -> bool:
     """Does the decode MoE compute silu in its fast form (activation/triton.silu_mul FAST)?"""
-    return _Switches.on.get("decode_fast_silu", DECODE_FAST_SILU)
+    return switch("decode_fast_silu")
 
 
 def triton_moe_config(tokens: int, cc: int) -> str:
@@ -494,7 +467,6 @@ class _SplitKvPolicy:
 
     name: str | None = None
     ctas_per_sm: int | None = None
-    small_q: bool | None = None       # split small-q launches (None: SPLIT_SMALL_Q)
     override: ClassVar[dict[str, Any]] = {}
 
 
@@ -507,16 +479,9 @@ def set_split_kv_policy(name: str | None, ctas_per_sm: int | None = None) -> Non
     _SplitKvPolicy.name, _SplitKvPolicy.ctas_per_sm = name, ctas_per_sm
 
 
-def set_small_q_split(on: bool | None) -> None:
-    """Split-KV for small-q launches (every sequence at most SPLIT_MAX_QUERY query rows: speculative verify
-    steps) on or off in this process; None: the table's SPLIT_SMALL_Q. CUDA graphs keep the choice they were
-    captured with."""
-    _SplitKvPolicy.small_q = on
-
-
 def small_q_split() -> bool:
     """Whether launches of at most SPLIT_MAX_QUERY query rows per sequence (not decode-only) are split."""
-    return SPLIT_SMALL_Q if _SplitKvPolicy.small_q is None else _SplitKvPolicy.small_q
+    return switch("small_q_split")
 
 
 def splits_small_q(max_query_len: int) -> bool:
@@ -624,15 +589,10 @@ def split_kv(num_seqs: int, decode_only: bool, max_seq_len: int, kv_heads: int, 
 # unsplit one (a longer bound only moves the segment count, bs1 64 at 4k, 86 at 16k, 94 at 64k, for a graph more
 # per batch size); with ATTN_FUSED_REDUCE it splits into <= FUSED_REDUCE_MAX_SEGMENTS segments merged in the
 # launch instead (bs16 then has the same split at every bound, so no second graph).
-# ``set_decode_context_graphs`` switches it in a process (bench A/Bs). OFF until the full-model A/B
+# ``set_switch("decode_context_graphs", ...)`` switches it in a process (bench A/Bs). OFF until the full-model A/B
 # (bench/run_h200.sh decode10) runs.
-DECODE_CONTEXT_GRAPHS = False
+DECODE_CONTEXT_GRAPHS = _switch("decode_context_graphs", False)
 DECODE_GRAPH_CONTEXTS = (SPLIT_MIN_SEQ_LEN - 1,)
-
-
-def set_decode_context_graphs(on: bool | None) -> None:
-    """Decode graphs per context class on or off in this process; None: DECODE_CONTEXT_GRAPHS."""
-    _set_switch("decode_context_graphs", on)
 
 
 def decode_graph_bounds(num_seqs: int, max_model_len: int, kv_heads: int, sms: int, cc: int) -> tuple[int, ...]:
@@ -640,7 +600,7 @@ def decode_graph_bounds(num_seqs: int, max_model_len: int, kv_heads: int, sms: i
     per DECODE_GRAPH_CONTEXTS class below max_model_len whose split_kv differs from the next larger bound's kept
     (DECODE_CONTEXT_GRAPHS on), else max_model_len alone."""
     bounds = [max_model_len]
-    if _Switches.on.get("decode_context_graphs", DECODE_CONTEXT_GRAPHS):
+    if switch("decode_context_graphs"):
         for c in sorted((c for c in DECODE_GRAPH_CONTEXTS if c < max_model_len), reverse=True):
             if split_kv(num_seqs, True, c, kv_heads, sms, cc) != split_kv(num_seqs, True, bounds[0], kv_heads,
                                                                           sms, cc):
@@ -777,20 +737,18 @@ __all__ = [
     "next_pow2",
     "per_expert_moe",
     "real_capability",
-    "set_batch1_int_dot",
     "set_decode_attention_override",
-    "set_decode_fast_silu",
-    "set_decode_int_dot",
-    "set_decode_moe_act_launch",
     "set_emulated_capability",
-    "set_small_q_split",
     "set_split_kv_policy",
+    "set_switch",
     "small_q_split",
     "split_kv",
     "split_kv_ctas_per_sm",
     "split_kv_policy",
     "split_kv_segments",
     "splits_small_q",
+    "switch",
+    "switches",
     "tensor_core_dot",
     "token_boundaries",
     "triton_gemm_config",

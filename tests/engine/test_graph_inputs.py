@@ -103,9 +103,9 @@ def test_graph_runner_takes_the_context_bounds_of_the_path_table(tiny_moe_dir, m
     assert runner.graph_runner().decode_bounds == {1: (512,), 2: (512,)}
     monkeypatch.setattr(paths, "SPLIT_MIN_SEQ_LEN", 64)
     monkeypatch.setattr(paths, "DECODE_GRAPH_CONTEXTS", (63,))
-    paths.set_decode_context_graphs(True)
+    paths.set_switch("decode_context_graphs", True)
     try:
         assert paths.split_kv(1, True, 512, runner.num_kv_heads, 4, 80)[0] > 1   # the CPU's 4 "SMs", sm80
         assert runner.graph_runner().decode_bounds == {1: (63, 512), 2: (63, 512)}
     finally:
-        paths.set_decode_context_graphs(None)
+        paths.set_switch("decode_context_graphs", None)

@@ -38,12 +38,12 @@ def main() -> None:
     max_len = 256
     if sys.argv[2:3] in (["ctx"], ["ctxfused"]):
         from onecard.kernels import paths
-        paths.set_decode_context_graphs(True)
-        paths.set_attention_fused_reduce(sys.argv[2] == "ctxfused")
+        paths.set_switch("decode_context_graphs", True)
+        paths.set_switch("attention_fused_reduce", sys.argv[2] == "ctxfused")
         max_len = 2048
     if sys.argv[2:3] == ["slices"]:
         from onecard.kernels import paths
-        paths.set_batch1_moe_slices(True)
+        paths.set_switch("batch1_moe_slices", True)
     tokens = greedy(Path(sys.argv[1]), "triton", "float16", eager=False, speculative=spec, max_model_len=max_len)
     print(json.dumps({"tokens": tokens, "misses": MISSES}))
 

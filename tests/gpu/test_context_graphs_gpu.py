@@ -50,8 +50,8 @@ def _greedy(eager: bool, lens: list[int], new: int):
 def test_short_context_graph_replays_the_eager_launches(lens, fused):
     from onecard.kernels import paths, workspace
 
-    paths.set_decode_context_graphs(True)
-    paths.set_attention_fused_reduce(fused)
+    paths.set_switch("decode_context_graphs", True)
+    paths.set_switch("attention_fused_reduce", fused)
     try:
         short = paths.SPLIT_MIN_SEQ_LEN - 1
         eager, _ = _greedy(True, lens, 24)
@@ -62,17 +62,17 @@ def test_short_context_graph_replays_the_eager_launches(lens, fused):
         cnt = workspace.counters(dev, "attention", workspace.REGION_SIZE)
         assert int(cnt.abs().sum()) == 0                                  # the zero invariant (workspace.py)
     finally:
-        paths.set_decode_context_graphs(None)
-        paths.set_attention_fused_reduce(None)
+        paths.set_switch("decode_context_graphs", None)
+        paths.set_switch("attention_fused_reduce", None)
 
 
 def test_a_step_past_the_class_replays_the_max_model_len_graph():
     from onecard.kernels import paths
 
-    paths.set_decode_context_graphs(True)
+    paths.set_switch("decode_context_graphs", True)
     try:
         short = paths.SPLIT_MIN_SEQ_LEN - 1
         _, replays = _greedy(False, [short - 8], 24)                     # crosses the bound after 8 tokens
         assert replays.get((1, short), 0) > 0 and replays.get((1, MAX_LEN), 0) > 0, replays
     finally:
-        paths.set_decode_context_graphs(None)
+        paths.set_switch("decode_context_graphs", None)

@@ -36,8 +36,8 @@ def _greedy(eager: bool, slices_on: bool, route: bool = False, n_prompt: int = 4
         launches[0] += 1
         return real(*a, **k)
 
-    paths.set_batch1_moe_slices(slices_on)
-    paths.set_batch1_slices_route(route)
+    paths.set_switch("batch1_moe_slices", slices_on)
+    paths.set_switch("batch1_slices_route", route)
     slices.moe_slices = counted
     try:
         cfg = EngineArgs(model=str(CODER), device="cuda", dtype="float16", max_model_len=2048, enforce_eager=eager,
@@ -54,8 +54,8 @@ def _greedy(eager: bool, slices_on: bool, route: bool = False, n_prompt: int = 4
         return out, launches[0]
     finally:
         slices.moe_slices = real
-        paths.set_batch1_moe_slices(None)
-        paths.set_batch1_slices_route(None)
+        paths.set_switch("batch1_moe_slices", None)
+        paths.set_switch("batch1_slices_route", None)
 
 
 @pytest.mark.parametrize("route", [False, True], ids=["routing", "routing-in-slices"])

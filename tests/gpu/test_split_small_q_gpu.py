@@ -1,4 +1,4 @@
-"""GPU-only: split-KV of small-q launches (speculative verify steps; paths.set_small_q_split, on by default).
+"""GPU-only: split-KV of small-q launches (speculative verify steps; paths switch "small_q_split", on by default).
 (1) At the served shape (32 query / 4 KV heads, D 128, 16-token blocks), one CUDA graph of a verify step in the
 padded (b, q) layout (runner/cuda_graphs.pad_verify), captured with the switch on at the runner's bound, replayed
 over other contexts (1 to 40k keys, ragged real rows) equals the unsplit launch on the same buffers and the float32
@@ -58,7 +58,7 @@ def test_graphed_split_verify_equals_unsplit(cache_dtype, b, q, steps):
                            query_start_loc=torch.arange(b + 1, dtype=torch.int32, device=dev) * q,
                            seq_lens=seq_lens, block_table=table, max_query_len=q, max_seq_len=BOUND + q - 1)
     scale = 1 / math.sqrt(128)
-    paths.set_small_q_split(True)
+    paths.set_switch("small_q_split", True)
     try:
         plan = tk.launch_plan(md, 32, 4, dev)
         assert plan.segments > 1 and plan.row_reduce, plan
@@ -68,7 +68,7 @@ def test_graphed_split_verify_equals_unsplit(cache_dtype, b, q, steps):
         with torch.cuda.graph(g):
             out = tk.paged_attention(x, kc, vc, md, scale)
     finally:
-        paths.set_small_q_split(False)                                   # the reference: unsplit
+        paths.set_switch("small_q_split", False)                                   # the reference: unsplit
     try:
         assert tk.launch_plan(md, 32, 4, dev).segments == 1                  # off: the unsplit launch
         for i, (k1, v1, m1, p1, rows) in enumerate(batches):
@@ -86,7 +86,7 @@ def test_graphed_split_verify_equals_unsplit(cache_dtype, b, q, steps):
             assert e_unsplit < 1e-2 and e_ref < 1e-2, f"step {i} ({cache_dtype}): vs unsplit {e_unsplit:.3g}, " \
                                                        f"vs ref {e_ref:.3g} ({plan.segments} segments)"
     finally:
-        paths.set_small_q_split(None)
+        paths.set_switch("small_q_split", None)
 
 
 def _on(md, dev):
@@ -107,14 +107,14 @@ def test_engine_verify_graph_split_equals_eager_unsplit(tiny_moe_gptq_dir, monke
     )
 
     monkeypatch.setattr(paths, "SPLIT_MIN_SEQ_LEN", 64)                 # the tiny model's bound (256) splits
-    paths.set_small_q_split(True)
+    paths.set_switch("small_q_split", True)
     try:
         core = EngineCore(EngineArgs(model=str(tiny_moe_gptq_dir), device="cuda", dtype="float16",
                                      max_model_len=256, kv_cache_memory_bytes=64 << 20, max_num_seqs=16,
                                      speculative_config={"method": "ngram", "num_speculative_tokens": 4}
                                      ).create_config())                    # verify graphs captured split
     finally:
-        paths.set_small_q_split(None)
+        paths.set_switch("small_q_split", None)
     runner = core.runner
     graphs = runner.graphs
     assert graphs is not None and graphs.capture_stats["verify_graphs"] > 0
@@ -129,15 +129,15 @@ def test_engine_verify_graph_split_equals_eager_unsplit(tiny_moe_gptq_dir, monke
                                  query_start_loc=torch.arange(5, dtype=torch.int32) * q,
                                  seq_lens=torch.ones(4, dtype=torch.int32), block_table=torch.zeros(4, 1, dtype=torch.int32),
                                  max_query_len=q, max_seq_len=256 + q - 1)
-    paths.set_small_q_split(True)
+    paths.set_switch("small_q_split", True)
     try:
         assert tk.launch_plan(graph_md, hq, hkv, torch.device("cuda")).row_reduce   # what the capture launched
     finally:
-        paths.set_small_q_split(None)
-    paths.set_small_q_split(False)                                      # eager: the unsplit launch
+        paths.set_switch("small_q_split", None)
+    paths.set_switch("small_q_split", False)                                      # eager: the unsplit launch
     try:
         eager, graphed, _, _ = eager_and_graphed(runner, graphs, inputs, 4, q)
     finally:
-        paths.set_small_q_split(None)
+        paths.set_switch("small_q_split", None)
     torch.testing.assert_close(graphed, eager, rtol=2e-2, atol=2e-2)
     assert torch.equal(graphed.argmax(-1), eager.argmax(-1))

@@ -28,7 +28,7 @@ GEMM = [(1, 64, 40, 32, False, True), (1, 256, 16, 256, True, False), (3, 136, 4
         (2, 2048, 16, 128, False, True), (1, 1024, 136, 128, False, False), (16, 512, 264, 128, False, True),
         (9, 384, 72, 128, True, True), (1, 768, 1024, 128, False, False), (4, 1024, 1536, 128, False, True)]
 # GEMM cases at M <= 16 whose K tiles each lie in one group (fp16) again with the exact-integer dot
-# (int4.int_dot_tile; paths.set_decode_int_dot at M > 1, set_batch1_int_dot at M = 1): M = 3 with K = 136 (one
+# (int4.int_dot_tile; switch "decode_int_dot" at M > 1, "batch1_int_dot" at M = 1): M = 3 with K = 136 (one
 # group; 17 packed rows, the last row pair half outside K), M = 2, 16 (N = 264: a partial column tile), 4; M = 1
 # with 8 K splits of one tile each and with 2 splits of 3 tiles (the loop past the two prefetched tiles)
 GEMM_INT = (2, 6, 7, 8, 10, 11)
@@ -42,7 +42,7 @@ MOE = [(1, 64, 32, 8, 2, True, False), (3, 72, 40, 6, 3, False, False), (17, 128
        (70, 64, 16, 4, 2, True, False), (1, 256, 160, 16, 4, False, True), (16, 256, 136, 8, 3, True, False),
        (9, 128, 48, 32, 8, True, True), (1, 32, 16, 8, 2, True, False)]
 # MOE cases (GPTQ weights) at 1 < T <= 16 run again with silu(gate) * up as a launch of its own between the decode
-# stages (paths.set_decode_moe_act_launch): T = 3, 16 (split-K), 9 (act order: per-row groups)
+# stages (switch "decode_moe_act_launch"): T = 3, 16 (split-K), 9 (act order: per-row groups)
 MOE_ACT = (1, 5, 6)
 # (T, H, E, I, top_k): decode MoE with g128 weights, whose K tiles each lie in one group: at T = 1 both stages take
 # the GEMV step (gptq_gemm/int4.gemv_tile_mac, stage 2 on silu(gate) * up), K = 200 ending
@@ -50,7 +50,7 @@ MOE_ACT = (1, 5, 6)
 # rows: the last row pair half outside K)
 MOE_G128 = [(1, 256, 8, 200, 3), (1, 384, 6, 256, 2), (5, 256, 8, 200, 3), (16, 256, 8, 200, 3),
             (9, 128, 4, 136, 2)]
-# MOE_G128 cases (fp16) again with the exact-integer dot (paths.set_decode_int_dot at T > 1, set_batch1_int_dot at
+# MOE_G128 cases (fp16) again with the exact-integer dot (switch "decode_int_dot" at T > 1, "batch1_int_dot" at
 # T = 1, where only the gate/up stage takes it: the weights enter the dot as n - z, the scale multiplies each
 # tile's sum; under the interpreter its dequantize step is the shift-and-mask twin of the inline PTX, which
 # tests/kernels/test_int4_ptx.py checks)
@@ -60,7 +60,7 @@ MOE_INT = (0, 1, 2, 3, 4)
 NORM_MOE = [(1, 64, 32, 8, 2, True, True), (1, 200, 48, 6, 3, False, True), (1, 128, 40, 16, 4, True, False),
             (3, 64, 32, 8, 2, True, True)]
 # (H, I, E, top_k, gate/up group, down group, SLICES_CONFIG or None): the batch-1 MoE block with its expert
-# stages in one launch (paths.set_batch1_moe_slices; fused_moe/slices.py) through norm_moe against the reference:
+# stages in one launch (switch "batch1_moe_slices"; fused_moe/slices.py) through norm_moe against the reference:
 # g128 at the shipped config (4 groups per gate/up tile), 4 slices; groups of 32 / 16 (per-row groups, BLOCK_I cut to
 # the down's 16, I = 40 ending inside a slice, H = 200 inside an output chunk); BLOCK_I 64 asked and cut to 32,
 # 4-packed-row tiles in one group of 32, two output chunks; channelwise gate/up, one-packed-row slices, k = E;
@@ -68,24 +68,24 @@ NORM_MOE = [(1, 64, 32, 8, 2, True, True), (1, 200, 48, 6, 3, False, True), (1, 
 MOE_SLICES = [(256, 128, 8, 3, 128, 128, None), (200, 40, 6, 2, 32, 16, None),
               (128, 96, 16, 4, 32, 32, (64, 4, 64, 2, 2)), (256, 64, 8, 8, 256, 64, (8, 8, 128, 4, 2)),
               (256, 128, 8, 3, 128, 128, (32, 16, 128, 4, 1)), (256, 64, 8, 2, 64, 64, (16, 4, 128, 4, 1))]
-# MOE_SLICES cases again with the slices routing themselves from the logits (paths.set_batch1_slices_route): the
+# MOE_SLICES cases again with the slices routing themselves from the logits (switch "batch1_slices_route"): the
 # norm-route launch has no last arriver; case 1 without renormalisation (E 6, not a power of two), case 3 with k = E
 MOE_SLICES_ROUTE = (0, 1, 3)
 # (H, Hq, Hkv, D, input, slot, T): a layer's attention input (attn_in: RMSNorm + qkv + q/k norm + RoPE + KV
 # store), g128 weights, through dispatch's composition of the three Triton ops
 ATTN_IN = [(256, 2, 1, 64, "res", 2, 3)]
 # (H, Hq, Hkv, D, input, context, bias): a layer's attention block at batch 1 with accumulating GEMVs
-# (paths.set_batch1_accumulate; attn_in/triton.attention_block) against ref.attention_block: x fp32 with a
+# (switch "batch1_accumulate"; attn_in/triton.attention_block) against ref.attention_block: x fp32 with a
 # residual (as after a batch-1 MoE) over a 40-token context (3 cache blocks); no residual, biases on both projections, 5 tokens
 GEMM_ACC = (0, 1, 7, 10)      # GEMM cases at M = 1 again accumulating into a row of random values (ACCUM)
 # attnblockqk{i}: ATTN_BLOCK case i with the attention launch normalising, rotating and storing q/k itself
-# (paths.set_batch1_attn_qk), unsplit and (ATTN_QK_SPLITS) with forced split-KV knobs: 16-key tiles cut the 40-key
+# (switch "batch1_attn_qk"), unsplit and (ATTN_QK_SPLITS) with forced split-KV knobs: 16-key tiles cut the 40-key
 # context into 3 one-tile segments (the last one holds the new key and stores it before its tiles), also with the
 # kernel's K/V prefetch (which then reads the stored row one iteration early)
 ATTN_QK_SPLITS = [None, {"segments": 3, "block_n": 16}, {"segments": 2, "block_n": 16, "prefetch": 2}]
-# attnblockqkpre{i}: the same split as ATTN_QK_SPLITS[1] with the first key tile preloaded (paths.set_attention_preload)
+# attnblockqkpre{i}: the same split as ATTN_QK_SPLITS[1], the first key tile preloaded (switch "attention_preload")
 # attnblockqkfused{i}: the same split as ATTN_QK_SPLITS[1] merged by the attention launch's last arriving segment
-# (paths.set_attention_fused_reduce; the program that stores the new key is not the last to arrive in general)
+# (switch "attention_fused_reduce"; the program that stores the new key is not the last to arrive in general)
 ATTN_BLOCK = [(256, 4, 2, 64, "x32res", 40, False), (384, 2, 2, 64, "nores", 5, True)]
 # (seq_lens, query_lens, Hq, Hkv, block_size, num_decode_tokens): prefill, chunk over prefix, split-KV decode
 ATTN = [([5, 9, 1], [5, 9, 1], 8, 2, 4, 0), ([7, 70, 33], [1, 4, 1], 6, 2, 16, 1),
@@ -111,8 +111,8 @@ SPLITKV = [(2, 1, [1, 70, 700], {}), (3, 1, [1, 70, 700], {}), (7, 1, [1, 70, 70
            (2, 2, [1, 70, 700], {"prefetch": 2, "block_n": 16, "reduce_block_s": 2})]
 SPLITKV_BOUND = 4096
 # "-pre": with the first key tile loaded before the (interpreted) PDL wait and peeled off the loop
-# (paths.set_attention_preload; the kernel's own prefetch off)
-# "-fused": the launch merges its own segments (paths.set_attention_fused_reduce: the last program to arrive per
+# (switch "attention_preload"; the kernel's own prefetch off)
+# "-fused": the launch merges its own segments (switch "attention_fused_reduce": the last program to arrive per
 # sequence and KV head; launches of more than FUSED_REDUCE_MAX_SEGMENTS segments keep the reduce kernel); the
 # arrival counters must be back at zero after it. "-short": fill at a bound below SPLIT_MIN_SEQ_LEN, which splits
 # only with the fused reduce
@@ -331,7 +331,7 @@ def _gemm_acc_case(i: int, dt, seed: int) -> float:
 def _attn_block_case(i: int, dt, seed: int, attn_qk: bool = False, split: int = 0) -> float:
     """ATTN_BLOCK case i through dispatch with the accumulating batch-1 path vs the reference composition:
     max relative error of out, residual_out and both caches. attn_qk: with the attention launch normalising,
-    rotating and storing q/k itself (paths.set_batch1_attn_qk)."""
+    rotating and storing q/k itself (switch "batch1_attn_qk")."""
     import torch
     from kernels_testlib import make_paged_batch, random_gptq
 
@@ -353,8 +353,8 @@ def _attn_block_case(i: int, dt, seed: int, attn_qk: bool = False, split: int = 
     ca, cb = (kc, vc), (kc.clone(), vc.clone())
     args = (nw, 1e-6, wq, bq, qw, kw, pos, _rope_cache(d))
     tail = (md, d ** -0.5, wo, bo)
-    paths.set_batch1_accumulate(True)
-    paths.set_batch1_attn_qk(attn_qk)
+    paths.set_switch("batch1_accumulate", True)
+    paths.set_switch("batch1_attn_qk", attn_qk)
     knobs = ATTN_QK_SPLITS[split] if attn_qk else None
     paths.set_decode_attention_override(**(knobs or {}))
     try:
@@ -362,8 +362,8 @@ def _attn_block_case(i: int, dt, seed: int, attn_qk: bool = False, split: int = 
             assert tk.accumulate_supported(x, res, wq, wo, kc), "the accumulating path must take this case"
             oa, ra = dispatch.attention_block(x, res, *args, *ca, *tail)
     finally:
-        paths.set_batch1_accumulate(None)
-        paths.set_batch1_attn_qk(None)
+        paths.set_switch("batch1_accumulate", None)
+        paths.set_switch("batch1_attn_qk", None)
         paths.set_decode_attention_override()
     assert oa.dtype == torch.float32, oa.dtype
     ob, rb = ref.attention_block(x, res, *args, *cb, *tail)
@@ -375,8 +375,8 @@ def _coder_b1acc_case(seed: int, slices: bool = False, route: bool = False) -> f
     attention blocks on the accumulating batch-1 path (fp32 sums into the next norm_moe / rms_norm) with the
     attention launch's own q/k norm + RoPE + KV store and the router's rank top-k, against the reference backend
     on the same cache: relative error of the final hidden rows and of the caches. ``slices``: the MoE blocks'
-    expert stages in one launch too (paths.set_batch1_moe_slices); ``route``: routing themselves as well
-    (paths.set_batch1_slices_route)."""
+    expert stages in one launch too (switch "batch1_moe_slices"); ``route``: routing themselves as well
+    (switch "batch1_slices_route")."""
     import copy
 
     import torch
@@ -402,16 +402,16 @@ def _coder_b1acc_case(seed: int, slices: bool = False, route: bool = False) -> f
     for tok in ids[6:]:
         with dispatch.use_backend("ref"):
             (hr,) = ref_cache.step(model, [(seq, [tok])])
-        switches = (paths.set_batch1_accumulate, paths.set_batch1_attn_qk, paths.set_batch1_rank_topk) + (
-            (paths.set_batch1_moe_slices,) if slices else ()) + ((paths.set_batch1_slices_route,) if route else ())
-        for on in switches:
-            on(True)
+        switches = ("batch1_accumulate", "batch1_attn_qk", "batch1_rank_topk") + (
+            ("batch1_moe_slices",) if slices else ()) + (("batch1_slices_route",) if route else ())
+        for name in switches:
+            paths.set_switch(name, True)
         try:
             with dispatch.use_backend("triton"):
                 (ht,) = tri_cache.step(model, [(seq, [tok])])
         finally:
-            for on in switches:
-                on(None)
+            for name in switches:
+                paths.set_switch(name, None)
         err = max(err, _rel(ht, hr))
     caches = [torch.cat([torch.cat(kv) for kv in c.kv_caches]) for c in (tri_cache, ref_cache)]
     return max(err, _rel(*caches))
@@ -448,8 +448,8 @@ def _splitkv_case(name: str, seed: int) -> float:
         tk.num_sms = lambda device: 132                                    # an H100's count (interpreter: 4)
     if "sm70" in rest:
         paths.set_emulated_capability(70)                                  # sm70's tiles (32 keys, 8 warps)
-    paths.set_attention_preload("pre" in rest)
-    paths.set_attention_fused_reduce("fused" in rest)
+    paths.set_switch("attention_preload", "pre" in rest)
+    paths.set_switch("attention_fused_reduce", "fused" in rest)
     try:
         plan = tk.launch_plan(md, 8, 2, q.device)
         assert plan.segments > 1, f"no split: {plan}"
@@ -466,8 +466,8 @@ def _splitkv_case(name: str, seed: int) -> float:
         paths.set_split_kv_policy(None)
         paths.set_decode_attention_override()
         paths.set_emulated_capability(None, clear=True)
-        paths.set_attention_preload(None)
-        paths.set_attention_fused_reduce(None)
+        paths.set_switch("attention_preload", None)
+        paths.set_switch("attention_fused_reduce", None)
     want = ref.paged_attention(q.float(), kc, vc, md, s)                  # float32 math on the same cache
     return _rel(out, want)
 
@@ -498,13 +498,13 @@ def _int_dot_case(case: str, tokens: int, on: bool, seed: int) -> float:
     on or off; the path table must then answer accordingly (paths.int_dot, at the interpreter's sm80)."""
     from onecard.kernels import paths
 
-    setter = paths.set_batch1_int_dot if tokens == 1 else paths.set_decode_int_dot
-    setter(on)
+    name = "batch1_int_dot" if tokens == 1 else "decode_int_dot"
+    paths.set_switch(name, on)
     try:
         assert paths.int_dot(tokens, 80) == on, (case, tokens)
         return run_case(case, seed)
     finally:
-        setter(None)
+        paths.set_switch(name, None)
 
 
 def _moe_slices_case(i: int, dt, seed: int, route: bool = False) -> float:
@@ -522,8 +522,8 @@ def _moe_slices_case(i: int, dt, seed: int, route: bool = False) -> float:
     ws = [random_gptq(h, inter, gs1, experts=e, seed=seed + 1)[0], random_gptq(h, inter, gs1, experts=e, seed=seed + 2)[0],
           random_gptq(inter, h, gs2, experts=e, seed=seed + 3)[0]]
     shipped = slices.SLICES_CONFIG
-    paths.set_batch1_moe_slices(True)
-    paths.set_batch1_slices_route(route)
+    paths.set_switch("batch1_moe_slices", True)
+    paths.set_switch("batch1_slices_route", route)
     try:
         slices.SLICES_CONFIG = tuning or shipped
         if not slices.supported(*ws):
@@ -532,8 +532,8 @@ def _moe_slices_case(i: int, dt, seed: int, route: bool = False) -> float:
         (o1, r1), (o2, r2) = tk.norm_moe(x, res, *args), ref.norm_moe(x, res, *args)
     finally:
         slices.SLICES_CONFIG = shipped
-        paths.set_batch1_moe_slices(None)
-        paths.set_batch1_slices_route(None)
+        paths.set_switch("batch1_moe_slices", None)
+        paths.set_switch("batch1_slices_route", None)
     return max(_rel(o1, o2), _rel(r1, r2))
 
 
@@ -566,23 +566,23 @@ def run_case(name: str, seed: int) -> float:
         return topk_rank_case(int(kind[8:]), seed)
     if kind.startswith("norm_moerank"):                                  # the batch-1 router's top-k by rank
         from onecard.kernels import paths
-        paths.set_batch1_rank_topk(True)
+        paths.set_switch("batch1_rank_topk", True)
         try:
             return run_case(f"norm_moe{kind[12:]}-{rest}", seed)
         finally:
-            paths.set_batch1_rank_topk(None)
+            paths.set_switch("batch1_rank_topk", None)
     if kind in ("coderb1acc", "coderb1slices", "coderb1slicesroute"):
         return _coder_b1acc_case(seed, slices=kind != "coderb1acc", route=kind == "coderb1slicesroute")
     if kind.startswith("gemmacc"):
         return _gemm_acc_case(int(kind[7:]), dt, seed)
-    for tag, setter in (("attnblockqkpre", "set_attention_preload"), ("attnblockqkfused", "set_attention_fused_reduce")):
+    for tag, sw in (("attnblockqkpre", "attention_preload"), ("attnblockqkfused", "attention_fused_reduce")):
         if kind.startswith(tag):                                          # ATTN_QK_SPLITS[1] with one switch on
             from onecard.kernels import paths
-            getattr(paths, setter)(True)
+            paths.set_switch(sw, True)
             try:
                 return _attn_block_case(int(kind[len(tag):]), dt, seed, attn_qk=True, split=1)
             finally:
-                getattr(paths, setter)(None)
+                paths.set_switch(sw, None)
     if kind.startswith("attnblockqk"):
         i, _, j = kind[11:].partition("s")
         return _attn_block_case(int(i), dt, seed, attn_qk=True, split=int(j))
@@ -612,12 +612,12 @@ def run_case(name: str, seed: int) -> float:
     if kind.startswith("moeact"):
         from onecard.kernels import paths
         t = MOE[int(kind[6:])][0]
-        paths.set_decode_moe_act_launch(True)
+        paths.set_switch("decode_moe_act_launch", True)
         try:
             assert paths.decode_moe_act_launch(t) and paths.choose_decode_moe(t, 80) == "decode16", t
             return run_case(f"moe{kind[6:]}-gptq-{rest}", seed)
         finally:
-            paths.set_decode_moe_act_launch(None)
+            paths.set_switch("decode_moe_act_launch", None)
     if kind.startswith("moe"):
         from onecard.kernels.fused_moe import ref
         from onecard.kernels.fused_moe import triton as tk

@@ -1,4 +1,4 @@
-"""Split-KV of small-q launches (speculative verify steps; paths.set_small_q_split) under TRITON_INTERPRET=1,
+"""Split-KV of small-q launches (speculative verify steps; paths switch "small_q_split") under TRITON_INTERPRET=1,
 for test_split_small_q.py through interpret_cases.py's worker (cases named ``splitq<i>-<variant>``), and the
 (b, q) padded verify layout both this and interpret_cases' ``verifyattn`` cases build.
 
@@ -76,7 +76,7 @@ def splitq_case(name: str, seed: int) -> float:
         q_in[rows] = q_real
     s = 1 / math.sqrt(d)
     sms = tk.num_sms
-    paths.set_small_q_split(True)
+    paths.set_switch("small_q_split", True)
     tk.num_sms = lambda device: 132                                        # an H100's count (interpreter: 4)
     if "sm70" in rest:
         paths.set_emulated_capability(70)                                  # sm70's tiles
@@ -94,7 +94,7 @@ def splitq_case(name: str, seed: int) -> float:
     finally:
         torch.empty = empty
         tk.num_sms = sms
-        paths.set_small_q_split(None)
+        paths.set_switch("small_q_split", None)
         paths.set_emulated_capability(None, clear=True)
     want = ref.paged_attention(q_real.float(), kc if rest[-1] == "fp8e5m2" else kc.float(),
                                vc if rest[-1] == "fp8e5m2" else vc.float(), md, s)

@@ -1,4 +1,4 @@
-"""Split-KV of small-q launches (speculative verify steps, paths.set_small_q_split) under TRITON_INTERPRET=1
+"""Split-KV of small-q launches (speculative verify steps, paths switch "small_q_split") under TRITON_INTERPRET=1
 against the float32 reference (splitq_cases.py's cases, in interpret_cases.py's worker subprocess): uniform and
 ragged query rows (1 to 9) per sequence, one and two q-blocks, contexts that fill some segments only, 1-tile
 segments where a q-block's first rows see none of its last segment's keys, the CUDA graphs' padded verify layout,

@@ -133,12 +133,12 @@ def _one_context_copy(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def unsplit_verify():
-    """Verify steps' attention without split-KV (paths.set_small_q_split(False)), as before the H100 A/B."""
+    """Verify steps' attention without split-KV (paths.set_switch("small_q_split", False)), as before the H100 A/B."""
     from onecard.kernels import paths
 
-    paths.set_small_q_split(False)
+    paths.set_switch("small_q_split", False)
     yield
-    paths.set_small_q_split(None)
+    paths.set_switch("small_q_split", None)
 
 
 def test_unsplit_guard_past_twice_the_measured_context(shape, tmp_path, unsplit_verify):

@@ -4,7 +4,7 @@ Contract: ``resolve_model(name, env, revision=None, download_dir=None)`` returns
 config.json and its safetensors shards. ``name`` is a local path, or a hub id ``org/name[@revision]``: the cache
 first (``--download-dir`` when given, else ``$HF_HUB_CACHE``, ``$HF_HOME/hub``, ``~/.cache/huggingface/hub``;
 a complete snapshot of the revision, ``refs/<revision>`` naming it, else the newest complete one), then a
-download from the hub into ``download_cache_dir`` unless ``HF_HUB_OFFLINE`` is set (``onecard.models.hub``:
+download from the hub into ``download_cache_dir`` unless ``HF_HUB_OFFLINE`` is set (``onecard.hub.download``:
 progress, resume, errors that name the repo, the reason and ``hf download``). ``cached_model`` is the first
 half only (the planner reads remote metadata instead of downloading).
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from onecard.env import ConfigError, Env
-from onecard.models.hub import cached_snapshot, download_snapshot, parse_hub_id
+from onecard.hub.download import cached_snapshot, download_snapshot, parse_hub_id
 
 DEFAULT_MODEL_NAME = "onecard-tiny-coder"
 

@@ -15,11 +15,11 @@ import time
 import torch
 
 from onecard.config import CacheConfig, SchedulerConfig
-from onecard.core.outputs import RunnerOutput
 from onecard.core.request import Request
 from onecard.core.scheduler import Scheduler
 from onecard.runner.input_batch import build_inputs
 from onecard.runner.sampler import Sampler
+from onecard.runner.step_io import RunnerOutput
 from onecard.sampling_params import SamplingParams
 
 

@@ -13,9 +13,9 @@ import statistics
 import time
 
 from onecard.config import CacheConfig, SchedulerConfig
-from onecard.core.outputs import RunnerOutput
 from onecard.core.request import Request
 from onecard.core.scheduler import Scheduler
+from onecard.runner.step_io import RunnerOutput
 from onecard.sampling_params import SamplingParams
 
 

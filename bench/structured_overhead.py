@@ -51,8 +51,8 @@ def _constraint(fmt: str):
 
 def compile_times(repeats: int = 5) -> dict:
     from onecard.frontend.grammar import GrammarService
-    from onecard.frontend.tokenizer import load_tokenizer
     from onecard.sampling_params import StructuredOutputsParams
+    from onecard.vocab import load_tokenizer
 
     tok = load_tokenizer(str(TINY))
     res: dict = {}
@@ -90,9 +90,9 @@ def mask_fill(batch: int = 16, steps: int = 64) -> dict:
     """Host time of GrammarMasker.masks per step at ``batch`` constrained rows (CPU; token = first allowed)."""
     from onecard.core.request import Request
     from onecard.frontend.grammar import GrammarService
-    from onecard.frontend.tokenizer import load_tokenizer
     from onecard.runner.structured import GrammarMasker
     from onecard.sampling_params import SamplingParams
+    from onecard.vocab import load_tokenizer
 
     tok = load_tokenizer(str(TINY))
     svc = GrammarService(tok, VOCAB, EOS)
@@ -123,9 +123,9 @@ def mask_fill(batch: int = 16, steps: int = 64) -> dict:
 def decode(model_dir: str, tokens: int = 256, prompt_len: int = 512, **engine_kw) -> dict:
     from bench.full_size import _engine
     from onecard.frontend.grammar import GrammarService
-    from onecard.frontend.tokenizer import load_tokenizer
     from onecard.protocol import EngineRequest
     from onecard.sampling_params import SamplingParams
+    from onecard.vocab import load_tokenizer
 
     core, ready = _engine(model_dir, tokenizer=str(TINY), **engine_kw)
     cuda = torch.cuda.is_available()

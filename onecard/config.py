@@ -37,9 +37,9 @@ from onecard.dtypes import needs_capability, normalize_dtype, serving_dtype
 from onecard.env import ConfigError, Env
 from onecard.gpu_query import query_gpu
 from onecard.hardware import host_memory, host_tier_refusal
+from onecard.hub.resolve import DEFAULT_MODEL_NAME, default_model_path, resolve_model
 from onecard.kernels import paths
 from onecard.kv_dtype import KV_CACHE_DTYPES, kv_shape
-from onecard.models.resolve import DEFAULT_MODEL_NAME, default_model_path, resolve_model
 from onecard.options import add_arguments, fraction, human_int, option, values_from
 
 __all__ = ["CacheConfig", "ConfigError", "DeviceSpec", "EngineArgs", "EngineConfig", "Env", "ModelConfig",

@@ -25,10 +25,11 @@ from onecard.frontend.output_processor import (
     fan_out,
     offline_logprobs,
 )
-from onecard.frontend.tokenizer import load_tokenizer, resolve_chat_template
+from onecard.frontend.tokenizer import resolve_chat_template
 from onecard.outputs import CompletionOutput, RequestOutput
 from onecard.protocol import EngineOutput, EngineRequest, TokenLogprobs
 from onecard.sampling_params import SamplingParams
+from onecard.vocab import load_tokenizer
 
 
 @dataclass(slots=True)

@@ -380,8 +380,8 @@ def local_gpu() -> tuple[str, int, tuple[int, int]] | None:
 def checkpoint_meta_for(model: str, revision: str | None = None, download_dir: str | None = None) -> CheckpointMeta:
     """A local directory or cached snapshot is read from disk; a hub id only the hub has, from its metadata
     (config.json, quantization config, safetensors headers by ranged reads): nothing is downloaded."""
-    from onecard.models.hub import parse_hub_id, remote_checkpoint_meta
-    from onecard.models.resolve import cached_model
+    from onecard.hub.download import parse_hub_id, remote_checkpoint_meta
+    from onecard.hub.resolve import cached_model
 
     env = Env.read()
     local = cached_model(model, env, revision, download_dir)
@@ -435,7 +435,7 @@ def main_plan(argv: list[str]) -> int:
     try:
         model = model_argument(ns)
         if model is None:
-            from onecard.models.resolve import default_model_path
+            from onecard.hub.resolve import default_model_path
 
             model = str(default_model_path())
         report = plan(model, ns, ns.gpu_memory_gib, ns.gpu)

@@ -91,7 +91,7 @@ def agreement(a: list[list[int]], b: list[list[int]]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from onecard.models.resolve import default_model_path
+    from onecard.hub.resolve import default_model_path
     from onecard.quant.ppl import token_stream
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -51,10 +51,10 @@ from collections import deque
 from onecard.config import CacheConfig, SchedulerConfig
 from onecard.core.block_hash import update_block_hashes
 from onecard.core.kv_cache_manager import KVCacheManager
-from onecard.core.outputs import RunnerOutput, ScheduledRequest, SchedulerOutput
 from onecard.core.request import Request, RequestStatus
 from onecard.core.spec.speculator import Speculator
 from onecard.protocol import EngineOutput, EngineStats, FinishReason
+from onecard.runner.step_io import RunnerOutput, ScheduledRequest, SchedulerOutput
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ and raises ``ConstraintError`` naming ``param`` when the spec is invalid or cann
 ``await attach(sampling_params, constraint, thinking=, prompt_opened_think=)`` is what a route calls: it
 compiles a ``frontend.constraints.RequestConstraint`` and sets ``sampling_params.structured_outputs`` (with
 the reasoning hand-off: a thinking model is constrained after ``</think>``). Process B rebuilds the grammar from the serialized form
-(``onecard.runner.structured``) with the same ``tokenizer_info(...)``. ``onecard.hardware.structured_outputs_backend()`` names the backend.
+(``onecard.runner.structured``) with the same ``onecard.vocab.tokenizer_info(...)``. ``onecard.hardware.structured_outputs_backend()`` names the backend.
 """
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ from typing import Any
 
 from onecard.frontend.constraints import ConstraintError, RequestConstraint
 from onecard.sampling_params import CompiledConstraint, SamplingParams, StructuredOutputsParams
+from onecard.vocab import tokenizer_info
 
 BACKENDS = ("auto", "xgrammar")
 _CACHE_BYTES = 512 << 20         # serialized grammars kept (a tool schema on a 152k vocab: ~100s of KB)
@@ -69,14 +70,6 @@ class StructuredOutputsConfig:
         if cfg.max_whitespace < 0:
             raise ValueError("--structured-outputs-config max_whitespace must be >= 0.")
         return cfg
-
-
-def tokenizer_info(tokenizer, vocab_size: int, stop_token_ids: list[int]):
-    """The xgrammar view of the vocabulary; A and B must build it the same way (the same arguments)."""
-    import xgrammar as xgr
-
-    return xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
-                                              stop_token_ids=list(stop_token_ids) or None)
 
 
 def spec_key(params: StructuredOutputsParams, cfg: StructuredOutputsConfig) -> tuple[str, str]:

@@ -1,8 +1,7 @@
-"""Tokenizer loading and chat-template rendering for process A.
+"""Chat-template rendering for process A (the tokenizer itself: ``onecard.vocab.load_tokenizer``).
 
-Contract: ``load_tokenizer(path)`` returns a Hugging Face tokenizer (fast when available; never the network).
-``resolve_chat_template(arg)`` turns ``--chat-template`` (a file path or an inline Jinja string) into template
-text, raising ``ConfigError`` naming the flag. ``render_chat(tokenizer, messages, ...)`` applies the template
+Contract: ``resolve_chat_template(arg)`` turns ``--chat-template`` (a file path or an inline Jinja string) into
+template text, raising ``ConfigError`` naming the flag. ``render_chat(tokenizer, messages, ...)`` applies the template
 (transformers' ``apply_chat_template``, with ``tools`` and ``chat_template_kwargs``) and returns the prompt
 text; ``encode_prompt`` turns prompt text into token ids without adding special tokens a second time
 (the template already wrote them), as vLLM does for chat.
@@ -23,15 +22,6 @@ logger = logging.getLogger(__name__)
 
 class ChatTemplateError(ValueError):
     """The request's messages could not be rendered (maps to a 400)."""
-
-
-def load_tokenizer(path: str | Path):
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    except Exception as e:  # noqa: BLE001 - reported with the path, at start-up
-        raise ConfigError(f"cannot load the tokenizer from {path}: {type(e).__name__}: {e}") from None
 
 
 def resolve_chat_template(arg: str | None) -> str | None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from onecard.core.outputs import SchedulerOutput
+from onecard.runner.step_io import SchedulerOutput
 
 
 @dataclass(slots=True)

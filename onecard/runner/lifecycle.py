@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from onecard.core.outputs import RunnerOutput, SchedulerOutput
+    from onecard.runner.step_io import RunnerOutput, SchedulerOutput
 
 
 class PendingStep(Protocol):

@@ -35,12 +35,12 @@ import torch
 
 from onecard import kv_dtype
 from onecard.config import ConfigError, EngineConfig, host_tier_blocks
-from onecard.core.outputs import RunnerOutput, SchedulerOutput
 from onecard.kernels import dispatch
 from onecard.kernels.attention.metadata import AttentionMetadata
 from onecard.runner.graph_shapes import graph_batch_sizes, verify_graph_shapes
 from onecard.runner.input_batch import ModelInputs, build_inputs
 from onecard.runner.sampler import Sampler, SamplingBatch, compute_logprobs
+from onecard.runner.step_io import RunnerOutput, SchedulerOutput
 from onecard.runner.step_output import PendingOutput
 from onecard.runner.structured import GrammarMasker, apply_token_bitmask
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import torch
 
-from onecard.core.outputs import RunnerOutput, ScheduledRequest
 from onecard.protocol import TokenLogprobs
 from onecard.runner.sampler import compute_logprobs
+from onecard.runner.step_io import RunnerOutput, ScheduledRequest
 from onecard.runner.structured import apply_token_bitmask
 
 

@@ -1,4 +1,6 @@
-"""What the scheduler hands the runner each step, and what the runner hands back. No torch.
+"""The runner's step contract: what the scheduler hands the runner each step, and what the runner hands back.
+No torch. It lives with the runner, the lower layer, so the core imports it downward; the runner sees a scheduled
+request only as a ``StepRequest`` (what it reads; core.request.Request is one) and never writes one.
 
 Contract: the runner computes ``num_new_tokens`` tokens for each scheduled request, starting at
 ``num_computed_tokens`` (its token ids are ``request.all_token_ids[start:start + n]``), writing their KV
@@ -12,14 +14,30 @@ also queue behind the step still in flight (one of their GPU blocks was freed si
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from onecard.core.request import Request
 from onecard.protocol import TokenLogprobs
+from onecard.sampling_params import SamplingParams
+
+
+class StepRequest(Protocol):
+    """The fields of a request the runner reads (core.request.Request has them all; the scheduler owns it)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    all_token_ids: list[int]             # prompt + outputs: the token ids a step computes are a slice of it
+    eos_token_ids: list[int]
+    sampling_params: SamplingParams
+    num_output_placeholders: int         # tokens sampled by steps in flight, not yet in output_token_ids
+
+    @property
+    def num_output_tokens(self) -> int: ...
 
 
 @dataclass(slots=True)
 class ScheduledRequest:
-    request: Request
+    request: StepRequest
     num_computed_tokens: int          # before this step
     num_new_tokens: int
     block_ids: list[int]              # every block of the request, in order (covers start + n tokens)

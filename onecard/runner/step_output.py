@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from onecard.core.outputs import RunnerOutput
 from onecard.protocol import TokenLogprobs
 from onecard.runner.sampler import SamplerResult
+from onecard.runner.step_io import RunnerOutput
 
 
 class PendingOutput:

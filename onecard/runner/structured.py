@@ -14,7 +14,7 @@ finishes it with an error and frees its blocks) and is left unconstrained for th
 ``masks_spec(reqs, drafts)`` fills the rows of a speculative verify step (every draft position; the matcher
 advances through the drafts and rolls back, runner/spec_verify.py). ``drop(request_id)`` forgets a finished request. ``apply_token_bitmask(logits, bitmask, rows)`` masks logits
 in place with plain torch ops (CPU, sm70, sm90; no kernel to compile).
-The xgrammar ``TokenizerInfo`` is built the way process A builds it (``frontend.grammar.tokenizer_info``), in a
+The xgrammar ``TokenizerInfo`` is built the way process A builds it (``onecard.vocab.tokenizer_info``), in a
 background thread started at construction when ``eager``; compiled grammars are deserialized once per key.
 """
 from __future__ import annotations
@@ -90,8 +90,7 @@ class GrammarMasker:
 
         def build() -> None:
             try:
-                from onecard.frontend.grammar import tokenizer_info
-                from onecard.frontend.tokenizer import load_tokenizer
+                from onecard.vocab import load_tokenizer, tokenizer_info
 
                 self._info = tokenizer_info(load_tokenizer(self.tokenizer_path), self.vocab_size,
                                             self.stop_token_ids)

@@ -21,9 +21,10 @@ from onecard.config import EngineConfig, ServerConfig, default_api_threads
 from onecard.frontend.async_engine import AsyncEngine
 from onecard.frontend.core_client import CoreClient
 from onecard.frontend.grammar import GrammarService, StructuredOutputsConfig
-from onecard.frontend.tokenizer import load_tokenizer, resolve_chat_template
+from onecard.frontend.tokenizer import resolve_chat_template
 from onecard.server.app import ServerSettings, ServerState, build_app
 from onecard.server.metrics import ServerMetrics
+from onecard.vocab import load_tokenizer
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ def e2e_tokenizer_dir(tiny_tokenizer_dir) -> Path:
 
 @pytest.fixture(scope="module")
 def e2e_tokenizer(e2e_tokenizer_dir):
-    from onecard.frontend.tokenizer import load_tokenizer
+    from onecard.vocab import load_tokenizer
 
     return load_tokenizer(e2e_tokenizer_dir)
 

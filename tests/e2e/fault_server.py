@@ -23,8 +23,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     from onecard.frontend.core_client import ProcessCoreClient
-    from onecard.frontend.tokenizer import load_tokenizer
     from onecard.server.launch import Server, exit_after_fatal, make_state, settings_from
+    from onecard.vocab import load_tokenizer
     from tests.e2e.harness import scripted_engine_config
     from tests.e2e.scripted import scripted_process_core
 

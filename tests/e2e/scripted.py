@@ -13,9 +13,9 @@ import time
 from dataclasses import dataclass, field
 
 from onecard.config import EngineConfig
-from onecard.core.outputs import RunnerOutput, SchedulerOutput
 from onecard.frontend import core_client as cc
 from onecard.protocol import TokenLogprobs
+from onecard.runner.step_io import RunnerOutput, SchedulerOutput
 
 
 @dataclass

@@ -60,8 +60,8 @@ def test_serve_process_sigterm_finishes_in_flight_and_exits_0(tiny_moe_gptq_dir,
 
 
 def test_engine_start_failure_exits_1(e2e_tokenizer_dir):
-    from onecard.frontend.tokenizer import load_tokenizer
     from onecard.server.launch import Server, make_state, settings_from
+    from onecard.vocab import load_tokenizer
     from tests.e2e.harness import scripted_engine_config
     from tests.e2e.scripted import Script, ScriptedCoreClient
 

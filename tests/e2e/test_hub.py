@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from onecard.config import Env
-from onecard.models.hub import HubError, check_free_space
-from onecard.models.resolve import resolve_model
+from onecard.hub.download import HubError, check_free_space
+from onecard.hub.resolve import resolve_model
 from tests.e2e.harness import free_port, wait_health
 from tests.hub_server import LocalHub, Repo
 from tests.unit._sparse_ckpt import qwen3_coder_30b

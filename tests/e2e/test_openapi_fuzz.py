@@ -21,7 +21,7 @@ CASES = {"total": 0, "5xx": 0}
 
 @pytest.fixture(scope="module")
 def server(e2e_tokenizer_dir):
-    from onecard.frontend.tokenizer import load_tokenizer
+    from onecard.vocab import load_tokenizer
 
     tok = load_tokenizer(e2e_tokenizer_dir)
     config = scripted_engine_config(e2e_tokenizer_dir, tok, max_model_len=256, max_num_seqs=8,

@@ -18,8 +18,8 @@ import pytest
 from onecard.config import CacheConfig, SchedulerConfig
 from onecard.core.host_tier import HostKVTier
 from onecard.core.kv_cache_manager import HostHit, KVBlock, KVCacheManager
-from onecard.core.outputs import RunnerOutput, SchedulerOutput
 from onecard.core.scheduler import Scheduler
+from onecard.runner.step_io import RunnerOutput, SchedulerOutput
 from tests.unit.test_scheduler import VOCAB, SimRunner, assert_pool_full, reference_tokens, req
 
 BS = 4

@@ -19,14 +19,9 @@ ROOT = Path(__file__).resolve().parents[2]
 LAYERS = ["server", "frontend", "core", "runner", "models", "layers", "kernels"]
 BETWEEN = {"quant": 3.5}             # side packages: a rank between two layers' indices
 
-# Up-arrows known and tolerated: (importer prefix, imported module).
-KNOWN_UP = {
-    # SchedulerOutput / RunnerOutput are the core↔runner step contract; they carry core's Request objects.
-    ("onecard.runner", "onecard.core.outputs"),
-    # The grammar's token table is built lazily from the frontend's tokenizer loader (structured outputs).
-    ("onecard.runner.structured", "onecard.frontend.grammar"),
-    ("onecard.runner.structured", "onecard.frontend.tokenizer"),
-}
+# Up-arrows known and tolerated: (importer prefix, imported module). None since the step contract moved to the
+# runner (runner/step_io.py) and the vocabulary both processes read to onecard/vocab.py.
+KNOWN_UP: set[tuple[str, str]] = set()
 # Cycles known and tolerated (each found cycle must lie inside one of these).
 KNOWN_CYCLES: list[set[str]] = []
 

@@ -7,10 +7,10 @@ import random
 import numpy as np
 
 from onecard.config import CacheConfig, SchedulerConfig
-from onecard.core.outputs import RunnerOutput
 from onecard.core.request import Request
 from onecard.core.scheduler import Scheduler
 from onecard.runner import input_batch
+from onecard.runner.step_io import RunnerOutput
 from onecard.sampling_params import SamplingParams
 
 

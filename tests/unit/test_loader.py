@@ -132,7 +132,7 @@ def test_model_id_not_in_cache(tmp_path, monkeypatch):
 
 
 def test_model_id_found_in_cache(tiny_dense_dir, tmp_path):
-    from onecard.models.resolve import resolve_model
+    from onecard.hub.resolve import resolve_model
 
     snap = tmp_path / "hub" / "models--org--tiny" / "snapshots" / "abc123"
     shutil.copytree(tiny_dense_dir, snap)

@@ -1,4 +1,4 @@
-"""onecard.models.resolve: local directories and hub ids in a (fake, on-disk) HF cache, offline (HF_HUB_OFFLINE):
+"""onecard.hub.resolve: local directories and hub ids in a (fake, on-disk) HF cache, offline (HF_HUB_OFFLINE):
 never the network. Downloads are tested against a local hub server in tests/e2e/test_hub.py."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from onecard.config import ConfigError, EngineArgs, Env
-from onecard.models.resolve import hub_cache_dirs, resolve_model
+from onecard.hub.resolve import hub_cache_dirs, resolve_model
 
 
 def _env(hub_cache: Path | None = None, hf_home: Path | None = None) -> Env:

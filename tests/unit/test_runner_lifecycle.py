@@ -15,9 +15,9 @@ import pytest
 
 from onecard.config import EngineArgs
 from onecard.core.engine_core import EngineCore
-from onecard.core.outputs import RunnerOutput
 from onecard.protocol import EngineRequest
 from onecard.runner.lifecycle import Runner
+from onecard.runner.step_io import RunnerOutput
 from onecard.sampling_params import SamplingParams
 from tests.e2e.scripted import ScriptedRunner
 

@@ -13,10 +13,10 @@ import random
 import pytest
 
 from onecard.config import CacheConfig, SchedulerConfig
-from onecard.core.outputs import RunnerOutput, SchedulerOutput
 from onecard.core.request import Request, RequestStatus
 from onecard.core.scheduler import Scheduler
 from onecard.protocol import FinishReason, TokenLogprobs
+from onecard.runner.step_io import RunnerOutput, SchedulerOutput
 from onecard.sampling_params import SamplingParams
 
 VOCAB = 97

@@ -11,13 +11,13 @@ from onecard import cli
 from onecard.config import ConfigError, EngineArgs, ServerConfig
 from onecard.frontend.tokenizer import (
     ChatTemplateError,
-    load_tokenizer,
     prepare_messages,
     render_chat,
     resolve_chat_template,
 )
 from onecard.server.errors import error_body, to_api_error
 from onecard.server.openai_types import ChatCompletionRequest, CompletionRequest
+from onecard.vocab import load_tokenizer
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

@@ -11,12 +11,12 @@ import torch
 import xgrammar as xgr
 
 from onecard.config import CacheConfig, SchedulerConfig
-from onecard.core.outputs import RunnerOutput
 from onecard.core.request import Request
 from onecard.core.scheduler import Scheduler
 from onecard.frontend.constraints import ConstraintError, constraint_for_request
 from onecard.frontend.grammar import GrammarService, StructuredOutputsConfig
 from onecard.protocol import FinishReason
+from onecard.runner.step_io import RunnerOutput
 from onecard.runner.structured import GrammarMasker, apply_token_bitmask
 from onecard.sampling_params import CompiledConstraint, SamplingParams, StructuredOutputsParams
 
@@ -80,7 +80,7 @@ def test_config_parse():
 
 @pytest.fixture(scope="module")
 def tokenizer(tiny_tokenizer_dir):
-    from onecard.frontend.tokenizer import load_tokenizer
+    from onecard.vocab import load_tokenizer
 
     return load_tokenizer(tiny_tokenizer_dir)
 

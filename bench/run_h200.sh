@@ -102,11 +102,12 @@ for p in $parts; do
             tests/gpu/test_kernels_gpu.py -k "context or precompile or attention or paged_attn" 2>&1 | tail -8 ;;
     decode10) log decode10  # issue 25, all three switches that wait on the GPU in ONE call (~9 min with the build):
           # the kernels alone, then policies fill, +context graphs and fused reduce, +slices, +slices at BLOCK_I 16,
-          # +slices routing themselves, in one engine at 1x512, 1x32768, 16x512, 16x8192 (batch 1 first: the
-          # A/B's timeout may cut the last). Their GPU tests after it: parts ctxtests and slicestests
+          # +slices routing themselves, and context graphs + fused reduce + slices together (what ships if each wins),
+          # in one engine at 1x512, 1x32768, 16x512, 16x8192 (batch 1 first: the A/B's timeout may cut the last).
+          # Their GPU tests after it: parts ctxtests and slicestests (one call: bash bench/run_h200.sh ctxtests slicestests)
           AB_TESTS=0 AB_TIMEOUT="${AB_TIMEOUT:-330}" AB_KTIMEOUT=150 AB_KERNELS="attention block,paged_attn decode,norm_moe T=1" \
             AB_SCENARIOS="${AB_SCENARIOS:-1x512,1x32768,16x512,16x8192}" \
-            SWITCH_POLICIES="${SWITCH_POLICIES:-fill,fill+ctx_graphs+fused_reduce,fill+moe_slices,fill+moe_slices+slices16,fill+moe_slices+slices_route}" \
+            SWITCH_POLICIES="${SWITCH_POLICIES:-fill,fill+ctx_graphs+fused_reduce,fill+moe_slices,fill+moe_slices+slices16,fill+moe_slices+slices_route,fill+ctx_graphs+fused_reduce+moe_slices}" \
             bash "$0" switchab ;;
     slices) log slices  # issue 25: the batch-1 MoE's expert stages in one launch (paths.BATCH1_MOE_SLICES; with
           # BATCH1_SLICES_ROUTE routing themselves), A/B'd in one engine at 1x512 and 1x32768 after the MoE block

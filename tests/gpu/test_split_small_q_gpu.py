@@ -20,17 +20,13 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 BOUND = 65536 + 1024                       # bench/long_context.py's max_model_len
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
-
-
 @pytest.mark.parametrize("cache_dtype", ["fp16", "fp8_e5m2"])
 @pytest.mark.parametrize("b,q,steps", [
     (1, 9, [([40000], [9]), ([700], [3]), ([32768], [9]), ([20], [1])]),
     (4, 5, [([8192, 30, 5000, 16000], [5, 1, 3, 5]), ([1000, 9, 40000, 300], [2, 5, 5, 4]), ([64], [5])])],
     ids=["bs1q9", "bs4q5"])
 def test_graphed_split_verify_equals_unsplit(cache_dtype, b, q, steps):
-    from kernels_testlib import make_paged_batch
+    from kernels_testlib import make_paged_batch, rel_err
     from splitq_cases import padded_verify
 
     from onecard.kernels import paths
@@ -82,7 +78,7 @@ def test_graphed_split_verify_equals_unsplit(cache_dtype, b, q, steps):
             unsplit = tk.paged_attention(x, kc, vc, md, scale)[rows.to(dev)]
             m1.max_seq_len = int(m1.seq_lens.max())
             want = ref.paged_attention(x[rows.to(dev)].float(), k1.to(dev), v1.to(dev), _on(m1, dev), scale)
-            e_unsplit, e_ref = _rel(split, unsplit), _rel(split, want)
+            e_unsplit, e_ref = rel_err(split, unsplit), rel_err(split, want)
             assert e_unsplit < 1e-2 and e_ref < 1e-2, f"step {i} ({cache_dtype}): vs unsplit {e_unsplit:.3g}, " \
                                                        f"vs ref {e_ref:.3g} ({plan.segments} segments)"
     finally:

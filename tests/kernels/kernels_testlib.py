@@ -11,6 +11,11 @@ from onecard.kernels.gptq_gemm.format import pack_cols, pack_rows
 from onecard.kernels.types import GPTQWeight
 
 
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """The kernel tests' error measure: ||out - ref|| / ||ref|| in float64 (0 / 0 counts as 0)."""
+    return float((out.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
+
+
 def random_gptq(k: int, n: int, group_size: int, experts: int | None = None, desc_act: bool = False,
                 seed: int = 0, scale_dtype=torch.float16):
     """-> (GPTQWeight, dense float32 [(E,) K, N]) built from random ints with an independent formula."""

@@ -53,7 +53,7 @@ def padded_verify(md, seq_lens: list[int], qlens: list[int], b: int, q: int, blo
 
 def splitq_case(name: str, seed: int) -> float:
     import torch
-    from kernels_testlib import make_paged_batch
+    from kernels_testlib import make_paged_batch, rel_err
 
     from onecard.kernels import paths
     from onecard.kernels.attention import fp8, ref
@@ -98,4 +98,4 @@ def splitq_case(name: str, seed: int) -> float:
         paths.set_emulated_capability(None, clear=True)
     want = ref.paged_attention(q_real.float(), kc if rest[-1] == "fp8e5m2" else kc.float(),
                                vc if rest[-1] == "fp8e5m2" else vc.float(), md, s)
-    return float((out.double() - want.double()).norm() / want.double().norm().clamp_min(1e-30))
+    return rel_err(out, want)

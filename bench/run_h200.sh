@@ -85,6 +85,7 @@ for p in $parts; do
           timeout "${AB_TIMEOUT:-220}" python3 bench/long_context.py /tmp/q30 "$OUT/switch_ab.json" --scenarios "${AB_SCENARIOS:-1x512,16x512}" \
               --policies "${SWITCH_POLICIES:-fill,fill+ctx_graphs}" \
               | tee "$OUT/switch_ab.log" | grep -v '^{'
+          python3 bench/ab_table.py "$OUT/switch_ab.log"                # the markdown table (every finished scenario)
           [ "${AB_TESTS:-1}" = 1 ] && timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kernels_gpu.py \
               tests/gpu/test_engine_gpu.py 2>&1 | tail -8 ;;
     ctxgraphs) log ctxgraphs  # issue 25: decode graphs per context class (paths.DECODE_CONTEXT_GRAPHS) and the split-KV

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU facts, kernel checks, tiny-checkpoint engine checks, the full-size benchmark.
 # Usage (repo root, on the H200): OUT=/some/dir bash bench/run_h200.sh [parts...]
-# parts: ab decode10 ctxgraphs ctxtests slices slicestests specverify apimem probe kernels checks full asyncab kvdtype capab capbisect hosttier loadab nopdl pdl16 emu70 longctx attnsweep gputests startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
+# parts: ab decode10 ctxgraphs ctxtests slices slicestests resttests specverify apimem probe kernels checks full asyncab kvdtype capab capbisect hosttier loadab nopdl pdl16 emu70 longctx attnsweep gputests startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
 #   emu70: the full-size bench with every kernel-path decision on sm70's branch (ONECARD_EMULATE_CC=70): run it
 #          beside `full` in one call for the relative figure (a functional check, not a V100 timing)
 #   specverify: issue 30: verify-step latency vs tokens per sequence (1..9) at batch 1 and 16 (the cost model's
@@ -151,6 +151,11 @@ for p in $parts; do
           done ;;
     attnsweep) log attn_sweep  # issue 25 item 3: one call of <= 400 s; JSON + a short table
           timeout 390 python3 bench/attn_sweep.py "$OUT/attn_sweep.json" --budget "${ATTN_BUDGET:-320}" ;;
+    resttests) log resttests  # tests/gpu without what parts ctxtests and slicestests ran (their files, their precompile
+          # cases): after those two, the rest of gputests in a call of its own (RESTTESTS_TIMEOUT, default 560 s)
+          timeout "${RESTTESTS_TIMEOUT:-560}" python3 -m pytest -x -q -p no:cacheprovider tests/gpu \
+            --ignore=tests/gpu/test_context_graphs_gpu.py --ignore=tests/gpu/test_moe_slices_gpu.py \
+            -k "not covers_the_context_class_graphs and not covers_the_moe_slices" 2>&1 | tail -15 ;;
     gputests) log gputests; timeout 590 python3 -m pytest -x -q -p no:cacheprovider tests/gpu 2>&1 | tail -15 ;;
     startup) log startup  # cold (fresh Triton cache) with precompile, warm, cold without precompile
           [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30

@@ -278,7 +278,10 @@ def attention_preload(cc: int) -> bool:
 # decode launch below SPLIT_MIN_SEQ_LEN splits too (fill, at most FUSED_REDUCE_MAX_SEGMENTS segments: 512 tokens at
 # batch 1 run 8 one-tile programs per KV head instead of one program of 8 tiles), since that split costs no launch.
 # Launches of more segments (bs1 from ~1.1k tokens of bound) keep the reduce kernel: one program merging GROUP
-# heads x ~90 segments would be a serial tail. OFF until the full-model A/B (bench/run_h200.sh decode10) runs.
+# heads x ~90 segments would be a serial tail. OFF (H100, 2026-12-07, bench/run_h200.sh decode10, one engine,
+# alternating, with DECODE_CONTEXT_GRAPHS; BENCHMARKS.md): batch 1 at 512 tokens 444.6 -> 381.0 tok/s, batch 16
+# at 512 3,132 -> 2,791, at 8k 1,754 -> 1,654, 32k unchanged; alone decode attention B=16 at 512 15.8 -> 20.5 µs
+# (the last arriver's merge of GROUP heads is a serial tail longer than the reduce launch it saves).
 ATTN_FUSED_REDUCE = _switch("attention_fused_reduce", False)
 FUSED_REDUCE_MAX_SEGMENTS = 16
 
@@ -307,8 +310,11 @@ def batch1_rank_topk() -> bool:
 # between gate/up and down (stages.py's two launches, the second waiting for the whole first). Costs: fewer,
 # longer programs (192 at the served shape against ~1,000 per stage), the down's scales read once per slice, H
 # atomics per program. int4 GPTQ without act order (slices.supported); any compute capability (no tl.dot, no
-# PDL needed). OFF until the full-model A/B (bench/run_h200.sh decode10, or slices) runs.
-BATCH1_MOE_SLICES = _switch("batch1_moe_slices", False)
+# PDL needed). ON from 2026-12-07 (H100, bench/run_h200.sh decode10, one engine, alternating; BENCHMARKS.md):
+# batch 1 at 512 tokens 444.6 -> 454.2 tok/s, at 32k 301.5 -> 306.1, batch 16 unchanged, the same greedy tokens
+# (norm_moe T=1 alone 24.7 -> 24.5 µs; BLOCK_I 16, slices16, lost: 442.9). ``set_switch("batch1_moe_slices",
+# False)`` turns it off in a process.
+BATCH1_MOE_SLICES = _switch("batch1_moe_slices", True)
 
 
 def batch1_moe_slices() -> bool:
@@ -320,8 +326,10 @@ def batch1_moe_slices() -> bool:
 # TOP_K rounds of max, fused_moe/decode.topk_of, the same keys and ties) and the norm-route launch ends when its
 # programs have stored their logits: no arrival counter (an acq_rel atomic and the barrier before it), no last
 # program's top-k and routing stores at the end of that launch, no routing load at the start of the slices'.
-# The top-k is then computed 192 times (on 8 warps) instead of once (on 4). OFF until the full-model A/B.
-BATCH1_SLICES_ROUTE = _switch("batch1_slices_route", False)
+# The top-k is then computed 192 times (on 8 warps) instead of once (on 4). ON from 2026-12-07 (H100, decode10):
+# with the slices, batch 1 at 512 tokens 454.2 -> 457.3 tok/s, at 32k 306.1 -> 307.8 (444.6 and 301.5 without
+# either), the same greedy tokens; norm_moe T=1 alone 24.5 -> 23.5 µs.
+BATCH1_SLICES_ROUTE = _switch("batch1_slices_route", True)
 
 
 def batch1_slices_route() -> bool:
@@ -589,8 +597,11 @@ def split_kv(num_seqs: int, decode_only: bool, max_seq_len: int, kv_heads: int, 
 # unsplit one (a longer bound only moves the segment count, bs1 64 at 4k, 86 at 16k, 94 at 64k, for a graph more
 # per batch size); with ATTN_FUSED_REDUCE it splits into <= FUSED_REDUCE_MAX_SEGMENTS segments merged in the
 # launch instead (bs16 then has the same split at every bound, so no second graph).
-# ``set_switch("decode_context_graphs", ...)`` switches it in a process (bench A/Bs). OFF until the full-model A/B
-# (bench/run_h200.sh decode10) runs.
+# ``set_switch("decode_context_graphs", ...)`` switches it in a process (bench A/Bs). OFF (H100, 2026-12-07,
+# bench/run_h200.sh decode10; BENCHMARKS.md): the batch-1 attention block alone (graph replay, µs) is 26.8 at the
+# 65,536 bound (88 one-tile segments + the reduce launch), 41.8 in the unsplit class (one program walks the 8 tiles
+# of a KV head) and 34.1 in the class split and merged in the launch (ATTN_FUSED_REDUCE); in the model, with the
+# fused reduce, batch 1 at 512 tokens 444.6 -> 381.0 tok/s.
 DECODE_CONTEXT_GRAPHS = _switch("decode_context_graphs", False)
 DECODE_GRAPH_CONTEXTS = (SPLIT_MIN_SEQ_LEN - 1,)
 

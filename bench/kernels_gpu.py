@@ -71,15 +71,20 @@ def bench_graph(fn, copies: int = 20, replays: int = 20) -> float:
         return float("nan")
 
 
-def _switched(name: str, fn):
-    """fn() with paths switch ``name`` on, back to its shipped value after."""
+def _switched(name: str, fn, on: bool = True):
+    """fn() with paths switch ``name`` on (or ``on=False``: off), back to its shipped value after."""
     from onecard.kernels import paths
 
-    paths.set_switch(name, True)
+    paths.set_switch(name, on)
     try:
         return fn()
     finally:
         paths.set_switch(name, None)
+
+
+def _stages(fn):
+    """fn() with the batch-1 MoE's two-launch expert stages (the slices switched off)."""
+    return _switched("batch1_moe_slices", fn, on=False)
 
 
 def _slices(cfg, fn):
@@ -161,19 +166,26 @@ def cases(quick: bool):
     nw = (1 + 0.1 * torch.randn(H, device=DEV)).half()
     for t in (1, 16):
         x, r = torch.randn(t, H, device=DEV).half(), torch.randn(t, H, device=DEV).half()
-        yield (f"norm_moe T={t}",
+        yield (f"norm_moe T={t}",                     # T=1: the shipped path (the slices, routing themselves)
                lambda x=x, r=r: torch.cat(moe_t.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True)),
                lambda x=x, r=r: torch.cat(moe_r.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True)),
                TOPK * per_expert + E * H * 2)
-        if t == 1:                                  # the router's top-k by rank (paths switch "batch1_rank_topk")
-            yield ("norm_moe T=1 rank top-k",
-                   lambda x=x, r=r: _switched("batch1_rank_topk", lambda: torch.cat(
+        if t == 1:
+            # the two-launch expert stages (paths switch "batch1_moe_slices" off), and with them the router's top-k
+            # by rank ("batch1_rank_topk": the norm-route launch's last arriver, which only that path has)
+            yield ("norm_moe T=1 two-launch stages",
+                   lambda x=x, r=r: _stages(lambda: torch.cat(
                        moe_t.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True))),
                    lambda x=x, r=r: torch.cat(moe_r.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True)),
                    TOPK * per_expert + E * H * 2)
+            yield ("norm_moe T=1 stages, rank top-k",
+                   lambda x=x, r=r: _stages(lambda: _switched("batch1_rank_topk", lambda: torch.cat(
+                       moe_t.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True)))),
+                   lambda x=x, r=r: torch.cat(moe_r.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True)),
+                   TOPK * per_expert + E * H * 2)
         if t == 1:
-            # the expert stages in one launch (paths switch "batch1_moe_slices"; fused_moe/slices.py): the shipped
-            # SLICES_CONFIG, then other (BLOCK_I, BLOCK_K8, BLOCK_H, warps, stages) to tune it
+            # the expert stages in one launch (paths switch "batch1_moe_slices"; fused_moe/slices.py), routing
+            # themselves as shipped: the shipped SLICES_CONFIG, then other (BLOCK_I, BLOCK_K8, BLOCK_H, warps, stages) to tune it
             # (sm90 registers: shipped 128; 127; 115; 127; 127; 127; 117. Programs: 192; 192; 192; 192; 384; 96; 384)
             for cfg in (None, (32, 32, 2048, 8, 1), (32, 32, 512, 8, 1), (32, 16, 1024, 4, 1), (16, 32, 1024, 4, 1),
                         (64, 16, 512, 8, 1), (16, 64, 1024, 8, 1)):
@@ -182,9 +194,9 @@ def cases(quick: bool):
                            moe_t.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True))),
                        lambda x=x, r=r: torch.cat(moe_r.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True)),
                        TOPK * per_expert + E * H * 2)
-            yield ("norm_moe T=1 slices routing themselves",
+            yield ("norm_moe T=1 slices, routed by norm-route",         # "batch1_slices_route" off
                    lambda x=x, r=r: _switched("batch1_slices_route", lambda: _slices(None, lambda: torch.cat(
-                       moe_t.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True)))),
+                       moe_t.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True))), on=False),
                    lambda x=x, r=r: torch.cat(moe_r.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True)),
                    TOPK * per_expert + E * H * 2)
         if t == 1:

@@ -101,20 +101,21 @@ for p in $parts; do
           timeout 420 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_context_graphs_gpu.py \
             tests/gpu/test_precompile_gpu.py::test_precompile_covers_the_context_class_graphs \
             tests/gpu/test_kernels_gpu.py -k "context or precompile or attention or paged_attn" 2>&1 | tail -8 ;;
-    decode10) log decode10  # issue 25, all three switches that wait on the GPU in ONE call (~9 min with the build):
-          # the kernels alone, then policies fill, +context graphs and fused reduce, +slices, +slices at BLOCK_I 16,
-          # +slices routing themselves, and context graphs + fused reduce + slices together (what ships if each wins),
-          # in one engine at 1x512, 1x32768, 16x512, 16x8192 (batch 1 first: the A/B's timeout may cut the last).
+    decode10) log decode10  # issue 25, the switches decided on 2026-12-07 (BENCHMARKS.md), in ONE call (~9 min with
+          # the build): the kernels alone, then the defaults before (no slices), +context graphs and fused reduce,
+          # +slices, +slices at BLOCK_I 16, +slices routing themselves (= fill, the shipped defaults since), and
+          # context graphs + fused reduce + slices together, in one engine at 1x512, 1x32768, 16x512, 16x8192 (batch
+          # 1 first: the A/B's timeout may cut the last).
           # Their GPU tests after it: parts ctxtests and slicestests (one call: bash bench/run_h200.sh ctxtests slicestests)
           AB_TESTS=0 AB_TIMEOUT="${AB_TIMEOUT:-330}" AB_KTIMEOUT=150 AB_KERNELS="attention block,paged_attn decode,norm_moe T=1" \
             AB_SCENARIOS="${AB_SCENARIOS:-1x512,1x32768,16x512,16x8192}" \
-            SWITCH_POLICIES="${SWITCH_POLICIES:-fill,fill+ctx_graphs+fused_reduce,fill+moe_slices,fill+moe_slices+slices16,fill+moe_slices+slices_route,fill+ctx_graphs+fused_reduce+moe_slices}" \
+            SWITCH_POLICIES="${SWITCH_POLICIES:-fill+no_moe_slices+no_slices_route,fill+ctx_graphs+fused_reduce+no_moe_slices+no_slices_route,fill+no_slices_route,fill+no_slices_route+slices16,fill,fill+ctx_graphs+fused_reduce+no_slices_route}" \
             bash "$0" switchab ;;
     slices) log slices  # issue 25: the batch-1 MoE's expert stages in one launch (paths.BATCH1_MOE_SLICES; with
           # BATCH1_SLICES_ROUTE routing themselves), A/B'd in one engine at 1x512 and 1x32768 after the MoE block
           # alone (the shipped SLICES_CONFIG and six others; ~5 min with the build). GPU tests: part slicestests
           AB_TESTS=0 AB_TIMEOUT="${AB_TIMEOUT:-200}" AB_KERNELS="norm_moe T=1" \
-            AB_SCENARIOS="${AB_SCENARIOS:-1x512,1x32768}" SWITCH_POLICIES="${SWITCH_POLICIES:-fill,fill+moe_slices,fill+moe_slices+slices16,fill+moe_slices+slices_route}" \
+            AB_SCENARIOS="${AB_SCENARIOS:-1x512,1x32768}" SWITCH_POLICIES="${SWITCH_POLICIES:-fill+no_moe_slices+no_slices_route,fill+no_slices_route,fill+no_slices_route+slices16,fill}" \
             bash "$0" switchab ;;
     slicestests) log slicestests  # part slices' GPU tests (~3 min): the coder's greedy tokens with the slices in
           # graphs == eager == the two-launch stages; the precompile covers them; the slices rows vs reference

@@ -148,7 +148,7 @@ def aot_configs(act: str, min_cc: int) -> list[AotConfig]:
     """The served shape (H 2048, E 128, k 8) with the residual (the model always has one here)."""
     out: list[AotConfig] = []
     # x fp32: after attention_block's accumulating GEMVs; RANK (paths.batch1_rank_topk, off): on that path only;
-    # not ROUTE (paths.batch1_slices_route, off: the slices route themselves): on that path, renormalised, only
+    # not ROUTE (paths.batch1_slices_route, on: the slices route themselves): on that path, renormalised, only
     for renorm, x_t, rank, route in itertools.product((True, False), (act, "fp32"), (False, True), (True, False)):
         if (rank and x_t != "fp32") or (not route and (rank or x_t != "fp32" or not renorm)):
             continue

@@ -45,9 +45,10 @@ from onecard.kernels.types import GPTQWeight, MoEWeight
 # likewise. sm90 (JIT-aligned compile): 128 registers at 8 warps, so two programs per SM and the 192 in one wave;
 # at BLOCK_H 1,024 the down tile's layout (outputs first, 8 warps along them) keeps a column's 4 packed rows in
 # one thread: no CTA barrier in the down loop and 16-byte atomics (BLOCK_H 512: 9 barriers a chunk, 8-byte
-# atomics). BLOCK_K8 64 needs 254 registers. Not yet timed on a GPU: the "norm_moe T=1 slices" rows of
-# bench/kernels_gpu.py try other configs, and the full-model A/B also BLOCK_I 16 on 4 warps (bench/long_context.py
-# "slices16": 384 programs, 2-3 on every SM where these 192 leave 72 SMs one and 60 two; twice the atomics).
+# atomics). BLOCK_K8 64 needs 254 registers. Timed (H100, 2026-12-07, bench/run_h200.sh decode10; the figures are
+# in paths.BATCH1_MOE_SLICES's comment and BENCHMARKS.md): BLOCK_I 16 on 4 warps ("slices16": 384 programs, twice
+# the atomics) lost in the full model; of the other configs the "norm_moe T=1 slices" rows of bench/kernels_gpu.py
+# try, only (16, 64, 1024, 8, 1) was faster alone (23.4 against 24.5 µs), not yet A/B'd in the model.
 SLICES_CONFIG = (32, 32, 1024, 8, 1)
 
 

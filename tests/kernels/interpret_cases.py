@@ -56,7 +56,8 @@ MOE_G128 = [(1, 256, 8, 200, 3), (1, 384, 6, 256, 2), (5, 256, 8, 200, 3), (16, 
 # tests/kernels/test_int4_ptx.py checks)
 MOE_INT = (0, 1, 2, 3, 4)
 # (T, H, I, E, top_k, renormalize, residual?): the batch-1 block (one chunk of H per program; H not a multiple
-# of E; no residual; E not a power of two) and T > 1 (RMSNorm + router + fused_moe)
+# of E; no residual; E not a power of two) on its two-launch expert stages (switch "batch1_moe_slices" off: the
+# slices, shipped on, have the MOE_SLICES cases) and T > 1 (RMSNorm + router + fused_moe)
 NORM_MOE = [(1, 64, 32, 8, 2, True, True), (1, 200, 48, 6, 3, False, True), (1, 128, 40, 16, 4, True, False),
             (3, 64, 32, 8, 2, True, True)]
 # (H, I, E, top_k, gate/up group, down group, SLICES_CONFIG or None): the batch-1 MoE block with its expert
@@ -378,7 +379,7 @@ def _coder_b1acc_case(seed: int, slices: bool = False, route: bool = False) -> f
     attention blocks on the accumulating batch-1 path (fp32 sums into the next norm_moe / rms_norm) with the
     attention launch's own q/k norm + RoPE + KV store and the router's rank top-k, against the reference backend
     on the same cache: relative error of the final hidden rows and of the caches. ``slices``: the MoE blocks'
-    expert stages in one launch too (switch "batch1_moe_slices"); ``route``: routing themselves as well
+    expert stages in one launch (switch "batch1_moe_slices"; else the two-launch stages); ``route``: routing themselves
     (switch "batch1_slices_route")."""
     import copy
 
@@ -405,10 +406,10 @@ def _coder_b1acc_case(seed: int, slices: bool = False, route: bool = False) -> f
     for tok in ids[6:]:
         with dispatch.use_backend("ref"):
             (hr,) = ref_cache.step(model, [(seq, [tok])])
-        switches = ("batch1_accumulate", "batch1_attn_qk", "batch1_rank_topk") + (
-            ("batch1_moe_slices",) if slices else ()) + (("batch1_slices_route",) if route else ())
-        for name in switches:
-            paths.set_switch(name, True)
+        switches = {"batch1_accumulate": True, "batch1_attn_qk": True, "batch1_rank_topk": True,
+                    "batch1_moe_slices": slices, "batch1_slices_route": route}
+        for name, on in switches.items():
+            paths.set_switch(name, on)
         try:
             with dispatch.use_backend("triton"):
                 (ht,) = tri_cache.step(model, [(seq, [tok])])
@@ -634,6 +635,7 @@ def run_case(name: str, seed: int) -> float:
                   random_gptq(i, h, 16, experts=e, desc_act=desc, seed=seed + 3)[0]]
         return _rel(tk.fused_moe(x, logits, *ws, top_k, renorm), ref.fused_moe(x, logits, *ws, top_k, renorm))
     if kind.startswith("norm_moe"):
+        from onecard.kernels import paths
         from onecard.kernels.fused_moe import ref
         from onecard.kernels.fused_moe import triton as tk
         t, h, i, e, top_k, renorm, has_res = NORM_MOE[int(kind[8:])]
@@ -645,7 +647,11 @@ def run_case(name: str, seed: int) -> float:
             ws = [random_gptq(h, i, 32, experts=e, seed=seed + 1)[0], random_gptq(h, i, 32, experts=e, seed=seed + 2)[0],
                   random_gptq(i, h, 16, experts=e, seed=seed + 3)[0]]
         args = (nw, 1e-6, gate, *ws, top_k, renorm)
-        (o1, r1), (o2, r2) = tk.norm_moe(x, res, *args), ref.norm_moe(x, res, *args)
+        paths.set_switch("batch1_moe_slices", False)                      # the stages (see NORM_MOE)
+        try:
+            (o1, r1), (o2, r2) = tk.norm_moe(x, res, *args), ref.norm_moe(x, res, *args)
+        finally:
+            paths.set_switch("batch1_moe_slices", None)
         return max(_rel(o1, o2), _rel(r1, r2))
     if kind.startswith("router"):
         from onecard.kernels.fused_moe import ref

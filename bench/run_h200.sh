@@ -113,9 +113,11 @@ for p in $parts; do
             bash "$0" switchab ;;
     oprojmerge) log oprojmerge  # issue 25: the batch-1 split-KV merge in the o_proj GEMV (paths.BATCH1_OPROJ_MERGE:
           # batch 1's short context class, split, no reduce launch), A/B'd in one engine at 1x512, 1x32768, 16x512
-          # after the attention block and the merging GEMV alone (~8 min with the build). Its GPU tests: oprojtests
-          AB_TESTS=0 AB_TIMEOUT="${AB_TIMEOUT:-220}" AB_KERNELS="attention block,o_proj GEMV" \
-            AB_SCENARIOS="${AB_SCENARIOS:-1x512,1x32768,16x512}" SWITCH_POLICIES="${SWITCH_POLICIES:-fill,fill+oproj_merge}" \
+          # after the attention block and the merging GEMV alone (~8 min with the build); beside them the slices at
+          # the MoE block's fastest config alone (slices1664). Its GPU tests: oprojtests
+          AB_TESTS=0 AB_TIMEOUT="${AB_TIMEOUT:-250}" AB_KERNELS="attention block,o_proj GEMV" \
+            AB_SCENARIOS="${AB_SCENARIOS:-1x512,1x32768,16x512}" \
+            SWITCH_POLICIES="${SWITCH_POLICIES:-fill,fill+oproj_merge,fill+slices1664}" \
             bash "$0" switchab ;;
     oprojtests) log oprojtests  # part oprojmerge's GPU tests (~4 min): graphs == eager == the reduce's tokens, the
           # precompile covers it, the attention rows and the merging GEMV vs reference

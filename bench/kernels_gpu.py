@@ -307,19 +307,19 @@ def _attn_block_cases():
     pos, cache = torch.tensor([ctx], device=DEV), rope_cache()
     kc, vc = (torch.randn(64, bs, HKV, D, device=DEV).half() for _ in range(2))
 
-    def run(fn, acc: bool = False, qk: bool = False, bound: int = 65536, fused: bool = False, merge: bool = False):
+    def run(fn, acc: bool = False, qk: bool = False, bound: int = 65536, fused: bool = False):
         m = dataclasses.replace(md, max_seq_len=bound)                   # the switches set either way
-        switches = {"batch1_accumulate": acc, "batch1_attn_qk": qk, "attention_fused_reduce": fused,
-                    "batch1_oproj_merge": merge}
 
         def call():
-            for name, on in switches.items():
-                paths.set_switch(name, on)
+            paths.set_switch("batch1_accumulate", acc)
+            paths.set_switch("batch1_attn_qk", qk)
+            paths.set_switch("attention_fused_reduce", fused)
             try:
                 o, r = fn(x, res, nw, 1e-6, wq, None, qn, kn, pos, cache, kc, vc, m, D ** -0.5, wo, None)
             finally:
-                for name in switches:
-                    paths.set_switch(name, None)
+                paths.set_switch("batch1_accumulate", None)
+                paths.set_switch("batch1_attn_qk", None)
+                paths.set_switch("attention_fused_reduce", None)
             return torch.cat([o.float().flatten(), r.float().flatten(), kc.view(-1, HKV * D)[slot].float(),
                               vc.view(-1, HKV * D)[slot].float()])
         return call
@@ -334,20 +334,6 @@ def _attn_block_cases():
     # the same class with the fused reduce (paths.ATTN_FUSED_REDUCE): split into one-tile segments, no reduce launch
     yield ("attention block T=1 accumulate + attn qk, short graph, fused reduce",
            run(dispatch.attention_block, acc=True, qk=True, bound=paths.SPLIT_MIN_SEQ_LEN - 1, fused=True), ref,
-           nbytes)
-    # the merging o_proj GEMV alone (attn_in/merge_gemv.py): 16 segments of one-tile partials, 9 of them filled (513 keys)
-    from onecard.kernels.attention.triton import SplitPartials
-    from onecard.kernels.attn_in import merge_gemv as mg
-    segs = paths.SHORT_MERGE_MAX_SEGMENTS
-    ml = torch.randn(1, HQ, segs, 2, device=DEV)
-    ml[..., 1] = ml[..., 1].abs() + 0.5
-    sp = SplitPartials(torch.randn(1, HQ, segs, D, device=DEV), ml, md.seq_lens, 64, 1, torch.float16)
-    yield ("o_proj GEMV T=1 merging 9 of 16 segments (+ a memset)", lambda: mg.merge_gemv(sp, wo, None, torch.zeros(1, H, device=DEV)),
-           lambda: ai_r.merge_gemv(sp, wo, None), wo.nbytes() + HQ * segs * (D + 2) * 4)
-    # the same class with the merge in o_proj (paths.BATCH1_OPROJ_MERGE): one-tile segments, no reduce launch,
-    # every o_proj program merging its two heads' partials
-    yield ("attention block T=1 accumulate + attn qk, short graph, merged in o_proj",
-           run(dispatch.attention_block, acc=True, qk=True, bound=paths.SPLIT_MIN_SEQ_LEN - 1, merge=True), ref,
            nbytes)
 
 

@@ -155,8 +155,7 @@ def switch_setters() -> dict:
               "fused_reduce": "attention_fused_reduce",
               "moe_slices": "batch1_moe_slices",                          # batch 1 only
               "slices_route": "batch1_slices_route",                      # (with moe_slices only)
-              "fast_silu": "decode_fast_silu",
-              "oproj_merge": "batch1_oproj_merge"}                         # batch 1 (its short context class)
+              "fast_silu": "decode_fast_silu"}
     return {**{short: partial(paths.set_switch, name) for short, name in on_off.items()},
             # the slices at BLOCK_I 16, 4 warps: 384 programs, ~3 on every SM of 132 (the shipped 192 leave 72 SMs
             # with one and 60 with two), twice the atomics

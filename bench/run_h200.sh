@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU facts, kernel checks, tiny-checkpoint engine checks, the full-size benchmark.
 # Usage (repo root, on the H200): OUT=/some/dir bash bench/run_h200.sh [parts...]
-# parts: ab oprojmerge oprojtests decode10 ctxgraphs ctxtests slices slicestests resttests specverify apimem probe kernels checks full asyncab kvdtype capab capbisect hosttier loadab nopdl pdl16 emu70 longctx attnsweep gputests startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
+# parts: ab decode10 ctxgraphs ctxtests slices slicestests resttests specverify apimem probe kernels checks full asyncab kvdtype capab capbisect hosttier loadab nopdl pdl16 emu70 longctx attnsweep gputests startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
 #   emu70: the full-size bench with every kernel-path decision on sm70's branch (ONECARD_EMULATE_CC=70): run it
 #          beside `full` in one call for the relative figure (a functional check, not a V100 timing)
 #   specverify: issue 30: verify-step latency vs tokens per sequence (1..9) at batch 1 and 16 (the cost model's
@@ -111,19 +111,6 @@ for p in $parts; do
             AB_SCENARIOS="${AB_SCENARIOS:-1x512,1x32768,16x512,16x8192}" \
             SWITCH_POLICIES="${SWITCH_POLICIES:-fill+no_moe_slices+no_slices_route,fill+ctx_graphs+fused_reduce+no_moe_slices+no_slices_route,fill+no_slices_route,fill+no_slices_route+slices16,fill,fill+ctx_graphs+fused_reduce+no_slices_route}" \
             bash "$0" switchab ;;
-    oprojmerge) log oprojmerge  # issue 25: the batch-1 split-KV merge in the o_proj GEMV (paths.BATCH1_OPROJ_MERGE:
-          # batch 1's short context class, split, no reduce launch), A/B'd in one engine at 1x512, 1x32768, 16x512
-          # after the attention block and the merging GEMV alone (~8 min with the build); beside them the slices at
-          # the MoE block's fastest config alone (slices1664). Its GPU tests: oprojtests
-          AB_TESTS=0 AB_TIMEOUT="${AB_TIMEOUT:-250}" AB_KERNELS="attention block,o_proj GEMV" \
-            AB_SCENARIOS="${AB_SCENARIOS:-1x512,1x32768,16x512}" \
-            SWITCH_POLICIES="${SWITCH_POLICIES:-fill,fill+oproj_merge,fill+slices1664}" \
-            bash "$0" switchab ;;
-    oprojtests) log oprojtests  # part oprojmerge's GPU tests (~4 min): graphs == eager == the reduce's tokens, the
-          # precompile covers it, the attention rows and the merging GEMV vs reference
-          timeout 330 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_oproj_merge_gpu.py \
-            tests/gpu/test_precompile_gpu.py::test_precompile_covers_the_oproj_merge \
-            tests/gpu/test_kernels_gpu.py -k "attention or o_proj" 2>&1 | tail -8 ;;
     slices) log slices  # issue 25: the batch-1 MoE's expert stages in one launch (paths.BATCH1_MOE_SLICES; with
           # BATCH1_SLICES_ROUTE routing themselves), A/B'd in one engine at 1x512 and 1x32768 after the MoE block
           # alone (the shipped SLICES_CONFIG and six others; ~5 min with the build). GPU tests: part slicestests
@@ -169,8 +156,7 @@ for p in $parts; do
           # cases): after those two, the rest of gputests in a call of its own (RESTTESTS_TIMEOUT, default 560 s)
           timeout "${RESTTESTS_TIMEOUT:-560}" python3 -m pytest -x -q -p no:cacheprovider tests/gpu \
             --ignore=tests/gpu/test_context_graphs_gpu.py --ignore=tests/gpu/test_moe_slices_gpu.py \
-            --ignore=tests/gpu/test_oproj_merge_gpu.py \
-            -k "not covers_the_context_class_graphs and not covers_the_moe_slices and not covers_the_oproj" 2>&1 | tail -15 ;;
+            -k "not covers_the_context_class_graphs and not covers_the_moe_slices" 2>&1 | tail -15 ;;
     gputests) log gputests; timeout 590 python3 -m pytest -x -q -p no:cacheprovider tests/gpu 2>&1 | tail -15 ;;
     startup) log startup  # cold (fresh Triton cache) with precompile, warm, cold without precompile
           [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30

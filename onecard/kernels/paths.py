@@ -272,44 +272,27 @@ def attention_preload(cc: int) -> bool:
 
 # Split-KV decode attention merging its own segments (attention/triton.py FUSED_REDUCE): each program stores its
 # partials and bumps a counter per (sequence, KV head); the last to arrive merges that KV head's GROUP query heads
-# (at most SHORT_MERGE_MAX_SEGMENTS partials each, one pass) and stores the output. No reduce launch: a batch-1
+# (at most FUSED_REDUCE_MAX_SEGMENTS partials each, one pass) and stores the output. No reduce launch: a batch-1
 # decode layer is a chain of ~8 dependent launches (each ~1-3 µs of launch and wait on top of its work), and the
 # reduce was one of them at every context; its price is the last arriver's fence and L2 round trip. With it, a
-# decode launch below SPLIT_MIN_SEQ_LEN splits too (fill, at most SHORT_MERGE_MAX_SEGMENTS segments: 512 tokens at
+# decode launch below SPLIT_MIN_SEQ_LEN splits too (fill, at most FUSED_REDUCE_MAX_SEGMENTS segments: 512 tokens at
 # batch 1 run 8 one-tile programs per KV head instead of one program of 8 tiles), since that split costs no launch.
 # Launches of more segments (bs1 from ~1.1k tokens of bound) keep the reduce kernel: one program merging GROUP
 # heads x ~90 segments would be a serial tail. OFF (H100, 2026-12-07, bench/run_h200.sh decode10, one engine,
 # alternating, with DECODE_CONTEXT_GRAPHS; BENCHMARKS.md): batch 1 at 512 tokens 444.6 -> 381.0 tok/s, batch 16
 # at 512 3,132 -> 2,791, at 8k 1,754 -> 1,654, 32k unchanged; alone decode attention B=16 at 512 15.8 -> 20.5 µs
-# (the last arriver's merge of GROUP heads is a serial tail longer than the reduce launch it saves).
+# (the last arriver's merge of GROUP heads is a serial tail longer than the reduce launch it saves). Spreading
+# that merge over the o_proj GEMV's 512 programs instead (each merging its two heads' partials after its PDL
+# wait, storing the row, then its tiles; batch 1's short class; commit 0ff5036, reverted) lost too: batch 1 at
+# 512 tokens 457.1 -> 427.7 tok/s, the merging GEMV alone 9.1 µs against ~4.9 (H100, 2026-12-07, BENCHMARKS.md).
+# Under PDL the reduce launch costs little; the chain's dependent L2 round trips are what cost.
 ATTN_FUSED_REDUCE = _switch("attention_fused_reduce", False)
-# The most segments of a split merged without a reduce launch (by the attention launch's last arriver,
-# ATTN_FUSED_REDUCE, or by the batch-1 o_proj GEMV, BATCH1_OPROJ_MERGE): their merges load every partial at once.
-SHORT_MERGE_MAX_SEGMENTS = 16
+FUSED_REDUCE_MAX_SEGMENTS = 16
 
 
 def attention_fused_reduce() -> bool:
-    """May a decode-only split-KV launch of at most SHORT_MERGE_MAX_SEGMENTS segments merge them itself?"""
+    """May a decode-only split-KV launch of at most FUSED_REDUCE_MAX_SEGMENTS segments merge them itself?"""
     return switch("attention_fused_reduce")
-
-
-# The batch-1 attention block's split-KV merge in its o_proj GEMV (attn_in/merge_gemv.py) instead of the reduce
-# launch: the attention launch stores its partials and returns; every o_proj program, after its PDL wait, loads
-# the (m, l) and partials of the heads its K tiles cover, merges them as the reduce would (the same arithmetic,
-# rounded to the model dtype) and runs its GEMV tiles on them. One dependent launch fewer per layer, no counters
-# and no serial tail (ATTN_FUSED_REDUCE's last arriver merged 8 heads in a row): the merge is spread over the
-# GEMV's 512 programs, each re-reading its heads' partials from L2 (32 column tiles read each head's). So it
-# takes splits of at most SHORT_MERGE_MAX_SEGMENTS segments only (a 64k bound's 94 would be 6 MB of re-reads
-# and 128 registers of partials per tile), and with it batch 1 gets a context-class graph (decode_graph_bounds)
-# whose short split (fill, <= SHORT_MERGE_MAX_SEGMENTS, below SPLIT_MIN_SEQ_LEN) is merged there: at 512 tokens
-# the same 8 filled one-tile segments as the 64k bound's split, minus the reduce launch. Longer contexts keep
-# the reduce. OFF until measured in the full model (bench/run_h200.sh oprojmerge).
-BATCH1_OPROJ_MERGE = _switch("batch1_oproj_merge", False)
-
-
-def batch1_oproj_merge() -> bool:
-    """May the batch-1 attention block's o_proj GEMV merge a short decode split (no reduce launch)?"""
-    return switch("batch1_oproj_merge")
 
 
 # The batch-1 router's top-k (fused_moe/batch1.py's last-arriving program, on the decode step's critical path) by
@@ -587,18 +570,16 @@ def split_kv(num_seqs: int, decode_only: bool, max_seq_len: int, kv_heads: int, 
     GROUP rows at a short bound, and at long contexts a segment is many tiles long.
     Policy "legacy" (issue 25's before, for A/B): ~2 programs per SM rounded up to a power of two, at most
     LEGACY_MAX_SEGMENTS (bs1 at 32k on 132 SMs: 16 segments, 64 programs: half the SMs idle).
-    Below SPLIT_MIN_SEQ_LEN a decode launch splits only where no reduce launch merges it: with the fused reduce
-    (attention_fused_reduce) or, at batch 1, the o_proj merge (batch1_oproj_merge), by "fill" capped at
-    SHORT_MERGE_MAX_SEGMENTS."""
+    Below SPLIT_MIN_SEQ_LEN a decode launch splits only with the fused reduce on (attention_fused_reduce), by
+    "fill" capped at FUSED_REDUCE_MAX_SEGMENTS, so that the kernel merges it (no reduce launch)."""
     small_q = query_blocks > 0 and not decode_only
     ov = _SplitKvPolicy.override if decode_only else {}
     if "segments" in ov:                                                  # a bench/test's forced split
         return max(1, int(ov["segments"])), int(ov.get("min_seg_tiles", SPLIT_MIN_SEGMENT_TILES))
     policy = policy or split_kv_policy()
-    # merged without a reduce launch (the fused reduce; at batch 1 the o_proj merge), a short decode split costs
-    # no launch: fill splits it too (not "legacy": the old rule)
-    short_fused = (decode_only and max_seq_len < SPLIT_MIN_SEQ_LEN and policy != "legacy"
-                   and (attention_fused_reduce() or (num_seqs == 1 and batch1_oproj_merge())))
+    # with the fused reduce a short decode split costs no launch: fill splits it too (not "legacy": the old rule)
+    short_fused = (decode_only and max_seq_len < SPLIT_MIN_SEQ_LEN and attention_fused_reduce()
+                   and policy != "legacy")
     if not (decode_only or small_q) or (max_seq_len < SPLIT_MIN_SEQ_LEN and not short_fused):
         return 1, 1
     base = max(1, num_seqs * kv_heads * (query_blocks if small_q else 1))   # programs without a split
@@ -607,7 +588,7 @@ def split_kv(num_seqs: int, decode_only: bool, max_seq_len: int, kv_heads: int, 
         return max(1, min(LEGACY_MAX_SEGMENTS, 1 if want <= 1 else 1 << (int(want) - 1).bit_length())), 1
     tiles = _cdiv(max_seq_len, ov.get("block_n") or block_n or attention_tiles(cc, 16)[0])   # tiles of the bound
     segs = _fill_segments(base, tiles, split_kv_ctas_per_sm(cc) * sms)
-    return (min(segs, SHORT_MERGE_MAX_SEGMENTS) if short_fused else segs), SPLIT_MIN_SEGMENT_TILES
+    return (min(segs, FUSED_REDUCE_MAX_SEGMENTS) if short_fused else segs), SPLIT_MIN_SEGMENT_TILES
 
 
 # Decode CUDA graphs per context class. A captured graph's attention split is fixed by its metadata's bound
@@ -618,7 +599,7 @@ def split_kv(num_seqs: int, decode_only: bool, max_seq_len: int, kv_heads: int, 
 # bound's, and a step replays the smallest bound that holds it. Any bound gives the same results (the kernel
 # cuts each sequence's own tiles into the segments), so the choice is only about speed. One class for now: the
 # unsplit one (a longer bound only moves the segment count, bs1 64 at 4k, 86 at 16k, 94 at 64k, for a graph more
-# per batch size); with ATTN_FUSED_REDUCE it splits into <= SHORT_MERGE_MAX_SEGMENTS segments merged in the
+# per batch size); with ATTN_FUSED_REDUCE it splits into <= FUSED_REDUCE_MAX_SEGMENTS segments merged in the
 # launch instead (bs16 then has the same split at every bound, so no second graph).
 # ``set_switch("decode_context_graphs", ...)`` switches it in a process (bench A/Bs). OFF (H100, 2026-12-07,
 # bench/run_h200.sh decode10; BENCHMARKS.md): the batch-1 attention block alone (graph replay, µs) is 26.8 at the
@@ -632,10 +613,9 @@ DECODE_GRAPH_CONTEXTS = (SPLIT_MIN_SEQ_LEN - 1,)
 def decode_graph_bounds(num_seqs: int, max_model_len: int, kv_heads: int, sms: int, cc: int) -> tuple[int, ...]:
     """The context bounds (ascending, the last max_model_len) of the decode graphs of ``num_seqs`` sequences: one
     per DECODE_GRAPH_CONTEXTS class below max_model_len whose split_kv differs from the next larger bound's kept
-    (DECODE_CONTEXT_GRAPHS on; for batch 1 also BATCH1_OPROJ_MERGE, whose short split is merged in o_proj), else
-    max_model_len alone."""
+    (DECODE_CONTEXT_GRAPHS on), else max_model_len alone."""
     bounds = [max_model_len]
-    if switch("decode_context_graphs") or (num_seqs == 1 and batch1_oproj_merge()):
+    if switch("decode_context_graphs"):
         for c in sorted((c for c in DECODE_GRAPH_CONTEXTS if c < max_model_len), reverse=True):
             if split_kv(num_seqs, True, c, kv_heads, sms, cc) != split_kv(num_seqs, True, bounds[0], kv_heads,
                                                                           sms, cc):
@@ -670,9 +650,7 @@ class AttentionLaunch(NamedTuple):
     prefetch: int            # 0: none; 1: the next tile's block-table entries; 2: also its K/V, in registers
     row_reduce: bool = False  # split, not decode-only: the row-wise reduce (any query rows per sequence)
     preload: bool = False     # decode-only, prefetch 0: the first key tile before the PDL wait (attention_preload)
-    fused_reduce: bool = False  # decode-only split of <= SHORT_MERGE_MAX_SEGMENTS: the kernel merges (no reduce launch)
-    oproj_merge: bool = False   # batch-1 decode split of <= SHORT_MERGE_MAX_SEGMENTS, no fused reduce: a caller
-    #                             that asks (paged_attention's merge_later) gets the partials, its o_proj merges
+    fused_reduce: bool = False  # decode-only split of <= FUSED_REDUCE_MAX_SEGMENTS: the kernel merges (no reduce launch)
 
 
 def attention_launch(num_seqs: int, decode_only: bool, max_seq_len: int, kv_heads: int, sms: int, cc: int,
@@ -691,13 +669,11 @@ def attention_launch(num_seqs: int, decode_only: bool, max_seq_len: int, kv_head
     ov = _SplitKvPolicy.override if decode_only else {}
     bs = min(next_pow2(segs), ov.get("reduce_block_s", REDUCE_BLOCK_S))
     prefetch = int(ov.get("prefetch", ATTN_PREFETCH))
-    short = decode_only and 1 < segs <= SHORT_MERGE_MAX_SEGMENTS         # a split merged without a reduce launch
     return AttentionLaunch(segs, min_tiles, ov.get("block_n", block_n), ov.get("num_warps", warps),
                            ov.get("num_stages", ATTN_STAGES), bs, ov.get("reduce_warps", REDUCE_WARPS),
                            prefetch, segs > 1 and not decode_only,
                            decode_only and prefetch == 0 and attention_preload(cc),
-                           short and attention_fused_reduce(),
-                           short and num_seqs == 1 and not attention_fused_reduce() and batch1_oproj_merge())
+                           decode_only and 1 < segs <= FUSED_REDUCE_MAX_SEGMENTS and attention_fused_reduce())
 
 
 def use_pdl(num_tokens: int, cc: int, max_tokens: int) -> bool:

@@ -109,19 +109,3 @@ def test_graph_runner_takes_the_context_bounds_of_the_path_table(tiny_moe_dir, m
         assert runner.graph_runner().decode_bounds == {1: (63, 512), 2: (63, 512)}
     finally:
         paths.set_switch("decode_context_graphs", None)
-
-
-def test_graph_runner_gives_batch1_the_short_class_with_the_oproj_merge(tiny_moe_dir, monkeypatch):
-    """paths.BATCH1_OPROJ_MERGE: batch 1's graphs get the short context class (its split merged in o_proj), the
-    other batch sizes keep max_model_len alone (threshold lowered as in the test above)."""
-    from onecard.kernels import paths
-
-    core = EngineCore(EngineArgs(model=str(tiny_moe_dir), device="cpu", max_model_len=512,
-                                 max_num_seqs=2).create_config())
-    monkeypatch.setattr(paths, "SPLIT_MIN_SEQ_LEN", 64)
-    monkeypatch.setattr(paths, "DECODE_GRAPH_CONTEXTS", (63,))
-    paths.set_switch("batch1_oproj_merge", True)
-    try:
-        assert core.runner.graph_runner().decode_bounds == {1: (63, 512), 2: (512,)}
-    finally:
-        paths.set_switch("batch1_oproj_merge", None)

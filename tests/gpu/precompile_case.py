@@ -41,10 +41,6 @@ def main() -> None:
         paths.set_switch("decode_context_graphs", True)
         paths.set_switch("attention_fused_reduce", sys.argv[2] == "ctxfused")
         max_len = 2048
-    if sys.argv[2:3] == ["oproj"]:                    # batch 1's short class, merged in o_proj
-        from onecard.kernels import paths
-        paths.set_switch("batch1_oproj_merge", True)
-        max_len = 2048
     if sys.argv[2:3] == ["slices"]:
         from onecard.kernels import paths
         paths.set_switch("batch1_moe_slices", True)

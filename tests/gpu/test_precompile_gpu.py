@@ -16,7 +16,7 @@ CASE = Path(__file__).with_name("precompile_case.py")
 
 
 def _start(ckpt: Path, cache: Path, precompile: bool, mode: str | None = None) -> dict:
-    """``mode``: precompile_case.py's (None, "spec", "ctx", "ctxfused", "oproj" or "slices")."""
+    """``mode``: precompile_case.py's (None, "spec", "ctx", "ctxfused" or "slices")."""
     env = dict(os.environ, TRITON_CACHE_DIR=str(cache), ONECARD_PRECOMPILE="1" if precompile else "0")
     out = subprocess.run([sys.executable, str(CASE), str(ckpt)] + ([mode] if mode else []), env=env,
                          capture_output=True, text=True, timeout=600)
@@ -59,21 +59,6 @@ def test_precompile_covers_the_context_class_graphs(tmp_path, mode):
     assert with_pc["misses"] == [], with_pc["miss_lines"]
     without = _start(CODER, tmp_path / "cache_b", False, mode=mode)
     assert len(without["misses"]) >= 5 and with_pc["tokens"] == without["tokens"]
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_precompile_covers_the_oproj_merge(tmp_path):
-    """With the batch-1 split merged in the o_proj GEMV (kernels/paths.BATCH1_OPROJ_MERGE; batch 1 then has the
-    short context class's graph, whose capture launches the merging GEMV), nothing is left to JIT, and the greedy
-    tokens are those of a start-up without the precompile."""
-    sys.path.insert(0, str(Path(__file__).parents[2]))
-    from bench.gpu_checks import CODER
-
-    with_pc = _start(CODER, tmp_path / "cache_a", True, mode="oproj")
-    assert with_pc["misses"] == [], with_pc["miss_lines"]
-    without = _start(CODER, tmp_path / "cache_b", False, mode="oproj")
-    assert any("merge_gemv" in m for m in without["misses"]), without["misses"]   # the kernel did run
-    assert with_pc["tokens"] == without["tokens"]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -88,16 +88,6 @@ ATTN_QK_SPLITS = [None, {"segments": 3, "block_n": 16}, {"segments": 2, "block_n
 # attnblockqkfused{i}: the same split as ATTN_QK_SPLITS[1] merged by the attention launch's last arriving segment
 # (switch "attention_fused_reduce"; the program that stores the new key is not the last to arrive in general)
 ATTN_BLOCK = [(256, 4, 2, 64, "x32res", 40, False), (384, 2, 2, 64, "nores", 5, True)]
-# attnblockmerge{i} / attnblockqkmerge{i}: ATTN_BLOCK case i split as ATTN_QK_SPLITS[1] (3 one-tile segments)
-# with the o_proj GEMV merging the partials (switch "batch1_oproj_merge": no reduce launch), without and with
-# the attention launch's own q/k
-# (Hq, D, segments, context, key tile, dtype of the merged row, bias): attn_in/merge_gemv.py alone against
-# ref.merge_gemv on random partials, the unfilled segments' rows garbage: 2 heads per K tile (D 64); one head a
-# tile; a head over 2 tiles (D 256) with every one of 16 segments filled but 6; K = 384 (3 tiles: a K split
-# of more than 2 runs the kernel's loop) with 1 of 4 filled. (bf16: Triton 3.6's interpreter truncates fp32 to
-# bf16 where torch and the GPU round to nearest, so that case sits at ~4e-3, under the 1e-2 of 16-bit data.)
-MERGE_GEMV = [(4, 64, 5, 40, 16, "fp16", True), (2, 128, 3, 20, 16, "fp32", False),
-              (1, 256, 16, 300, 32, "fp16", True), (6, 64, 4, 7, 16, "bf16", False)]
 # (seq_lens, query_lens, Hq, Hkv, block_size, num_decode_tokens): prefill, chunk over prefix, split-KV decode
 ATTN = [([5, 9, 1], [5, 9, 1], 8, 2, 4, 0), ([7, 70, 33], [1, 4, 1], 6, 2, 16, 1),
         ([130, 2100], [1, 1], 4, 1, 16, 2), ([17], [17], 4, 4, 8, 0)]
@@ -124,7 +114,7 @@ SPLITKV_BOUND = 4096
 # "-pre": with the first key tile loaded before the (interpreted) PDL wait and peeled off the loop
 # (switch "attention_preload"; the kernel's own prefetch off)
 # "-fused": the launch merges its own segments (switch "attention_fused_reduce": the last program to arrive per
-# sequence and KV head; launches of more than SHORT_MERGE_MAX_SEGMENTS segments keep the reduce kernel); the
+# sequence and KV head; launches of more than FUSED_REDUCE_MAX_SEGMENTS segments keep the reduce kernel); the
 # arrival counters must be back at zero after it. "-short": fill at a bound below SPLIT_MIN_SEQ_LEN, which splits
 # only with the fused reduce
 SPLITKV_CASES = ([f"splitkv{i}-{dt}" for i in range(len(SPLITKV)) for dt in (F32, F16)]
@@ -160,8 +150,6 @@ CASES = ([f"gemm{i}-{dt}" for i in range(len(GEMM)) for dt in (F32, F16)] + ["de
             for dt in (F32, F16)]
          + [f"attnblockqkpre{i}-{F16}" for i in range(len(ATTN_BLOCK))]
          + [f"attnblockqkfused{i}-{dt}" for i in range(len(ATTN_BLOCK)) for dt in (F32, F16)]
-         + [f"attnblock{qk}merge{i}-{dt}" for qk in ("", "qk") for i in range(len(ATTN_BLOCK)) for dt in (F32, F16)]
-         + [f"mergegemv{i}-{c[5]}" for i, c in enumerate(MERGE_GEMV)]
          + [f"rms_norm-zero-{dt}" for dt in (F32, F16)]
          + [f"coderb1acc-{F16}", f"coderb1slices-{F16}", f"coderb1slicesroute-{F16}"]
          + [f"topkrank{i}" for i in range(5)]                              # topk_cases.TOPK
@@ -344,11 +332,10 @@ def _gemm_acc_case(i: int, dt, seed: int) -> float:
     return _rel(acc - r, want)
 
 
-def _attn_block_case(i: int, dt, seed: int, attn_qk: bool = False, split: int = 0, merge: bool = False) -> float:
+def _attn_block_case(i: int, dt, seed: int, attn_qk: bool = False, split: int = 0) -> float:
     """ATTN_BLOCK case i through dispatch with the accumulating batch-1 path vs the reference composition:
     max relative error of out, residual_out and both caches. attn_qk: with the attention launch normalising,
-    rotating and storing q/k itself (switch "batch1_attn_qk"); split: ATTN_QK_SPLITS' knobs (with attn_qk or
-    merge); merge: the o_proj GEMV merges the split's partials (switch "batch1_oproj_merge"), asserted taken."""
+    rotating and storing q/k itself (switch "batch1_attn_qk")."""
     import torch
     from kernels_testlib import make_paged_batch, random_gptq
 
@@ -372,51 +359,19 @@ def _attn_block_case(i: int, dt, seed: int, attn_qk: bool = False, split: int = 
     tail = (md, d ** -0.5, wo, bo)
     paths.set_switch("batch1_accumulate", True)
     paths.set_switch("batch1_attn_qk", attn_qk)
-    paths.set_switch("batch1_oproj_merge", merge)
-    knobs = ATTN_QK_SPLITS[split] if attn_qk or merge else None
+    knobs = ATTN_QK_SPLITS[split] if attn_qk else None
     paths.set_decode_attention_override(**(knobs or {}))
     try:
         with dispatch.use_backend("triton"):
             assert tk.accumulate_supported(x, res, wq, wo, kc), "the accumulating path must take this case"
-            if merge:                                                     # the merging GEMV takes this launch
-                from onecard.kernels.attention.triton import launch_plan
-                from onecard.kernels.attn_in.merge_gemv import merge_supported
-                assert launch_plan(md, hq, hkv, kc.device).oproj_merge and merge_supported(wo, d)
             oa, ra = dispatch.attention_block(x, res, *args, *ca, *tail)
     finally:
         paths.set_switch("batch1_accumulate", None)
         paths.set_switch("batch1_attn_qk", None)
-        paths.set_switch("batch1_oproj_merge", None)
         paths.set_decode_attention_override()
     assert oa.dtype == torch.float32, oa.dtype
     ob, rb = ref.attention_block(x, res, *args, *cb, *tail)
     return max(_rel(oa, ob), _rel(ra, rb), _rel(torch.cat(ca), torch.cat(cb)))
-
-
-def _merge_gemv_case(i: int, seed: int) -> float:
-    """MERGE_GEMV case i: attn_in/merge_gemv.merge_gemv adding into a row of random values vs that row +
-    ref.merge_gemv (the filled segments from seq_lens; the others' rows hold garbage the merge must skip)."""
-    import torch
-    from kernels_testlib import random_gptq
-
-    from onecard.kernels.attention.triton import SplitPartials
-    from onecard.kernels.attn_in import merge_gemv as mg
-    from onecard.kernels.attn_in import ref
-
-    hq, d, segs, ctx, block_n, xdt, bias = MERGE_GEMV[i]
-    dt = {"fp16": torch.float16, "fp32": torch.float32, "bf16": torch.bfloat16}[xdt]
-    n = 96                                                                # two column tiles, the second ragged
-    w, _ = random_gptq(hq * d, n, 128, seed=seed + 1)
-    part = torch.randn(1, hq, segs, d)
-    ml = torch.randn(1, hq, segs, 2)
-    ml[..., 0] *= 4                                                       # spread maxima: the weights matter
-    ml[..., 1] = ml[..., 1].abs() + 0.5
-    sp = SplitPartials(part, ml, torch.tensor([ctx], dtype=torch.int32), block_n, 1, dt)
-    b = torch.randn(n).to(dt) if bias else None
-    row = torch.randn(1, n)
-    assert ref.filled_segments(ctx, segs, block_n, 1) < segs              # some segments must be skipped
-    got = mg.merge_gemv(sp, w, b, row.clone())
-    return _rel(got, row + ref.merge_gemv(sp, w, b))
 
 
 def _coder_b1acc_case(seed: int, slices: bool = False, route: bool = False) -> float:
@@ -504,7 +459,7 @@ def _splitkv_case(name: str, seed: int) -> float:
         assert plan.segments > 1, f"no split: {plan}"
         want = {**knobs, "reduce_block_s": min(paths.next_pow2(plan.segments), knobs.get("reduce_block_s", 1 << 30))}
         assert all(getattr(plan, k) == v for k, v in want.items() if k in knobs), (plan, knobs)
-        assert plan.fused_reduce == ("fused" in rest and plan.segments <= paths.SHORT_MERGE_MAX_SEGMENTS), plan
+        assert plan.fused_reduce == ("fused" in rest and plan.segments <= paths.FUSED_REDUCE_MAX_SEGMENTS), plan
         out = tk.paged_attention(q, kc, vc, md, s)
         if plan.fused_reduce:                                             # the zero invariant (workspace.py)
             from onecard.kernels import workspace
@@ -624,11 +579,6 @@ def run_case(name: str, seed: int) -> float:
         return _coder_b1acc_case(seed, slices=kind != "coderb1acc", route=kind == "coderb1slicesroute")
     if kind.startswith("gemmacc"):
         return _gemm_acc_case(int(kind[7:]), dt, seed)
-    if kind.startswith("mergegemv"):
-        return _merge_gemv_case(int(kind[9:]), seed)
-    if kind.startswith(("attnblockmerge", "attnblockqkmerge")):          # ATTN_QK_SPLITS[1], merged in o_proj
-        qk = kind.startswith("attnblockqk")
-        return _attn_block_case(int(kind.rpartition("merge")[2]), dt, seed, attn_qk=qk, split=1, merge=True)
     for tag, sw in (("attnblockqkpre", "attention_preload"), ("attnblockqkfused", "attention_fused_reduce")):
         if kind.startswith(tag):                                          # ATTN_QK_SPLITS[1] with one switch on
             from onecard.kernels import paths
@@ -910,7 +860,7 @@ def assert_within_bound(err: float | str, case: str, seed: int) -> None:
     under 2e-3: it rounds only fp32 sums and its outputs (measured <= 3.6e-4 for the MoE, whose silu rows are
     fp16 on either path, and <= 1e-5 for the GEMM), so a scale off by 1% (7e-3 to 3e-2) fails them."""
     assert not isinstance(err, str), f"seed {seed}: {err}"
-    bound = 1e-2 if case.endswith(("fp16", "bf16", "fp8e5m2")) else 1e-4
+    bound = 1e-2 if case.endswith(("fp16", "fp8e5m2")) else 1e-4
     if case.startswith(INT_CASES):
         bound = 2e-3
     if case.startswith(("coderb1acc", "coderb1slices")):       # (and coderb1slicesroute) measured 8.2e-4-8.9e-4 (fp16, the whole tiny model); a 1% GEMV error: 8.7e-3

@@ -25,7 +25,7 @@ import pytest
 
 triton = pytest.importorskip("triton")
 
-MODULES = ["gptq_gemm", "fused_moe", "attention", "attn_in", "norm", "rope", "activation"]
+MODULES = ["gptq_gemm", "fused_moe", "attention", "norm", "rope", "activation"]
 TARGETS = [70, 75, 80, 90]
 
 
@@ -219,11 +219,10 @@ def test_pre_sm80_tiles_do_not_spill(compiled):
                for t in range(17, GROUPED_MIN_TOKENS) for g in (True, False)}
     rows = [r for r in compiled if r[1] == 70 and r[2].endswith("(JIT-aligned)") and (
         (r[2].startswith("paged_attn") and "pre-sm80" in r[2]) or r[2].removesuffix(" (JIT-aligned)") in chosen
-        or r[2].startswith(("segment_reduce", "merge_gemv")))]
+        or r[2].startswith("segment_reduce"))]
     # attention: decode, prefill, each with an fp16 and an fp8_e5m2 cache, and decode at the kernel's prefetch
     # levels 1 and 2 (fp16; bench/attn_sweep.py's A/B); MoE: decode 1, 16 (stage 2 also on the separate silu
     # launch's output, paths.decode_moe_act_launch); sorted; the split-KV reduce at each
-    # BLOCK_S (2 .. 128 segments merged per step), and its row-wise variant (split small-q launches) at BLOCK_Q 2, 8;
-    # the batch-1 o_proj GEMV merging a short split (attn_in/merge_gemv.py, fp16)
-    assert len(rows) == 2 * 2 + 2 + 1 + 4 + 1 + 2 + 7 + 7 * 2 + 1, [r[2] for r in rows]
+    # BLOCK_S (2 .. 128 segments merged per step), and its row-wise variant (split small-q launches) at BLOCK_Q 2, 8
+    assert len(rows) == 2 * 2 + 2 + 1 + 4 + 1 + 2 + 7 + 7 * 2, [r[2] for r in rows]
     assert all(r[6] == 0 for r in rows), [(r[2], r[6]) for r in rows]

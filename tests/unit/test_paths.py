@@ -308,8 +308,7 @@ def test_switches_are_one_mechanism_with_their_shipped_values():
     shipped = paths.switches()
     constants = {"batch1_accumulate": paths.BATCH1_ACCUMULATE, "attention_fused_reduce": paths.ATTN_FUSED_REDUCE,
                  "batch1_moe_slices": paths.BATCH1_MOE_SLICES, "small_q_split": paths.SPLIT_SMALL_Q,
-                 "decode_int_dot": paths.DECODE_INT_DOT, "decode_context_graphs": paths.DECODE_CONTEXT_GRAPHS,
-                 "batch1_oproj_merge": paths.BATCH1_OPROJ_MERGE}
+                 "decode_int_dot": paths.DECODE_INT_DOT, "decode_context_graphs": paths.DECODE_CONTEXT_GRAPHS}
     assert {k: shipped[k] for k in constants} == constants
     try:
         for name, value in shipped.items():
@@ -318,7 +317,6 @@ def test_switches_are_one_mechanism_with_their_shipped_values():
         assert paths.batch1_accumulate(1) is (not paths.BATCH1_ACCUMULATE)
         assert paths.batch1_accumulate(2) is False                      # batch 1 only, whatever the switch
         assert paths.attention_fused_reduce() is (not paths.ATTN_FUSED_REDUCE)
-        assert paths.batch1_oproj_merge() is (not paths.BATCH1_OPROJ_MERGE)
         assert paths.small_q_split() is (not paths.SPLIT_SMALL_Q)
         assert paths.int_dot(16, 90) is (not paths.DECODE_INT_DOT) and paths.int_dot(16, 70) is False
     finally:
@@ -347,7 +345,7 @@ def test_decode_graph_bounds_add_the_unsplit_class_only_where_the_split_differs(
 
 
 def test_fused_reduce_takes_the_decode_splits_of_few_segments():
-    """paths.ATTN_FUSED_REDUCE: a decode-only split of at most SHORT_MERGE_MAX_SEGMENTS segments is merged by the
+    """paths.ATTN_FUSED_REDUCE: a decode-only split of at most FUSED_REDUCE_MAX_SEGMENTS segments is merged by the
     kernel (no reduce launch), and with it a decode below SPLIT_MIN_SEQ_LEN splits too; bs1 at 64k keeps the
     reduce kernel (one program merging ~90 segments x 8 heads would be a serial tail); prefill never splits."""
     short = paths.SPLIT_MIN_SEQ_LEN - 1
@@ -358,11 +356,11 @@ def test_fused_reduce_takes_the_decode_splits_of_few_segments():
         assert launch(1, short).segments == 1
         paths.set_switch("attention_fused_reduce", True)
         one = launch(1, short)
-        assert 1 < one.segments <= paths.SHORT_MERGE_MAX_SEGMENTS and one.fused_reduce
+        assert 1 < one.segments <= paths.FUSED_REDUCE_MAX_SEGMENTS and one.fused_reduce
         far = launch(1, 65536)
-        assert far.segments > paths.SHORT_MERGE_MAX_SEGMENTS and not far.fused_reduce
+        assert far.segments > paths.FUSED_REDUCE_MAX_SEGMENTS and not far.fused_reduce
         sixteen = launch(16, 65536)
-        assert 1 < sixteen.segments <= paths.SHORT_MERGE_MAX_SEGMENTS and sixteen.fused_reduce
+        assert 1 < sixteen.segments <= paths.FUSED_REDUCE_MAX_SEGMENTS and sixteen.fused_reduce
         assert launch(1, short, decode=False).segments == 1 and not launch(1, short, decode=False).fused_reduce
         # the short class keeps its own graph only where its split differs from max_model_len's
         paths.set_switch("decode_context_graphs", True)
@@ -374,36 +372,6 @@ def test_fused_reduce_takes_the_decode_splits_of_few_segments():
     finally:
         paths.set_switch("attention_fused_reduce", None)
         paths.set_switch("decode_context_graphs", None)
-
-
-def test_oproj_merge_takes_the_short_batch1_decode_splits():
-    """paths.BATCH1_OPROJ_MERGE: a batch-1 decode below SPLIT_MIN_SEQ_LEN splits (fill, at most
-    SHORT_MERGE_MAX_SEGMENTS) for the o_proj GEMV to merge, batch 1 gets that context class's graph, and nothing
-    else changes: long bounds keep their split and reduce, other batch sizes neither split short decodes nor get
-    a class, prefill never splits, and the fused reduce, where on, merges instead."""
-    short = paths.SPLIT_MIN_SEQ_LEN - 1
-    launch = lambda bs, bound, decode=True: paths.attention_launch(bs, decode, bound, 4, 132, 90, 16)
-    try:
-        paths.set_switch("attention_fused_reduce", False)
-        paths.set_switch("decode_context_graphs", False)
-        paths.set_switch("batch1_oproj_merge", False)
-        assert launch(1, short).segments == 1 and not launch(1, short).oproj_merge
-        assert paths.decode_graph_bounds(1, 65536, 4, 132, 90) == (65536,)
-        far_off = launch(1, 65536)
-        paths.set_switch("batch1_oproj_merge", True)
-        one = launch(1, short)
-        assert 1 < one.segments <= paths.SHORT_MERGE_MAX_SEGMENTS and one.oproj_merge and not one.fused_reduce
-        assert launch(1, 65536) == far_off and not far_off.oproj_merge      # 88 segments: the reduce launch
-        assert not launch(16, 65536).oproj_merge and not launch(16, short).oproj_merge   # batch 1 only
-        assert launch(2, short).segments == 1
-        assert launch(1, short, decode=False).segments == 1
-        assert paths.decode_graph_bounds(1, 65536, 4, 132, 90) == (short, 65536)
-        assert all(paths.decode_graph_bounds(bs, 65536, 4, 132, 90) == (65536,) for bs in (2, 4, 8, 16))
-        paths.set_switch("attention_fused_reduce", True)                  # the launch's own merge comes first
-        assert launch(1, short).fused_reduce and not launch(1, short).oproj_merge
-    finally:
-        for name in ("attention_fused_reduce", "decode_context_graphs", "batch1_oproj_merge"):
-            paths.set_switch(name, None)
 
 
 def test_moe_slices_take_the_served_weights_and_refuse_what_they_cannot_cut():

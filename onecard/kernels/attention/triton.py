@@ -9,7 +9,7 @@ num_segments > 1 programs per (sequence, KV head); each sequence's own key tiles
 max(ceil(tiles / num_segments), min_seg_tiles) tiles (_segment_tiles), each writes (acc, max, sum) partials,
 segments past the sequence's end exit at once, and a reduce kernel merges the filled ones (it derives their
 count from seq_lens with the same helper; with paths.attention_fused_reduce a decode launch of at most
-SHORT_MERGE_MAX_SEGMENTS segments merges them itself: its last segment program to arrive). Small-q launches (speculative verify steps, while
+FUSED_REDUCE_MAX_SEGMENTS segments merges them itself: its last segment program to arrive). Small-q launches (speculative verify steps, while
 paths.small_q_split(); on by default since the H100 A/B) split the same way per q-block program, cutting the keys that q-block
 sees; their row-wise reduce finds each row's sequence and q-block and derives the same count. The grid depends
 only on host-known sizes (B, max_query_len, segments; num_segments from an upper bound on the lengths, so one
@@ -406,7 +406,7 @@ def _segment_reduce_rows_kernel(part_ptr, ml_ptr, out_ptr, qsl_ptr, seqlen_ptr, 
 BLOCK_N = paths.ATTN_BLOCK_N
 ATTN_WARPS = paths.ATTN_WARPS
 MAX_SEGMENTS = paths.MAX_SEGMENTS
-FUSED_BLOCK_S = next_pow2(paths.SHORT_MERGE_MAX_SEGMENTS)   # the fused reduce merges its segments in one pass
+FUSED_BLOCK_S = next_pow2(paths.FUSED_REDUCE_MAX_SEGMENTS)   # the fused reduce merges its segments in one pass
 SPLIT_MIN_SEQ_LEN = paths.SPLIT_MIN_SEQ_LEN
 attn_tiles = paths.attention_tiles       # (BLOCK_N, num_warps) by capability: the path table owns it
 
@@ -477,27 +477,11 @@ class RawQK(NamedTuple):
     eps: float
 
 
-class SplitPartials(NamedTuple):
-    """A decode launch's split-KV partials, left for its consumer to merge (``paged_attention(...,
-    merge_later=True)``; attn_in/merge_gemv.py merges them in the o_proj GEMV): part [T, Hq, S, D] and (m, l)
-    [T, Hq, S, 2] fp32 as the reduce kernel reads them; the filled segments of row i follow from seq_lens[i],
-    block_n and min_seg_tiles (_filled_segments); dtype: the output's (the merged rows are rounded to it)."""
-    part: torch.Tensor
-    ml: torch.Tensor
-    seq_lens: torch.Tensor
-    block_n: int
-    min_seg_tiles: int
-    dtype: torch.dtype
-
-
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, md: AttentionMetadata,
                     scale: float, k_scale: float = 1.0, v_scale: float = 1.0,
-                    raw: RawQK | None = None, merge_later: bool = False) -> torch.Tensor | SplitPartials:
+                    raw: RawQK | None = None) -> torch.Tensor:
     """``raw``: q is the projection's raw q (any float type) and the kernel normalises and rotates it and the new
-    k and stores k, v (RawQK; decode-only launches into a model-dtype cache); out is then in the cache's dtype.
-    ``merge_later``: where the launch plan allows it (paths.AttentionLaunch.oproj_merge: a short batch-1 decode
-    split), no reduce launch; the partials come back (SplitPartials) for the caller's o_proj to merge. Otherwise
-    (and always without it) the output tensor."""
+    k and stores k, v (RawQK; decode-only launches into a model-dtype cache); out is then in the cache's dtype."""
     t, hq, d = q.shape
     hkv = k_cache.shape[2]
     group = hq // hkv
@@ -547,8 +531,6 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
             part, ml, out, md.query_start_loc, md.seq_lens, out.stride(0), out.stride(1), segs, block_n, min_tiles,
             HQ=hq, D=d, BLOCK_Q=bq, BLOCK_S=plan.reduce_block_s, PDL=use_pdl, num_warps=plan.reduce_warps,
             launch_pdl=use_pdl)
-    elif merge_later and plan.oproj_merge:
-        return SplitPartials(part, ml, md.seq_lens, block_n, min_tiles, out_dt)
     elif segs > 1 and not plan.fused_reduce:
         # decode-only: every sequence's single query row is row i (query_start_loc = arange)
         _segment_reduce_kernel[(md.num_decode_tokens, hq)](
@@ -633,7 +615,7 @@ def aot_configs() -> list[AotConfig]:
     return out
 
 
-__all__ = ["RawQK", "SplitPartials", "aot_configs", "attn_tiles", "block_q", "num_segments", "paged_attention", "split_plan",
+__all__ = ["RawQK", "aot_configs", "attn_tiles", "block_q", "num_segments", "paged_attention", "split_plan",
            "store_kv"]
 
 settle_cache_keys(globals())   # Triton cache keys, helpers first (triton_common.settle_cache_keys)

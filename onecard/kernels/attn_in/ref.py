@@ -14,12 +14,6 @@ attention_block(x, residual, norm_weight, eps, w_qkv, b_qkv, q_weight, k_weight,
   A decoder layer's attention block: norm_qkv_rope_store, paged attention over md, the o projection w_o
   (GPTQWeight, or float [H, Hq D]) with bias b_o. out is in the model dtype here (attn_in/triton.py's batch-1
   path returns fp32 sums).
-
-merge_gemv(sp, w, bias) -> out[1, N] fp32
-  One decode row's split-KV partials (attention/triton.SplitPartials: part [1, Hq, S, D], (m, l) [1, Hq, S, 2];
-  the segments holding keys are the first ``filled_segments``) merged as the split-KV reduce merges them
-  (softmax-weighted in fp32, rounded to sp.dtype), then @ dequant(w) [Hq D -> N] + bias in fp32
-  (merge_gemv.py adds this into a zeroed fp32 row).
 """
 from __future__ import annotations
 
@@ -81,20 +75,3 @@ def attention_block(x: torch.Tensor, residual: torch.Tensor | None, norm_weight:
     o = ops.paged_attention(q, k_cache, v_cache, md, scale, k_scale, v_scale).reshape(t, -1)   # [T, Hq D]
     out = ops.w4a16_gemm(o, w_o, b_o) if isinstance(w_o, GPTQWeight) else F.linear(o, w_o, b_o)
     return out, residual_out
-
-
-def filled_segments(seq_len: int, segments: int, block_n: int, min_seg_tiles: int) -> int:
-    """How many of a sequence's split-KV segments hold keys (attention/triton._filled_segments' rule)."""
-    tiles = -(-seq_len // block_n)
-    seg_tiles = max(-(-tiles // segments), min_seg_tiles)
-    return -(-tiles // seg_tiles)
-
-
-def merge_gemv(sp, w: GPTQWeight, bias: torch.Tensor | None) -> torch.Tensor:
-    _, hq, segs, d = sp.part.shape
-    n = filled_segments(int(sp.seq_lens[0]), segs, sp.block_n, sp.min_seg_tiles)
-    part, m, lsum = sp.part[0, :, :n].float(), sp.ml[0, :, :n, 0].float(), sp.ml[0, :, :n, 1].float()
-    wts = torch.exp2(m - m.max(dim=1, keepdim=True).values)                  # [Hq, n]
-    x = (part * wts[..., None]).sum(1) / (lsum * wts).sum(1).clamp_min(1e-30)[:, None]   # [Hq, D]
-    x = x.to(sp.dtype).float().reshape(1, hq * d)
-    return w4a16_gemm(x, w, None if bias is None else bias.float())

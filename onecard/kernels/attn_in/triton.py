@@ -47,11 +47,8 @@ def attention_block(x: torch.Tensor, residual: torch.Tensor | None, norm_weight:
       paged_attention (+ its split-KV reduce); with paths.batch1_attn_qk (decode, model-dtype cache) it takes
                     the raw sums and does qk_norm_rope_store's work itself (attention/triton.RawQK)
       GEMV o_proj   K splits add into acc[:, N:]: two launches after its zeroing, which is complete by then
-                    (each launch's wait covers the one before, whose own wait covered its predecessor); with
-                    paths.batch1_oproj_merge a short split has no reduce launch and this GEMV merges its
-                    partials (merge_gemv.py)."""
-    from onecard.kernels.attention.triton import RawQK, SplitPartials, paged_attention
-    from onecard.kernels.attn_in.merge_gemv import merge_gemv, merge_supported
+                    (each launch's wait covers the one before, whose own wait covered its predecessor)."""
+    from onecard.kernels.attention.triton import RawQK, paged_attention
     from onecard.kernels.gptq_gemm.triton import small_m_gemm
     from onecard.kernels.norm.triton import rms_norm
     from onecard.kernels.rope.triton import qk_norm_rope_store
@@ -63,27 +60,16 @@ def attention_block(x: torch.Tensor, residual: torch.Tensor | None, norm_weight:
     hn, residual_out = rms_norm(x, norm_weight, eps, residual, zero=acc)
     qkv = small_m_gemm(hn, w_qkv, b_qkv, accumulate=acc[:, :n])           # [1, N] fp32 sums
     q, k, v = (c.reshape(1, -1, d) for c in qkv.split([hq * d, hkv * d, hkv * d], dim=-1))
-    # a short split's partials merged by the o_proj GEMV (paths.batch1_oproj_merge), where its tiles allow
-    later = paths.batch1_oproj_merge() and merge_supported(w_o, d)
     if paths.batch1_attn_qk(compute_capability(x.device)) and fmt_code(k_cache) == 0 and md.num_decode_tokens == 1:
         # the attention launch normalises, rotates and stores q/k itself (one launch fewer)
         raw = RawQK(k, v, q_weight, k_weight, positions, cos_sin_cache, md.slot_mapping, eps)
-        o = paged_attention(q, k_cache, v_cache, md, scale, k_scale, v_scale, raw=raw, merge_later=later)
+        o = paged_attention(q, k_cache, v_cache, md, scale, k_scale, v_scale, raw=raw)   # [1, Hq, D]
     else:
         q_out = qk_norm_rope_store(q, k, v, q_weight, k_weight, positions, cos_sin_cache, eps, k_cache, v_cache,
                                    md.slot_mapping, k_scale, v_scale, out_dtype=hn.dtype)   # [1, Hq, D]
-        o = paged_attention(q_out, k_cache, v_cache, md, scale, k_scale, v_scale, merge_later=later)
-    if isinstance(o, SplitPartials):                                      # no reduce launch: o_proj merges
-        out = merge_gemv(o, w_o, b_o, accumulate=acc[:, n:])              # [1, H] fp32 sums
-    else:                                                                 # o [1, Hq, D]
-        out = small_m_gemm(o.reshape(1, hq * d), w_o, b_o, accumulate=acc[:, n:])    # [1, H] fp32 sums
+        o = paged_attention(q_out, k_cache, v_cache, md, scale, k_scale, v_scale)    # [1, Hq, D]
+    out = small_m_gemm(o.reshape(1, hq * d), w_o, b_o, accumulate=acc[:, n:])    # [1, H] fp32 sums
     return out, residual_out
 
 
-def aot_configs() -> list:
-    """The attention block's own kernels (the plain launches it composes are their modules' configs)."""
-    from onecard.kernels.attn_in.merge_gemv import aot_configs as merge_configs
-    return merge_configs()
-
-
-__all__ = ["accumulate_supported", "aot_configs", "attention_block"]
+__all__ = ["accumulate_supported", "attention_block"]

@@ -161,7 +161,7 @@ def switch_setters() -> dict:
             # with one and 60 with two), twice the atomics
             "slices16": _attr_override(slices, "SLICES_CONFIG", (16, 32, 1024, 4, 1)),
             # BLOCK_I 16, BLOCK_K8 64, 8 warps: the fastest MoE block alone on 2026-12-07 (23.4 µs against 24.5
-            # for the shipped config without its routing, 23.5 with it)
+            # for the shipped config without its routing, 23.5 with it); -3.7% in the model (BENCHMARKS.md)
             "slices1664": _attr_override(slices, "SLICES_CONFIG", (16, 64, 1024, 8, 1)),
             "gemv4": _table_override(gemm.SMALL_PROGRAMS_PER_SM, "gemv", 4),
             "moe1pps8": _table_override(stages.DECODE_CONFIGS, "decode1",

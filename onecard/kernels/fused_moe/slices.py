@@ -48,7 +48,9 @@ from onecard.kernels.types import GPTQWeight, MoEWeight
 # atomics). BLOCK_K8 64 needs 254 registers. Timed (H100, 2026-12-07, bench/run_h200.sh decode10; the figures are
 # in paths.BATCH1_MOE_SLICES's comment and BENCHMARKS.md): BLOCK_I 16 on 4 warps ("slices16": 384 programs, twice
 # the atomics) lost in the full model; of the other configs the "norm_moe T=1 slices" rows of bench/kernels_gpu.py
-# try, only (16, 64, 1024, 8, 1) was faster alone (23.4 against 24.5 µs), not yet A/B'd in the model.
+# try, only (16, 64, 1024, 8, 1) was faster alone (23.4 against 24.5 µs), and it lost in the model ("slices1664":
+# batch 1 at 512 tokens 457.1 -> 440.3 tok/s, at 32k 307.7 -> 299.2; H100, 2026-12-07). The rows alone replay 20
+# copies of one layer, whose 19 MB of routed experts then sit in the 50 MB L2: not the model's cold reads.
 SLICES_CONFIG = (32, 32, 1024, 8, 1)
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU facts, kernel checks, tiny-checkpoint engine checks, the full-size benchmark.
 # Usage (repo root, on the H200): OUT=/some/dir bash bench/run_h200.sh [parts...]
-# parts: ab decode10 ctxgraphs ctxtests slices slicestests resttests specverify apimem probe kernels checks full asyncab kvdtype capab capbisect hosttier loadab nopdl pdl16 emu70 longctx attnsweep gputests startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
+# parts: ab slicestrace decode10 ctxgraphs ctxtests slices slicestests resttests specverify apimem probe kernels checks full asyncab kvdtype capab capbisect hosttier loadab nopdl pdl16 emu70 longctx attnsweep gputests startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
 #   emu70: the full-size bench with every kernel-path decision on sm70's branch (ONECARD_EMULATE_CC=70): run it
 #          beside `full` in one call for the relative figure (a functional check, not a V100 timing)
 #   specverify: issue 30: verify-step latency vs tokens per sequence (1..9) at batch 1 and 16 (the cost model's
@@ -111,6 +111,13 @@ for p in $parts; do
             AB_SCENARIOS="${AB_SCENARIOS:-1x512,1x32768,16x512,16x8192}" \
             SWITCH_POLICIES="${SWITCH_POLICIES:-fill+no_moe_slices+no_slices_route,fill+ctx_graphs+fused_reduce+no_moe_slices+no_slices_route,fill+no_slices_route,fill+no_slices_route+slices16,fill,fill+ctx_graphs+fused_reduce+no_slices_route}" \
             bash "$0" switchab ;;
+    slicestrace) log slicestrace  # issue 25: where the batch-1 MoE slices' ~19 µs a layer go (bench/slices_trace.py:
+          # per-program phase stamps inside the full model's batch-1 graph, 512 tokens; then the same with the
+          # norm-route launch routing (paths switch batch1_slices_route off); ~3 min with the build)
+          [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30 > /dev/null
+          timeout 150 python3 bench/slices_trace.py /tmp/q30 "$OUT/slices_trace.json" 512
+          SLICES_TRACE_SWITCHES=batch1_slices_route=0 timeout 150 python3 bench/slices_trace.py /tmp/q30 \
+            "$OUT/slices_trace_noroute.json" 512 ;;
     slices) log slices  # issue 25: the batch-1 MoE's expert stages in one launch (paths.BATCH1_MOE_SLICES; with
           # BATCH1_SLICES_ROUTE routing themselves), A/B'd in one engine at 1x512 and 1x32768 after the MoE block
           # alone (the shipped SLICES_CONFIG and six others; ~5 min with the build). GPU tests: part slicestests

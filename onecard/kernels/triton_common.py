@@ -104,6 +104,36 @@ def pdl_enter(PDL: tl.constexpr):
 
 
 @triton.jit
+def stamp(ptr, after):
+    """Diagnostics (benchmarks only, behind a kernel's TRACE constexpr): store this SM's cycle counter (%clock64)
+    at ptr once ``after`` (any int scalar: the value whose computation the stamp must follow) is known, and
+    return it. On a GPU only (inline PTX); 0 under the interpreter."""
+    if NATIVE:
+        t = tl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l,r", [after.to(tl.int32)], dtype=tl.int64,
+                                      is_pure=False, pack=1)
+    else:
+        t = after.to(tl.int64) * 0
+    tl.store(ptr, t)
+    return t
+
+
+@triton.jit
+def stamp_where(ptr, after):
+    """stamp's companion: the global nanosecond timer (%globaltimer, comparable across SMs) at ptr and this
+    program's SM (%smid) at ptr + 1, after ``after``."""
+    if NATIVE:
+        t = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [after.to(tl.int32)], dtype=tl.int64,
+                                      is_pure=False, pack=1)
+        sm = tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [after.to(tl.int32)], dtype=tl.int32,
+                                       is_pure=False, pack=1)
+    else:
+        t = after.to(tl.int64) * 0
+        sm = after.to(tl.int32) * 0
+    tl.store(ptr, t)
+    tl.store(ptr + 1, sm.to(tl.int64))
+
+
+@triton.jit
 def last_arrival(cnt_ptr, arrivals):
     """True in the program that arrives last (of ``arrivals``) at counter ``cnt_ptr``, which it resets to 0.
 

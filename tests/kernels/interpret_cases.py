@@ -158,6 +158,7 @@ CASES = ([f"gemm{i}-{dt}" for i in range(len(GEMM)) for dt in (F32, F16)] + ["de
          + [f"norm_moe{i}-{w}-{dt}" for i in range(len(NORM_MOE)) for w in ("float", "gptq") for dt in (F32, F16)]
          + [f"moeslices{i}-{dt}" for i in range(len(MOE_SLICES)) for dt in (F32, F16)]
          + [f"moeslicesroute{i}-{dt}" for i in MOE_SLICES_ROUTE for dt in (F32, F16)]
+         + [f"moeslicestrace0-{F16}"]                                    # bench/slices_trace.py's variant
          + [f"attn{i}-{dt}" for i in range(len(ATTN)) for dt in (F32, F16)]
          + [f"attn{i}-sm70-{dt}" for i in range(len(ATTN)) for dt in (F32, F16)]   # the tiles used below sm80
          + [f"store_kv-{dt}" for dt in (F32, F16)]
@@ -511,9 +512,10 @@ def _int_dot_case(case: str, tokens: int, on: bool, seed: int) -> float:
         paths.set_switch(name, None)
 
 
-def _moe_slices_case(i: int, dt, seed: int, route: bool = False) -> float:
+def _moe_slices_case(i: int, dt, seed: int, route: bool = False, trace: bool = False) -> float:
     """MOE_SLICES case i: norm_moe at batch 1 with the one-launch expert stages vs ref.norm_moe (the path must apply);
-    ``route``: the slices route themselves (case 1 then without renormalisation)."""
+    ``route``: the slices route themselves (case 1 then without renormalisation); ``trace``: the kernel's TRACE
+    variant (bench/slices_trace.py's stamps, zeros under the interpreter) computes the same."""
     import torch
     from kernels_testlib import random_gptq
 
@@ -525,17 +527,25 @@ def _moe_slices_case(i: int, dt, seed: int, route: bool = False) -> float:
     nw, gate = (1 + 0.1 * torch.randn(h)).to(dt), (torch.randn(e, h) / math.sqrt(h)).to(dt)
     ws = [random_gptq(h, inter, gs1, experts=e, seed=seed + 1)[0], random_gptq(h, inter, gs1, experts=e, seed=seed + 2)[0],
           random_gptq(inter, h, gs2, experts=e, seed=seed + 3)[0]]
-    shipped = slices.SLICES_CONFIG
+    shipped, launch = slices.SLICES_CONFIG, slices.moe_slices
     paths.set_switch("batch1_moe_slices", True)
     paths.set_switch("batch1_slices_route", route)
+    traces = []
+    if trace:
+        def traced(*a, **kw):
+            traces.append(torch.full((slices.grid(a[2], a[4], a[7]), slices.TRACE_SLOTS), -1, dtype=torch.int64))
+            return launch(*a, **kw, trace=traces[-1])
+        slices.moe_slices = traced
     try:
         slices.SLICES_CONFIG = tuning or shipped
         if not slices.supported(*ws):
             raise AssertionError(f"moeslices{i}: the one-launch path does not apply")
         args = (nw, 1e-6, gate, *ws, top_k, not (route and i == 1))
         (o1, r1), (o2, r2) = tk.norm_moe(x, res, *args), ref.norm_moe(x, res, *args)
+        if trace:                                                         # every program stamped every field
+            assert len(traces) == 1 and (traces[0][:, :len(slices.TRACE_FIELDS)] == 0).all(), traces
     finally:
-        slices.SLICES_CONFIG = shipped
+        slices.SLICES_CONFIG, slices.moe_slices = shipped, launch
         paths.set_switch("batch1_moe_slices", None)
         paths.set_switch("batch1_slices_route", None)
     return max(_rel(o1, o2), _rel(r1, r2))
@@ -557,6 +567,8 @@ def run_case(name: str, seed: int) -> float:
     kind, _, rest = name.partition("-")
     if kind.startswith("moeslicesroute"):
         return _moe_slices_case(int(kind[14:]), dt, seed, route=True)
+    if kind.startswith("moeslicestrace"):
+        return _moe_slices_case(int(kind[14:]), dt, seed, route=True, trace=True)
     if kind.startswith("moeslices"):
         return _moe_slices_case(int(kind[9:]), dt, seed)
     if kind.startswith(("gemmint", "gemmnoint", "g128moeint", "g128moenoint")):   # the int dot forced on / off

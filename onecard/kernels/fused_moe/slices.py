@@ -36,7 +36,15 @@ from onecard.kernels.gptq_gemm.int4 import (
     unit_combine,
     unit_sums,
 )
-from onecard.kernels.triton_common import AotConfig, next_pow2, pdl_enter, settle_cache_keys, signature
+from onecard.kernels.triton_common import (
+    AotConfig,
+    next_pow2,
+    pdl_enter,
+    settle_cache_keys,
+    signature,
+    stamp,
+    stamp_where,
+)
 from onecard.kernels.types import GPTQWeight, MoEWeight
 
 # (BLOCK_I, BLOCK_K8, BLOCK_H, num_warps, num_stages). BLOCK_I 32: 128-byte rows of gate/up tiles, 24 slices x 8
@@ -130,23 +138,30 @@ def _down_load(q_ptr, s_ptr, z_ptr, g, n0, offs_p, p_mask, H, live, BLOCK_H: tl.
 
 @triton.jit
 def _moe_slices_kernel(x_ptr, out_ptr, qg_ptr, zg_ptr, sg_ptr, qu_ptr, zu_ptr, su_ptr, qd_ptr, zd_ptr, sd_ptr,
-                       ids_ptr, topk_w_ptr, logits_ptr, H, I, ng1, gs2, ng2, E,
+                       ids_ptr, topk_w_ptr, logits_ptr, trace_ptr, H, I, ng1, gs2, ng2, E,
                        BLOCK_I: tl.constexpr, BLOCK_K8: tl.constexpr, BLOCK_H: tl.constexpr,
                        GROUP_K8: tl.constexpr, PDL: tl.constexpr, ROUTE: tl.constexpr = False,
                        TOP_K: tl.constexpr = 8, BLOCK_K: tl.constexpr = 8, BLOCK_E: tl.constexpr = 128,
-                       RENORM: tl.constexpr = True):
+                       RENORM: tl.constexpr = True, TRACE: tl.constexpr = False):
     """Program (slice, slot): out[n] += w * sum_i h[i] Wd[e][i, n] over the slice's rows i, h = silu(x @ Wg[e][:, i])
     * (x @ Wu[e][:, i]), e = ids[slot], w = topk_w[slot]. x [1, H] model dtype; out [1, H] fp32. GROUP_K8: packed
     rows per gate/up group (a power of two; the input size or more: one group). ROUTE (paths.batch1_slices_route):
     e and w come from the router's logits [E] (the previous launch's), by the program's own softmax and top-k
     (decode.topk_of, the norm-route kernel's arithmetic), instead of ids / topk_w.
     Each loop loads its next tile before it multiplies the current one (Triton pipelines only loads that feed
-    tl.dot)."""
+    tl.dot). TRACE (bench/slices_trace.py only): the program's phase boundaries into trace_ptr [programs,
+    TRACE_SLOTS] int64 (TRACE_FIELDS: %clock64 cycles, then %globaltimer ns and the SM after the wait and at the end)."""
     pid_i = tl.program_id(0)
     slot = tl.program_id(1)
     BI8: tl.constexpr = BLOCK_I // 8
     TG: tl.constexpr = BLOCK_K8 // GROUP_K8 if BLOCK_K8 > GROUP_K8 else 1  # groups per gate/up K tile
+    if TRACE:
+        tr = trace_ptr + (slot * tl.num_programs(0) + pid_i) * 12
+        stamp(tr, pid_i)                                                  # 0: started (before the PDL wait)
     pdl_enter(PDL)
+    if TRACE:
+        stamp(tr + 1, pid_i)                                              # 1: the previous launch complete
+        stamp_where(tr + 7, pid_i)
     if ROUTE:
         offs_e = tl.arange(0, BLOCK_E)
         lg = tl.load(logits_ptr + offs_e, mask=offs_e < E, other=-float("inf"), cache_modifier=".cg")
@@ -156,6 +171,8 @@ def _moe_slices_kernel(x_ptr, out_ptr, qg_ptr, zg_ptr, sg_ptr, qu_ptr, zu_ptr, s
     else:
         e = tl.load(ids_ptr + slot, cache_modifier=".cg").to(tl.int64)
         w_e = tl.load(topk_w_ptr + slot, cache_modifier=".cg")
+    if TRACE:
+        stamp(tr + 2, e)                                                  # 2: routed (this slot's expert known)
     k8 = H // 8
     i8 = I // 8
     offs_i = pid_i * BLOCK_I + tl.arange(0, BLOCK_I)                      # [BI] gate/up columns
@@ -191,6 +208,8 @@ def _moe_slices_kernel(x_ptr, out_ptr, qg_ptr, zg_ptr, sg_ptr, qu_ptr, zu_ptr, s
         acc_u = _gate_up_mac(acc_u, q_u, s_u, z_u, x_ptr, r0 + hide, k8, offs_r, zs_i, BLOCK_K8, BLOCK_I, GROUP_K8,
                              TG)
         q_g, s_g, z_g, q_u, s_u, z_u = nq_g, ns_g, nz_g, nq_u, ns_u, nz_u
+    if TRACE:                                                             # 3: the gate/up loop done
+        stamp(tr + 3, tl.max(tl.reshape(acc_u, (BLOCK_K8 * BLOCK_I,)), axis=0).to(tl.int32))
     # the down's first chunk, requested before the sums are reduced and h is laid out for the down (~40 CTA
     # barriers on sm90). Requested before the loop instead, it is sunk here by the compiler anyway (sm90 SASS).
     # programs start their down on different chunks (the slice and the slot pick it), so that the 192 programs'
@@ -203,6 +222,8 @@ def _moe_slices_kernel(x_ptr, out_ptr, qg_ptr, zg_ptr, sg_ptr, qu_ptr, zu_ptr, s
                                axis=0))
     h = silu_mul(gate, up)                                                # [BI] fp32
     hj = _columns_of(tl.where(i_mask, h, 0.0), BI8)                       # 8 x [BI8]: input 8p + j of the down
+    if TRACE:                                                             # 4: h in the down's layout
+        stamp(tr + 4, tl.max(hj[0], axis=0).to(tl.int32))
     # 2. down: the slice's BI8 packed rows of Wd[e], every output column, times w_e, into out (fp32 atomics)
     for c in range(n_ch):
         n0 = ((c0 + c) % n_ch) * BLOCK_H
@@ -212,9 +233,15 @@ def _moe_slices_kernel(x_ptr, out_ptr, qg_ptr, zg_ptr, sg_ptr, qu_ptr, zu_ptr, s
         z = ((z_d >> ((offs_n % 8) * 4)) & 0xF).to(tl.float32)
         acc = gemv_tile_mac(tl.zeros((BI8, BLOCK_H), dtype=tl.float32), q_d, s_d.to(tl.float32), z, hj, offs_p,
                             p_mask, _slice_input, BI8, BLOCK_H)
-        tl.atomic_add(out_ptr + offs_n, tl.sum(acc, axis=0) * w_e, mask=offs_n < H, sem="relaxed")
+        part = tl.sum(acc, axis=0) * w_e
+        tl.atomic_add(out_ptr + offs_n, part, mask=offs_n < H, sem="relaxed")
         q_d, s_d, z_d = nq_d, ns_d, nz_d
-
+        if TRACE:  # noqa: SIM102  (a compile-time branch around a runtime one)
+            if c == 0:                                                    # 5: the first down chunk issued
+                stamp(tr + 5, tl.max(part, axis=0).to(tl.int32))
+    if TRACE:                                                             # 6: the last chunk's atomics issued
+        last = stamp(tr + 6, pid_i)
+        stamp_where(tr + 9, last.to(tl.int32))
 
 def slice_rows(w_down: GPTQWeight, block_i: int) -> int:
     """BLOCK_I for this down projection: at most ``block_i``, a power of two >= 8 that divides its group size
@@ -243,11 +270,13 @@ def supported(w_gate: MoEWeight, w_up: MoEWeight, w_down: MoEWeight) -> bool:
 
 def moe_slices(x: torch.Tensor, out32: torch.Tensor, w_gate: GPTQWeight, w_up: GPTQWeight, w_down: GPTQWeight,
                topk_ids: torch.Tensor, topk_w: torch.Tensor, top_k: int, use_pdl: bool,
-               logits: torch.Tensor | None = None, renormalize: bool = True) -> None:
+               logits: torch.Tensor | None = None, renormalize: bool = True,
+               trace: torch.Tensor | None = None) -> None:
     """out32 [1, H] fp32 += the k experts' outputs; x [1, H] model dtype; topk_ids int32 / topk_w fp32 [1, k] (or
     [k]) written by the previous launch, or, given ``logits`` [1, E] (the router's, written by the previous
     launch; ``renormalize`` as the model's), the kernel routes itself and the two are not read. The config is
-    SLICES_CONFIG's at the call (benchmarks and tests replace it there)."""
+    SLICES_CONFIG's at the call (benchmarks and tests replace it there). ``trace``: int64 [programs, TRACE_SLOTS]
+    (``grid``), filled with the kernel's TRACE stamps (bench/slices_trace.py)."""
     assert supported(w_gate, w_up, w_down) and x.shape[0] == 1, x.shape
     bi, bk8, bh, warps, stages = SLICES_CONFIG
     bi = slice_rows(w_down, bi)
@@ -258,12 +287,24 @@ def moe_slices(x: torch.Tensor, out32: torch.Tensor, w_gate: GPTQWeight, w_up: G
     e = int(w_gate.qweight.shape[0])
     route = dict(ROUTE=True, TOP_K=top_k, BLOCK_K=next_pow2(top_k), BLOCK_E=next_pow2(e), RENORM=renormalize) \
         if logits is not None else {}
+    if trace is not None:
+        assert trace.dtype == torch.int64 and trace.shape == (triton.cdiv(inter, bi) * top_k, TRACE_SLOTS)
     _moe_slices_kernel[(triton.cdiv(inter, bi), top_k)](
         x, out32, w_gate.qweight, w_gate.qzeros, w_gate.scales, w_up.qweight, w_up.qzeros, w_up.scales,
         w_down.qweight, w_down.qzeros, w_down.scales, topk_ids, topk_w, logits if logits is not None else topk_w,
-        h, inter, w_gate.num_groups, w_down.group_size, w_down.num_groups, e, BLOCK_I=bi, BLOCK_K8=bk8,
-        BLOCK_H=bh, GROUP_K8=group_k8(w_gate), PDL=use_pdl, num_warps=warps, num_stages=stages,
-        launch_pdl=use_pdl, **route)
+        trace if trace is not None else topk_w, h, inter, w_gate.num_groups, w_down.group_size,
+        w_down.num_groups, e, BLOCK_I=bi, BLOCK_K8=bk8, BLOCK_H=bh, GROUP_K8=group_k8(w_gate), PDL=use_pdl,
+        TRACE=trace is not None, num_warps=warps, num_stages=stages, launch_pdl=use_pdl, **route)
+
+
+TRACE_SLOTS = 12        # a program's row of the TRACE buffer
+# its fields: %clock64 at each phase boundary, then (%globaltimer, SM) after the wait and at the end
+TRACE_FIELDS = ("start", "waited", "routed", "gate_up", "h", "down0", "end", "t_waited_ns", "sm", "t_end_ns", "sm_end")
+
+
+def grid(w_gate: GPTQWeight, w_down: GPTQWeight, top_k: int) -> int:
+    """Programs of a moe_slices launch (slices x k)."""
+    return triton.cdiv(w_gate.out_features, slice_rows(w_down, SLICES_CONFIG[0])) * top_k
 
 
 def slices_aot_configs(act: str, min_cc: int) -> list[AotConfig]:
@@ -273,16 +314,18 @@ def slices_aot_configs(act: str, min_cc: int) -> list[AotConfig]:
     bi, bk8, bh, warps, stages = SLICES_CONFIG
     for g8, route in ((16, False), (4, False), (16, True)):
         cx = dict(BLOCK_I=bi, BLOCK_K8=bk8, BLOCK_H=bh, GROUP_K8=g8, PDL=False, ROUTE=route, TOP_K=8, BLOCK_K=8,
-                  BLOCK_E=128, RENORM=True)
+                  BLOCK_E=128, RENORM=True, TRACE=False)
         args = dict(x_ptr=f"*{act}", out_ptr="*fp32", qg_ptr="*i32", zg_ptr="*i32", sg_ptr="*fp16", qu_ptr="*i32",
                     zu_ptr="*i32", su_ptr="*fp16", qd_ptr="*i32", zd_ptr="*i32", sd_ptr="*fp16", ids_ptr="*i32",
-                    topk_w_ptr="*fp32", logits_ptr=f"*{act}" if route else "*fp32", H="i32", I="i32", ng1="i32",
+                    topk_w_ptr="*fp32", logits_ptr=f"*{act}" if route else "*fp32", trace_ptr="*fp32", H="i32",
+                    I="i32", ng1="i32",
                     gs2="i32", ng2="i32", E="i32")
         out.append(AotConfig(_moe_slices_kernel, signature(args, cx), cx, warps, stages, min_cc,
                              f"moe_slices[g{8 * g8},{'route,' if route else ''}{act}]"))
     return out
 
 
-__all__ = ["SLICES_CONFIG", "moe_slices", "slice_rows", "slices_aot_configs", "supported"]
+__all__ = ["SLICES_CONFIG", "TRACE_FIELDS", "TRACE_SLOTS", "grid", "moe_slices", "slice_rows", "slices_aot_configs",
+           "supported"]
 
 settle_cache_keys(globals())   # Triton cache keys, helpers first (triton_common.settle_cache_keys)

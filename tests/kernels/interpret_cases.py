@@ -152,7 +152,7 @@ CASES = ([f"gemm{i}-{dt}" for i in range(len(GEMM)) for dt in (F32, F16)] + ["de
          + [f"attnblockqkfused{i}-{dt}" for i in range(len(ATTN_BLOCK)) for dt in (F32, F16)]
          + [f"rms_norm-zero-{dt}" for dt in (F32, F16)]
          + [f"coderb1acc-{F16}", f"coderb1slices-{F16}", f"coderb1slicesroute-{F16}"]
-         + [f"topkrank{i}" for i in range(5)]                              # topk_cases.TOPK
+         + [f"topkrank{i}" for i in range(5)] + [f"topkslot{i}" for i in range(5)]   # topk_cases.TOPK
          + [f"norm_moerank{i}-gptq-{dt}" for i in range(len(NORM_MOE)) if NORM_MOE[i][0] == 1 for dt in (F32, F16)]
          + [f"router{i}-{dt}" for i in range(len(ROUTER)) for dt in (F32, F16)]
          + [f"norm_moe{i}-{w}-{dt}" for i in range(len(NORM_MOE)) for w in ("float", "gptq") for dt in (F32, F16)]
@@ -580,6 +580,9 @@ def run_case(name: str, seed: int) -> float:
     if kind.startswith("topkrank"):                                      # 0: bit-identical to topk_of
         from topk_cases import topk_rank_case
         return topk_rank_case(int(kind[8:]), seed)
+    if kind.startswith("topkslot"):                                      # < 1: topk_of's ids, weights to 1e-6
+        from topk_cases import topk_slot_case
+        return topk_slot_case(int(kind[8:]), seed)
     if kind.startswith("norm_moerank"):                                  # the batch-1 router's top-k by rank
         from onecard.kernels import paths
         paths.set_switch("batch1_rank_topk", True)

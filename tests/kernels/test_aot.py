@@ -73,9 +73,11 @@ def resource_usage(cubin: bytes) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
-def _compile(job: tuple[str, int, int, bool]) -> tuple[str, int, str, str | None, bool | None, bool, int | None]:
+def _compile(job: tuple[str, int, int, bool]) -> tuple[str, int, str, str | None, bool | None, bool, int | None,
+                                                      int]:
     """-> (module, cc, config name, error or None, PTX has griddepcontrol (None: no PDL constexpr),
-    PTX has 16-byte vector loads, stack bytes per thread (JIT-aligned compiles only, else None))."""
+    PTX has 16-byte vector loads, stack bytes per thread (JIT-aligned compiles only, else None), CTA barriers
+    (bar.sync) in the PTX)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -94,11 +96,11 @@ def _compile(job: tuple[str, int, int, bool]) -> tuple[str, int, str, str | None
         gdc = ("griddepcontrol.wait" in ptx) if "PDL" in constexprs else None
         v4 = re.search(r"ld\.global(\.\w+)*\.v4\.(b32|u32|f32|s32)", ptx) is not None
         if not compiled.asm.get("cubin"):
-            return mod, cc, name, "no cubin produced", gdc, v4, None
+            return mod, cc, name, "no cubin produced", gdc, v4, None, 0
         usage = resource_usage(compiled.asm["cubin"]) if aligned else None
-        return mod, cc, name, None, gdc, v4, usage[1] if usage else None
+        return mod, cc, name, None, gdc, v4, usage[1] if usage else None, ptx.count("bar.sync")
     except Exception as e:                                                 # reported by the test below
-        return mod, cc, name, f"{type(e).__name__}: {str(e)[:2000]}", None, False, None
+        return mod, cc, name, f"{type(e).__name__}: {str(e)[:2000]}", None, False, None, 0
 
 
 @pytest.fixture(scope="module")
@@ -226,3 +228,13 @@ def test_pre_sm80_tiles_do_not_spill(compiled):
     # BLOCK_S (2 .. 128 segments merged per step), and its row-wise variant (split small-q launches) at BLOCK_Q 2, 8
     assert len(rows) == 2 * 2 + 2 + 1 + 4 + 1 + 2 + 7 + 7 * 2, [r[2] for r in rows]
     assert all(r[6] == 0 for r in rows), [(r[2], r[6]) for r in rows]
+
+
+def test_slices_routing_reduces_inside_warps(compiled):
+    """fused_moe/slices.py routing itself (decode.topk_slot_of, the logits once per warp) adds no more than the
+    final cross-warp max's CTA barriers to the kernel, as the JIT compiles it (aligned logits: each row one warp);
+    topk_of on one row over 8 warps added 30 (its 10 reductions' shared-memory rounds, ~2.5 µs in the model)."""
+    bars = {r[2]: r[7] for r in compiled if r[1] == 70 and r[2].startswith("moe_slices[g128,")
+            and r[2].endswith("(JIT-aligned)")}
+    plain, route = bars["moe_slices[g128,fp16] (JIT-aligned)"], bars["moe_slices[g128,route,fp16] (JIT-aligned)"]
+    assert route - plain <= 4, (plain, route)

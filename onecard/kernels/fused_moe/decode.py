@@ -133,6 +133,38 @@ def topk_of(x, offs, E, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.
 
 
 @triton.jit
+def topk_slot_of(x, offs, E, slot, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, RENORM: tl.constexpr):
+    """Slot ``slot`` of topk_of alone -> (expert id int32, weight fp32), for a program of several warps that needs
+    only its own slot (fused_moe/slices.py's routing). x [R, BLOCK_E] fp32 holds the logits once per row (-inf
+    past E; R = the program's warps), offs = arange(BLOCK_E). With the logits loaded 16-byte aligned the compiler
+    gives each row one warp ([R, BE] blocked as warpsPerCTA [R, 1]: sm90 PTX, tests/kernels/test_aot.py), so
+    the softmax and the TOP_K rounds of max are shuffles inside a warp, with no shared memory and no CTA barrier
+    (topk_of on a [BLOCK_E] row spread over 8 warps: 29 barriers, ~2.5 µs of the slices' critical path in the
+    full model, bench/slices_trace.py); the rows agree, and one cross-warp max at the end makes the result a
+    scalar. The same int64 keys as topk_of, so the same experts, order and ties; the renormalising sum adds the
+    TOP_K values in rank order (topk_of: a tree over its [BLOCK_K] lanes), so the weight may differ in its last
+    bit."""
+    m = tl.max(x, axis=1)                                                 # [R]
+    p = tl.exp(x - m[:, None])
+    p = p / tl.sum(p, axis=1)[:, None]                                    # [R, BE] as _softmax_keys' p
+    bits = p.to(tl.int32, bitcast=True).to(tl.int64)
+    key = tl.where(offs[None, :] < E, (bits << 32) | (BLOCK_E - 1 - offs[None, :]).to(tl.int64), -1)
+    mine = tl.zeros_like(m).to(tl.int64)                                  # [R] this slot's key
+    total = tl.zeros_like(m)                                              # [R] the TOP_K values' sum
+    for i in tl.static_range(TOP_K):
+        best = tl.max(key, axis=1)                                        # [R]
+        total += (best >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+        mine = tl.where(slot == i, best, mine)
+        key = tl.where(key == best[:, None], -1, key)
+    w = (mine >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+    if RENORM:
+        w = w / total
+    # weight (>= 0) above the id: one max over the rows, which agree
+    packed = tl.max((w.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (BLOCK_E - 1 - (mine & 0xFFFFFFFF)), axis=0)
+    return (packed & 0xFFFFFFFF).to(tl.int32), (packed >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def topk_rank_of(x, offs, E, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr,
                  RENORM: tl.constexpr):
     """topk_of's result (the same int64 keys, so the same experts, order and ties), found by rank instead of

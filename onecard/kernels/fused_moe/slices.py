@@ -4,7 +4,8 @@ Same contract as stages.moe_stages at T = 1, given the routing of batch1.py's no
 weights of the token's k experts; out32 [1, H] fp32 zeroed by that launch): out32 += sum over the k experts of
 w_e * (silu(x @ Wg[e]) * (x @ Wu[e])) @ Wd[e]. Nothing else is read or written (no gu, no active list). With
 ROUTE (paths.batch1_slices_route) each program routes the token itself from that launch's router logits, as its
-last program would have (decode.topk_of), and the ids and weights are neither written nor read.
+last program would have (decode.topk_slot_of: topk_of's choice, its own slot only), and the ids and weights are
+neither written nor read.
 
 Why: at batch 1 stages.py is two launches, gate/up into gu (fp32 atomics), then down (which needs every K
 split of gu complete, so it waits for the whole first launch). That boundary is one more dependent step on the
@@ -29,7 +30,7 @@ import triton
 import triton.language as tl
 
 from onecard.kernels.activation.triton import silu_mul
-from onecard.kernels.fused_moe.decode import topk_of
+from onecard.kernels.fused_moe.decode import topk_slot_of
 from onecard.kernels.gptq_gemm.int4 import (
     gemv_tile_mac,
     row_input,
@@ -141,13 +142,14 @@ def _moe_slices_kernel(x_ptr, out_ptr, qg_ptr, zg_ptr, sg_ptr, qu_ptr, zu_ptr, s
                        ids_ptr, topk_w_ptr, logits_ptr, trace_ptr, H, I, ng1, gs2, ng2, E,
                        BLOCK_I: tl.constexpr, BLOCK_K8: tl.constexpr, BLOCK_H: tl.constexpr,
                        GROUP_K8: tl.constexpr, PDL: tl.constexpr, ROUTE: tl.constexpr = False,
-                       TOP_K: tl.constexpr = 8, BLOCK_K: tl.constexpr = 8, BLOCK_E: tl.constexpr = 128,
-                       RENORM: tl.constexpr = True, TRACE: tl.constexpr = False):
+                       TOP_K: tl.constexpr = 8, BLOCK_E: tl.constexpr = 128,
+                       RENORM: tl.constexpr = True, TRACE: tl.constexpr = False, NUM_WARPS: tl.constexpr = 8):
     """Program (slice, slot): out[n] += w * sum_i h[i] Wd[e][i, n] over the slice's rows i, h = silu(x @ Wg[e][:, i])
     * (x @ Wu[e][:, i]), e = ids[slot], w = topk_w[slot]. x [1, H] model dtype; out [1, H] fp32. GROUP_K8: packed
     rows per gate/up group (a power of two; the input size or more: one group). ROUTE (paths.batch1_slices_route):
     e and w come from the router's logits [E] (the previous launch's), by the program's own softmax and top-k
-    (decode.topk_of, the norm-route kernel's arithmetic), instead of ids / topk_w.
+    (decode.topk_slot_of: topk_of's keys, its own slot only, NUM_WARPS = the launch's warps, one row of logits
+    each), instead of ids / topk_w.
     Each loop loads its next tile before it multiplies the current one (Triton pipelines only loads that feed
     tl.dot). TRACE (bench/slices_trace.py only): the program's phase boundaries into trace_ptr [programs,
     TRACE_SLOTS] int64 (TRACE_FIELDS: %clock64 cycles, then %globaltimer ns and the SM after the wait and at the end)."""
@@ -163,11 +165,13 @@ def _moe_slices_kernel(x_ptr, out_ptr, qg_ptr, zg_ptr, sg_ptr, qu_ptr, zu_ptr, s
         stamp(tr + 1, pid_i)                                              # 1: the previous launch complete
         stamp_where(tr + 7, pid_i)
     if ROUTE:
+        # the logits once per warp (topk_slot_of: every reduction inside a warp), this slot's expert and weight
         offs_e = tl.arange(0, BLOCK_E)
-        lg = tl.load(logits_ptr + offs_e, mask=offs_e < E, other=-float("inf"), cache_modifier=".cg")
-        vals, ids, offs_k = topk_of(lg.to(tl.float32), offs_e, E, TOP_K, BLOCK_K, BLOCK_E, RENORM)
-        e = tl.sum(tl.where(offs_k == slot, ids, 0), axis=0).to(tl.int64)
-        w_e = tl.sum(tl.where(offs_k == slot, vals, 0.0), axis=0)
+        reps = tl.arange(0, NUM_WARPS)
+        lg = tl.load(logits_ptr + reps[:, None] * 0 + offs_e[None, :], mask=(offs_e < E)[None, :],
+                     other=-float("inf"), cache_modifier=".cg")            # [NUM_WARPS, BE]
+        e, w_e = topk_slot_of(lg.to(tl.float32), offs_e, E, slot, TOP_K, BLOCK_E, RENORM)
+        e = e.to(tl.int64)
     else:
         e = tl.load(ids_ptr + slot, cache_modifier=".cg").to(tl.int64)
         w_e = tl.load(topk_w_ptr + slot, cache_modifier=".cg")
@@ -285,7 +289,7 @@ def moe_slices(x: torch.Tensor, out32: torch.Tensor, w_gate: GPTQWeight, w_up: G
     for w in (w_gate, w_up, w_down):
         assert w.qweight.is_contiguous() and w.qzeros.is_contiguous() and w.scales.is_contiguous()
     e = int(w_gate.qweight.shape[0])
-    route = dict(ROUTE=True, TOP_K=top_k, BLOCK_K=next_pow2(top_k), BLOCK_E=next_pow2(e), RENORM=renormalize) \
+    route = dict(ROUTE=True, TOP_K=top_k, BLOCK_E=next_pow2(e), RENORM=renormalize) \
         if logits is not None else {}
     if trace is not None:
         assert trace.dtype == torch.int64 and trace.shape == (triton.cdiv(inter, bi) * top_k, TRACE_SLOTS)
@@ -294,7 +298,7 @@ def moe_slices(x: torch.Tensor, out32: torch.Tensor, w_gate: GPTQWeight, w_up: G
         w_down.qweight, w_down.qzeros, w_down.scales, topk_ids, topk_w, logits if logits is not None else topk_w,
         trace if trace is not None else topk_w, h, inter, w_gate.num_groups, w_down.group_size,
         w_down.num_groups, e, BLOCK_I=bi, BLOCK_K8=bk8, BLOCK_H=bh, GROUP_K8=group_k8(w_gate), PDL=use_pdl,
-        TRACE=trace is not None, num_warps=warps, num_stages=stages, launch_pdl=use_pdl, **route)
+        TRACE=trace is not None, NUM_WARPS=warps, num_warps=warps, num_stages=stages, launch_pdl=use_pdl, **route)
 
 
 TRACE_SLOTS = 12        # a program's row of the TRACE buffer
@@ -313,8 +317,8 @@ def slices_aot_configs(act: str, min_cc: int) -> list[AotConfig]:
     out: list[AotConfig] = []
     bi, bk8, bh, warps, stages = SLICES_CONFIG
     for g8, route in ((16, False), (4, False), (16, True)):
-        cx = dict(BLOCK_I=bi, BLOCK_K8=bk8, BLOCK_H=bh, GROUP_K8=g8, PDL=False, ROUTE=route, TOP_K=8, BLOCK_K=8,
-                  BLOCK_E=128, RENORM=True, TRACE=False)
+        cx = dict(BLOCK_I=bi, BLOCK_K8=bk8, BLOCK_H=bh, GROUP_K8=g8, PDL=False, ROUTE=route, TOP_K=8, BLOCK_E=128,
+                  RENORM=True, TRACE=False, NUM_WARPS=warps)
         args = dict(x_ptr=f"*{act}", out_ptr="*fp32", qg_ptr="*i32", zg_ptr="*i32", sg_ptr="*fp16", qu_ptr="*i32",
                     zu_ptr="*i32", su_ptr="*fp16", qd_ptr="*i32", zd_ptr="*i32", sd_ptr="*fp16", ids_ptr="*i32",
                     topk_w_ptr="*fp32", logits_ptr=f"*{act}" if route else "*fp32", trace_ptr="*fp32", H="i32",

@@ -115,6 +115,11 @@ ATTN_PREFETCH = 0                     # attention's own prefetch level (kernel P
 # decode bs1 32k 256 -> 271 tok/s, 64k 199 -> 211; bs1 512 -0.6% (a 128-wide tile for 9 filled segments),
 # bs16 unchanged (6 segments: 8). No spills at sm70 (tests/kernels/test_aot.py).
 REDUCE_BLOCK_S, REDUCE_WARPS = 128, 4
+# The decode-only reduce (one query row per sequence) in programs of one warp, each merging a 1/REDUCE_D_SPLIT
+# share of a head's D columns: its reductions over the segments stay inside the warp (shuffles, no CTA barrier;
+# 4 warps on whole rows: 13 bar.sync in sm90 PTX), for 4x the programs, each reading every segment's (m, l).
+# The row-wise reduce of small-q launches keeps REDUCE_WARPS on whole rows.
+REDUCE_D_SPLIT, DECODE_REDUCE_WARPS = 4, 1
 
 OPS = ("dense_gemm", "moe")
 
@@ -470,7 +475,7 @@ def attention_tiles(cc: int, block_m: int) -> tuple[int, int]:
 # The knobs of a decode-only attention launch that ``set_decode_attention_override`` may replace (benchmarks,
 # tests; bench/attn_sweep.py sweeps them): DecodeAttention's fields.
 DECODE_ATTN_KNOBS = ("segments", "min_seg_tiles", "block_n", "num_warps", "num_stages", "reduce_block_s",
-                     "reduce_warps", "prefetch")
+                     "reduce_warps", "prefetch", "reduce_d_split")
 
 
 class _SplitKvPolicy:
@@ -651,6 +656,7 @@ class AttentionLaunch(NamedTuple):
     row_reduce: bool = False  # split, not decode-only: the row-wise reduce (any query rows per sequence)
     preload: bool = False     # decode-only, prefetch 0: the first key tile before the PDL wait (attention_preload)
     fused_reduce: bool = False  # decode-only split of <= FUSED_REDUCE_MAX_SEGMENTS: the kernel merges (no reduce launch)
+    reduce_d_split: int = 1     # the decode reduce's programs per head (each 1/reduce_d_split of D)
 
 
 def attention_launch(num_seqs: int, decode_only: bool, max_seq_len: int, kv_heads: int, sms: int, cc: int,
@@ -669,11 +675,14 @@ def attention_launch(num_seqs: int, decode_only: bool, max_seq_len: int, kv_head
     ov = _SplitKvPolicy.override if decode_only else {}
     bs = min(next_pow2(segs), ov.get("reduce_block_s", REDUCE_BLOCK_S))
     prefetch = int(ov.get("prefetch", ATTN_PREFETCH))
+    row_reduce = segs > 1 and not decode_only
     return AttentionLaunch(segs, min_tiles, ov.get("block_n", block_n), ov.get("num_warps", warps),
-                           ov.get("num_stages", ATTN_STAGES), bs, ov.get("reduce_warps", REDUCE_WARPS),
-                           prefetch, segs > 1 and not decode_only,
+                           ov.get("num_stages", ATTN_STAGES), bs,
+                           ov.get("reduce_warps", REDUCE_WARPS if row_reduce else DECODE_REDUCE_WARPS),
+                           prefetch, row_reduce,
                            decode_only and prefetch == 0 and attention_preload(cc),
-                           decode_only and 1 < segs <= FUSED_REDUCE_MAX_SEGMENTS and attention_fused_reduce())
+                           decode_only and 1 < segs <= FUSED_REDUCE_MAX_SEGMENTS and attention_fused_reduce(),
+                           ov.get("reduce_d_split", REDUCE_D_SPLIT) if decode_only else 1)
 
 
 def use_pdl(num_tokens: int, cc: int, max_tokens: int) -> bool:

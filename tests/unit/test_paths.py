@@ -160,7 +160,8 @@ def test_attention_launch_is_the_table_unless_overridden():
     segs = paths.split_kv(1, True, 65536, 4, 132, 90)[0]
     assert d == paths.AttentionLaunch(segs, paths.SPLIT_MIN_SEGMENT_TILES, paths.ATTN_BLOCK_N, paths.ATTN_WARPS,
                                       paths.ATTN_STAGES, min(paths.next_pow2(segs), paths.REDUCE_BLOCK_S),
-                                      paths.REDUCE_WARPS, paths.ATTN_PREFETCH)
+                                      paths.DECODE_REDUCE_WARPS, paths.ATTN_PREFETCH,
+                                      reduce_d_split=paths.REDUCE_D_SPLIT)
     assert launch(cc=70)[2:4] == paths.attention_tiles(70, 16)
     assert launch(b=16, bound=8192).reduce_block_s == paths.next_pow2(launch(b=16, bound=8192).segments)
     prefill = launch(decode_only=False)

@@ -307,11 +307,12 @@ def _paged_attn_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, qsl_ptr
 @triton.jit
 def _merge_segments(part_ptr, ml_ptr, base, n_seg, offs_d, D: tl.constexpr, BLOCK_S: tl.constexpr,
                     CACHE: tl.constexpr):
-    """[D] output of the first ``n_seg`` split-KV partials at rows base.. (partials [.., D], (m, l) [.., 2]),
-    BLOCK_S at a time (online rescale, _merge_pass); CACHE: the loads' cache modifier."""
+    """The output columns offs_d ([D] or a share of it) of the first ``n_seg`` split-KV partials at rows base..
+    (partials [.., D], (m, l) [.., 2]), BLOCK_S at a time (online rescale, _merge_pass); CACHE: the loads' cache
+    modifier."""
     m_run = tl.full([], EMPTY_MAX, tl.float32)
     l_run = tl.full([], 0.0, tl.float32)
-    acc = tl.zeros([D], dtype=tl.float32)
+    acc = tl.zeros(offs_d.shape, dtype=tl.float32)
     for s0 in range(0, n_seg, BLOCK_S):
         m_run, l_run, acc = _merge_pass(m_run, l_run, acc, part_ptr, ml_ptr, base, s0, n_seg, offs_d, D, BLOCK_S,
                                         CACHE)
@@ -363,15 +364,19 @@ def _merge_apply(acc, l_run, alpha, w, l, part):
 @triton.jit(do_not_specialize=["num_segments", "block_n", "min_seg_tiles"])  # runtime-varying: one compile
 def _segment_reduce_kernel(part_ptr, ml_ptr, out_ptr, seqlen_ptr, stride_ot, stride_oh, num_segments, block_n,
                            min_seg_tiles, HQ: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr,
-                           PDL: tl.constexpr):
-    """Merge the filled segments of decode row ``tok`` (= its sequence), BLOCK_S at a time (online rescale).
-    The sequence length (the step's metadata) is loaded before the PDL wait, the partials after it."""
+                           PDL: tl.constexpr, BLOCK_D: tl.constexpr = 0):
+    """Merge the filled segments of decode row ``tok`` (= its sequence), BLOCK_S at a time (online rescale), for
+    head h's columns [BLOCK_D * program_id(2), + BLOCK_D) (paths.REDUCE_D_SPLIT; 0: all D). The sequence length
+    (the step's metadata) is loaded before the PDL wait, the partials after it."""
     tok = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     n_tiles = tl.cdiv(tl.load(seqlen_ptr + tok, cache_modifier=".cg"), block_n)
     n_seg = _filled_segments(n_tiles, num_segments, min_seg_tiles)
     pdl_enter(PDL)
-    offs_d = tl.arange(0, D)
+    if BLOCK_D == 0:
+        offs_d = tl.arange(0, D)
+    else:
+        offs_d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
     o = _merge_segments(part_ptr, ml_ptr, (tok * HQ + h) * num_segments, n_seg, offs_d, D, BLOCK_S, "")
     tl.store(out_ptr + tok * stride_ot + h * stride_oh + offs_d, o.to(out_ptr.dtype.element_ty))
 
@@ -533,9 +538,11 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
             launch_pdl=use_pdl)
     elif segs > 1 and not plan.fused_reduce:
         # decode-only: every sequence's single query row is row i (query_start_loc = arange)
-        _segment_reduce_kernel[(md.num_decode_tokens, hq)](
+        split_d = plan.reduce_d_split if d % plan.reduce_d_split == 0 else 1
+        _segment_reduce_kernel[(md.num_decode_tokens, hq, split_d)](
             part, ml, out, md.seq_lens, out.stride(0), out.stride(1), segs, block_n, min_tiles, HQ=hq, D=d,
-            BLOCK_S=plan.reduce_block_s, PDL=use_pdl, num_warps=plan.reduce_warps, launch_pdl=use_pdl)
+            BLOCK_S=plan.reduce_block_s, PDL=use_pdl, BLOCK_D=d // split_d if split_d > 1 else 0,
+            num_warps=plan.reduce_warps, launch_pdl=use_pdl)
     return out
 
 
@@ -598,12 +605,13 @@ def aot_configs() -> list[AotConfig]:
                                      f"paged_attn[bq={bq}{tag},{act}{kv_tag}{f',prefetch={prefetch}' * bool(prefetch)}"
                                      f"{',qkn' * qkn}{',preload' * preload}{',fused' * fused}]"))
         for segs in sorted({reduce_block_s(s) for s in range(2, MAX_SEGMENTS + 1)}):
-            cx = {"HQ": hq, "D": d, "BLOCK_S": segs, "PDL": False}
+            # the decode reduce as launched: D split over paths.REDUCE_D_SPLIT programs of DECODE_REDUCE_WARPS
+            cx = {"HQ": hq, "D": d, "BLOCK_S": segs, "PDL": False, "BLOCK_D": d // paths.REDUCE_D_SPLIT}
             args = {"part_ptr": "*fp32", "ml_ptr": "*fp32", "out_ptr": f"*{act}", "seqlen_ptr": "*i32",
                     "stride_ot": "i32", "stride_oh": "i32", "num_segments": "i32", "block_n": "i32",
                     "min_seg_tiles": "i32"}
-            out.append(AotConfig(_segment_reduce_kernel, signature(args, cx), cx, 4, 1, act_cc,
-                                 f"segment_reduce[s={segs},{act}]"))
+            out.append(AotConfig(_segment_reduce_kernel, signature(args, cx), cx, paths.DECODE_REDUCE_WARPS, 1,
+                                 act_cc, f"segment_reduce[s={segs},{act}]"))
             # the row-wise reduce of split small-q launches, at both BLOCK_Q of up to SPLIT_MAX_QUERY rows
             for bq in sorted({block_q(gp, q) for q in (2, paths.SPLIT_MAX_QUERY)}):
                 cx = {"HQ": hq, "D": d, "BLOCK_Q": bq, "BLOCK_S": segs, "PDL": False}

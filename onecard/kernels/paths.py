@@ -116,9 +116,13 @@ ATTN_PREFETCH = 0                     # attention's own prefetch level (kernel P
 # bs16 unchanged (6 segments: 8). No spills at sm70 (tests/kernels/test_aot.py).
 REDUCE_BLOCK_S, REDUCE_WARPS = 128, 4
 # The decode-only reduce (one query row per sequence) in programs of one warp, each merging a 1/REDUCE_D_SPLIT
-# share of a head's D columns: its reductions over the segments stay inside the warp (shuffles, no CTA barrier;
-# 4 warps on whole rows: 13 bar.sync in sm90 PTX), for 4x the programs, each reading every segment's (m, l).
-# The row-wise reduce of small-q launches keeps REDUCE_WARPS on whole rows.
+# share of a head's D columns: its reductions over the segments stay inside the warp (shuffles; sm90 PTX at 128
+# segments: 2 bar.sync against 13 for 4 warps on whole rows; 168 registers, no sm70 spill), for 4x the programs,
+# each reading every segment's (m, l). The row-wise reduce of small-q launches keeps REDUCE_WARPS on whole rows.
+# Measured (H100, 2026-12-07, bench/run_h200.sh ab, the old paths.py + attention/triton.py as the base arm, one
+# process per arm and run, alternating; BENCHMARKS.md): batch 16 at 512 tokens 3,120 / 3,123 -> 3,145 / 3,145
+# tok/s (+0.8%), batch 1 at 512 469.2 / 468.7 -> 467.1 / 468.6 and at 32k 312.3 / 311.2 -> 312.2 / 311.6 (within
+# the runs' spread); decode attention alone B=1 8k 9.7 -> 8.7 µs, B=16 8k 98.3 -> 97.3.
 REDUCE_D_SPLIT, DECODE_REDUCE_WARPS = 4, 1
 
 OPS = ("dense_gemm", "moe")
@@ -337,7 +341,10 @@ def batch1_moe_slices() -> bool:
 # program's top-k and routing stores at the end of that launch, no routing load at the start of the slices'.
 # The top-k is then computed 192 times (on 8 warps) instead of once (on 4). ON from 2026-12-07 (H100, decode10):
 # with the slices, batch 1 at 512 tokens 454.2 -> 457.3 tok/s, at 32k 306.1 -> 307.8 (444.6 and 301.5 without
-# either), the same greedy tokens; norm_moe T=1 alone 24.5 -> 23.5 µs.
+# either), the same greedy tokens; norm_moe T=1 alone 24.5 -> 23.5 µs. Then measured inside the model
+# (bench/slices_trace.py): the routing took ~2.8 µs of each program's ~13-16, before its first weight load; with
+# each warp routing its own copy of the logits (decode.topk_slot_of: no CTA barrier in the rounds of max) batch 1
+# at 512 tokens went 458.7 / 458.9 -> 472.4 / 471.9 tok/s (ab, one process per arm and run, H100).
 BATCH1_SLICES_ROUTE = _switch("batch1_slices_route", True)
 
 

@@ -123,7 +123,10 @@ def decode(bs: int, h200: dict[str, float], ctx: int = CTX) -> list[Kernel]:
                dequant=NQ * D * H, h200_us=h200.get("o")),
         Kernel("router GEMV + routing (bs1: with the norm, one launch)", L, E * H * 2 + act, gemm(bs, H, E), "fma",
                h200_us=h200.get("route")),
-        Kernel(f"decode MoE, 2 stages ({distinct:.0f} distinct experts)", L,
+        # batch 1: both stages in one launch of intermediate slices (fused_moe/slices.py, no cc condition: sm70
+        # runs it too); the bytes are the stages' (+ the down's scales once per slice: ~5%, not counted here)
+        Kernel(f"decode MoE, {'one launch of slices' if bs == 1 and paths.batch1_moe_slices() else '2 stages'} "
+               f"({distinct:.0f} distinct experts)", L,
                distinct * (2 * gptq_bytes(H, I) + gptq_bytes(I, H)), bs * TOPK * (gemm(1, H, 2 * I) + gemm(1, I, H)),
                "fma", dequant=distinct * 3 * H * I, h200_us=h200.get("moe")),
         Kernel("lm_head (fp16, cuBLAS)", 1, V * H * 2 + act, gemm(bs, H, V), "tc", h200_us=h200.get("lm_head")),

@@ -61,6 +61,11 @@ from onecard.kernels.types import GPTQWeight, MoEWeight
 # batch 1 at 512 tokens 457.1 -> 440.3 tok/s, at 32k 307.7 -> 299.2; H100, 2026-12-07). The rows alone replay 20
 # copies of one layer, whose 19 MB of routed experts then sit in the 50 MB L2: not the model's cold reads.
 SLICES_CONFIG = (32, 32, 1024, 8, 1)
+# The TRACE variant's stamps (bench/slices_trace.py): a program's row of TRACE_SLOTS int64, fields in this order:
+# %clock64 at each phase boundary, then (%globaltimer, SM) after the wait and at the end
+TRACE_SLOTS = 12
+TRACE_FIELDS = ("start", "waited", "routed", "gate_up", "h", "down0", "end", "t_waited_ns", "sm", "t_end_ns", "sm_end")
+_TRACE_ROW = tl.constexpr(TRACE_SLOTS)
 
 
 @triton.jit
@@ -158,7 +163,7 @@ def _moe_slices_kernel(x_ptr, out_ptr, qg_ptr, zg_ptr, sg_ptr, qu_ptr, zu_ptr, s
     BI8: tl.constexpr = BLOCK_I // 8
     TG: tl.constexpr = BLOCK_K8 // GROUP_K8 if BLOCK_K8 > GROUP_K8 else 1  # groups per gate/up K tile
     if TRACE:
-        tr = trace_ptr + (slot * tl.num_programs(0) + pid_i) * 12
+        tr = trace_ptr + (slot * tl.num_programs(0) + pid_i) * _TRACE_ROW
         stamp(tr, pid_i)                                                  # 0: started (before the PDL wait)
     pdl_enter(PDL)
     if TRACE:
@@ -247,6 +252,7 @@ def _moe_slices_kernel(x_ptr, out_ptr, qg_ptr, zg_ptr, sg_ptr, qu_ptr, zu_ptr, s
         last = stamp(tr + 6, pid_i)
         stamp_where(tr + 9, last.to(tl.int32))
 
+
 def slice_rows(w_down: GPTQWeight, block_i: int) -> int:
     """BLOCK_I for this down projection: at most ``block_i``, a power of two >= 8 that divides its group size
     (a slice's rows must lie in one group); 0 when none does."""
@@ -300,10 +306,6 @@ def moe_slices(x: torch.Tensor, out32: torch.Tensor, w_gate: GPTQWeight, w_up: G
         w_down.num_groups, e, BLOCK_I=bi, BLOCK_K8=bk8, BLOCK_H=bh, GROUP_K8=group_k8(w_gate), PDL=use_pdl,
         TRACE=trace is not None, NUM_WARPS=warps, num_warps=warps, num_stages=stages, launch_pdl=use_pdl, **route)
 
-
-TRACE_SLOTS = 12        # a program's row of the TRACE buffer
-# its fields: %clock64 at each phase boundary, then (%globaltimer, SM) after the wait and at the end
-TRACE_FIELDS = ("start", "waited", "routed", "gate_up", "h", "down0", "end", "t_waited_ns", "sm", "t_end_ns", "sm_end")
 
 
 def grid(w_gate: GPTQWeight, w_down: GPTQWeight, top_k: int) -> int:

@@ -71,6 +71,24 @@ def bench_graph(fn, copies: int = 20, replays: int = 20) -> float:
         return float("nan")
 
 
+class _Rotating:
+    """Inputs that change at every call of a row's Triton function: ``bench_graph`` captures its copies with
+    the next one each, so a MoE row's routed experts differ from copy to copy and come from HBM, as a layer's do
+    in the model (with one input the 20 copies re-read the same ~19 MB, which then sit in the 50 MB L2: the rows
+    without it are L2-hot). ``last``: what the previous call used (the reference, called after it, reads it)."""
+
+    def __init__(self, items: list):
+        self.items, self.i = items, -1
+
+    def next(self):
+        self.i = (self.i + 1) % len(self.items)
+        return self.items[self.i]
+
+    @property
+    def last(self):
+        return self.items[self.i]
+
+
 def _switched(name: str, fn, on: bool = True):
     """fn() with paths switch ``name`` on (or ``on=False``: off), back to its shipped value after."""
     from onecard.kernels import paths
@@ -194,6 +212,19 @@ def cases(quick: bool):
                            moe_t.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True))),
                        lambda x=x, r=r: torch.cat(moe_r.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True)),
                        TOPK * per_expert + E * H * 2)
+            # the same configs with cold experts (_Rotating: 20 inputs routed to different experts)
+            xs = _Rotating([torch.randn(1, H, device=DEV).half() for _ in range(20)])
+            for cfg in (None, (32, 16, 1024, 4, 1), (16, 32, 1024, 4, 1), (16, 64, 1024, 8, 1)):
+                yield (f"norm_moe T=1 slices{'' if cfg is None else ' ' + ','.join(map(str, cfg))}, cold experts",
+                       lambda r=r, cfg=cfg, xs=xs: _slices(cfg, lambda: torch.cat(
+                           moe_t.norm_moe(xs.next(), r, nw, 1e-6, wr, wg, wu, wd, TOPK, True))),
+                       lambda r=r, xs=xs: torch.cat(moe_r.norm_moe(xs.last, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True)),
+                       TOPK * per_expert + E * H * 2)
+            yield ("norm_moe T=1 two-launch stages, cold experts",
+                   lambda r=r, xs=xs: _stages(lambda: torch.cat(
+                       moe_t.norm_moe(xs.next(), r, nw, 1e-6, wr, wg, wu, wd, TOPK, True))),
+                   lambda r=r, xs=xs: torch.cat(moe_r.norm_moe(xs.last, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True)),
+                   TOPK * per_expert + E * H * 2)
             yield ("norm_moe T=1 slices, routed by norm-route",         # "batch1_slices_route" off
                    lambda x=x, r=r: _switched("batch1_slices_route", lambda: _slices(None, lambda: torch.cat(
                        moe_t.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True))), on=False),

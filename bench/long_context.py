@@ -163,6 +163,9 @@ def switch_setters() -> dict:
             # BLOCK_I 16, BLOCK_K8 64, 8 warps: the fastest MoE block alone on 2026-12-07 (23.4 µs against 24.5
             # for the shipped config without its routing, 23.5 with it); -3.7% in the model (BENCHMARKS.md)
             "slices1664": _attr_override(slices, "SLICES_CONFIG", (16, 64, 1024, 8, 1)),
+            # BLOCK_K8 16 on 4 warps: the fastest MoE block alone on 2026-12-07 with per-warp routing (22.3 µs
+            # against 23.5, L2-hot; its cold-experts row is in kernels_gpu.py)
+            "slices3216": _attr_override(slices, "SLICES_CONFIG", (32, 16, 1024, 4, 1)),
             "gemv4": _table_override(gemm.SMALL_PROGRAMS_PER_SM, "gemv", 4),
             "moe1pps8": _table_override(stages.DECODE_CONFIGS, "decode1",
                                         stages.DECODE_CONFIGS["decode1"][:5] + (8,)),

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU facts, kernel checks, tiny-checkpoint engine checks, the full-size benchmark.
 # Usage (repo root, on the H200): OUT=/some/dir bash bench/run_h200.sh [parts...]
-# parts: ab slicestrace decode10 ctxgraphs ctxtests slices slicestests resttests specverify apimem probe kernels checks full asyncab kvdtype capab capbisect hosttier loadab nopdl pdl16 emu70 longctx attnsweep gputests startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
+# parts: ab decode11 slicestrace decode10 ctxgraphs ctxtests slices slicestests resttests specverify apimem probe kernels checks full asyncab kvdtype capab capbisect hosttier loadab nopdl pdl16 emu70 longctx attnsweep gputests startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
 #   emu70: the full-size bench with every kernel-path decision on sm70's branch (ONECARD_EMULATE_CC=70): run it
 #          beside `full` in one call for the relative figure (a functional check, not a V100 timing)
 #   specverify: issue 30: verify-step latency vs tokens per sequence (1..9) at batch 1 and 16 (the cost model's
@@ -110,6 +110,15 @@ for p in $parts; do
           AB_TESTS=0 AB_TIMEOUT="${AB_TIMEOUT:-330}" AB_KTIMEOUT=150 AB_KERNELS="attention block,paged_attn decode,norm_moe T=1" \
             AB_SCENARIOS="${AB_SCENARIOS:-1x512,1x32768,16x512,16x8192}" \
             SWITCH_POLICIES="${SWITCH_POLICIES:-fill+no_moe_slices+no_slices_route,fill+ctx_graphs+fused_reduce+no_moe_slices+no_slices_route,fill+no_slices_route,fill+no_slices_route+slices16,fill,fill+ctx_graphs+fused_reduce+no_slices_route}" \
+            bash "$0" switchab ;;
+    decode11) log decode11  # issue 25, next (prepared 2026-12-07, not run): the MoE block alone with cold experts
+          # (bench/kernels_gpu.py's "cold experts" rows), then in one engine at 1x512 and 1x32768: the shipped slices
+          # routing per warp (fill), routed by norm-route instead (no_slices_route: the per-warp routing changed
+          # what that A/B measured), BLOCK_I 16 (slices16: 384 programs on 132 SMs, against 192 leaving 60 SMs with
+          # two) and BLOCK_K8 16 on 4 warps (slices3216); ~6 min with the build
+          AB_TESTS=0 AB_TIMEOUT="${AB_TIMEOUT:-240}" AB_KTIMEOUT=150 AB_KERNELS="norm_moe T=1" \
+            AB_SCENARIOS="${AB_SCENARIOS:-1x512,1x32768}" \
+            SWITCH_POLICIES="${SWITCH_POLICIES:-fill,fill+no_slices_route,fill+slices16,fill+slices3216}" \
             bash "$0" switchab ;;
     slicestrace) log slicestrace  # issue 25: where the batch-1 MoE slices' ~19 µs a layer go (bench/slices_trace.py:
           # per-program phase stamps inside the full model's batch-1 graph, 512 tokens; then the same with the

@@ -220,6 +220,11 @@ def cases(quick: bool):
                            moe_t.norm_moe(xs.next(), r, nw, 1e-6, wr, wg, wu, wd, TOPK, True))),
                        lambda r=r, xs=xs: torch.cat(moe_r.norm_moe(xs.last, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True)),
                        TOPK * per_expert + E * H * 2)
+            yield ("norm_moe T=1 slices, cold experts, L2 prefetch",          # "batch1_slices_l2_prefetch"
+                   lambda r=r, xs=xs: _switched("batch1_slices_l2_prefetch", lambda: torch.cat(
+                       moe_t.norm_moe(xs.next(), r, nw, 1e-6, wr, wg, wu, wd, TOPK, True))),
+                   lambda r=r, xs=xs: torch.cat(moe_r.norm_moe(xs.last, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True)),
+                   TOPK * per_expert + E * H * 2)
             yield ("norm_moe T=1 two-launch stages, cold experts",
                    lambda r=r, xs=xs: _stages(lambda: torch.cat(
                        moe_t.norm_moe(xs.next(), r, nw, 1e-6, wr, wg, wu, wd, TOPK, True))),

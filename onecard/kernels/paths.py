@@ -353,6 +353,20 @@ def batch1_slices_route() -> bool:
     return switch("batch1_slices_route")
 
 
+# The batch-1 MoE slices asking L2 for what they will load (fused_moe/slices.py L2_AHEAD, SLICES_L2_AHEAD tiles
+# ahead; triton_common.l2_prefetch: prefetch.global.L2, from sm70): once routed, a program requests its next gate/up
+# tiles and its whole down projection, then one more tile each loop step. Why: inside the model each of a
+# program's 8 gate/up steps took ~1 µs, one 8 KB tile in flight per program (bench/slices_trace.py), and its 128
+# registers at 8 warps leave no room to load further ahead in registers at two programs per SM; a prefetch holds
+# no register. OFF: not measured yet (bench/run_h200.sh decode11 A/Bs it as "slices_l2").
+BATCH1_SLICES_L2_PREFETCH = _switch("batch1_slices_l2_prefetch", False)
+
+
+def batch1_slices_l2_prefetch() -> bool:
+    """Do the batch-1 MoE slices prefetch their next tiles into L2?"""
+    return switch("batch1_slices_l2_prefetch")
+
+
 # Decode MoE at T > 1: silu(gate) * up as a launch of its own between the two stages, stage 2 then loading it as
 # stage 1 loads x. Without it every stage-2 program recomputes silu for its K tile (exp and a division per value,
 # each value once per column tile of the down projection: 16 times at the served shape). Identical values either

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def _greedy(eager: bool, slices_on: bool, route: bool = False, n_prompt: int = 40,
-            new: int = 32) -> tuple[list[int], int]:
+            new: int = 32, l2: bool = False) -> tuple[list[int], int]:
     """-> (greedy tokens of one request, slices launches seen while the engine ran)."""
     from bench.gpu_checks import CODER
     from onecard.config import EngineArgs
@@ -38,6 +38,7 @@ def _greedy(eager: bool, slices_on: bool, route: bool = False, n_prompt: int = 4
 
     paths.set_switch("batch1_moe_slices", slices_on)
     paths.set_switch("batch1_slices_route", route)
+    paths.set_switch("batch1_slices_l2_prefetch", l2)
     slices.moe_slices = counted
     try:
         cfg = EngineArgs(model=str(CODER), device="cuda", dtype="float16", max_model_len=2048, enforce_eager=eager,
@@ -56,17 +57,20 @@ def _greedy(eager: bool, slices_on: bool, route: bool = False, n_prompt: int = 4
         slices.moe_slices = real
         paths.set_switch("batch1_moe_slices", None)
         paths.set_switch("batch1_slices_route", None)
+        paths.set_switch("batch1_slices_l2_prefetch", None)
 
 
-@pytest.mark.parametrize("route", [False, True], ids=["routing", "routing-in-slices"])
-def test_slices_decode_equals_the_two_launch_stages_in_graphs_and_eager(route):
+@pytest.mark.parametrize("route, l2", [(False, False), (True, False), (True, True)],
+                         ids=["routing", "routing-in-slices", "routing-in-slices-l2"])
+def test_slices_decode_equals_the_two_launch_stages_in_graphs_and_eager(route, l2):
     """``routing-in-slices``: the slices find the top-k themselves (paths.BATCH1_SLICES_ROUTE) and the norm-route
-    launch has no last arriver; the router's arrival counter must stay zero."""
+    launch has no last arriver; the router's arrival counter must stay zero. ``-l2``: with their L2 prefetch
+    (paths.BATCH1_SLICES_L2_PREFETCH: hints only, the same tokens)."""
     from onecard.kernels import workspace
 
     stages, n_off = _greedy(True, False)
-    eager, n_eager = _greedy(True, True, route)
-    graphed, n_graphed = _greedy(False, True, route)
+    eager, n_eager = _greedy(True, True, route, l2=l2)
+    graphed, n_graphed = _greedy(False, True, route, l2=l2)
     assert n_off == 0 and n_eager > 0 and n_graphed > 0                # the path ran (captured, in graphs)
     assert eager == stages
     assert graphed == eager

@@ -159,6 +159,8 @@ CASES = ([f"gemm{i}-{dt}" for i in range(len(GEMM)) for dt in (F32, F16)] + ["de
          + [f"moeslices{i}-{dt}" for i in range(len(MOE_SLICES)) for dt in (F32, F16)]
          + [f"moeslicesroute{i}-{dt}" for i in MOE_SLICES_ROUTE for dt in (F32, F16)]
          + [f"moeslicestrace0-{F16}"]                                    # bench/slices_trace.py's variant
+         # the L2 prefetch's code paths (its PTX is a no-op under the interpreter): tiles past K, other groups
+         + [f"moeslicesl2{i}-{F16}" for i in (0, 1, 3)]
          + [f"attn{i}-{dt}" for i in range(len(ATTN)) for dt in (F32, F16)]
          + [f"attn{i}-sm70-{dt}" for i in range(len(ATTN)) for dt in (F32, F16)]   # the tiles used below sm80
          + [f"store_kv-{dt}" for dt in (F32, F16)]
@@ -569,6 +571,13 @@ def run_case(name: str, seed: int) -> float:
         return _moe_slices_case(int(kind[14:]), dt, seed, route=True)
     if kind.startswith("moeslicestrace"):
         return _moe_slices_case(int(kind[14:]), dt, seed, route=True, trace=True)
+    if kind.startswith("moeslicesl2"):                                   # with the L2 prefetch (a no-op here)
+        from onecard.kernels import paths
+        paths.set_switch("batch1_slices_l2_prefetch", True)
+        try:
+            return _moe_slices_case(int(kind[11:]), dt, seed, route=True)
+        finally:
+            paths.set_switch("batch1_slices_l2_prefetch", None)
     if kind.startswith("moeslices"):
         return _moe_slices_case(int(kind[9:]), dt, seed)
     if kind.startswith(("gemmint", "gemmnoint", "g128moeint", "g128moenoint")):   # the int dot forced on / off

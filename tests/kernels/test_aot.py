@@ -74,10 +74,10 @@ def resource_usage(cubin: bytes) -> tuple[int, int] | None:
 
 
 def _compile(job: tuple[str, int, int, bool]) -> tuple[str, int, str, str | None, bool | None, bool, int | None,
-                                                      int]:
+                                                      int, bool]:
     """-> (module, cc, config name, error or None, PTX has griddepcontrol (None: no PDL constexpr),
     PTX has 16-byte vector loads, stack bytes per thread (JIT-aligned compiles only, else None), CTA barriers
-    (bar.sync) in the PTX)."""
+    (bar.sync) in the PTX, PTX has an L2 prefetch)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -96,11 +96,12 @@ def _compile(job: tuple[str, int, int, bool]) -> tuple[str, int, str, str | None
         gdc = ("griddepcontrol.wait" in ptx) if "PDL" in constexprs else None
         v4 = re.search(r"ld\.global(\.\w+)*\.v4\.(b32|u32|f32|s32)", ptx) is not None
         if not compiled.asm.get("cubin"):
-            return mod, cc, name, "no cubin produced", gdc, v4, None, 0
+            return mod, cc, name, "no cubin produced", gdc, v4, None, 0, False
         usage = resource_usage(compiled.asm["cubin"]) if aligned else None
-        return mod, cc, name, None, gdc, v4, usage[1] if usage else None, ptx.count("bar.sync")
+        return (mod, cc, name, None, gdc, v4, usage[1] if usage else None, ptx.count("bar.sync"),
+                "prefetch.global.L2" in ptx)
     except Exception as e:                                                 # reported by the test below
-        return mod, cc, name, f"{type(e).__name__}: {str(e)[:2000]}", None, False, None, 0
+        return mod, cc, name, f"{type(e).__name__}: {str(e)[:2000]}", None, False, None, 0, False
 
 
 @pytest.fixture(scope="module")
@@ -238,3 +239,12 @@ def test_slices_routing_reduces_inside_warps(compiled):
             and r[2].endswith("(JIT-aligned)")}
     plain, route = bars["moe_slices[g128,fp16] (JIT-aligned)"], bars["moe_slices[g128,route,fp16] (JIT-aligned)"]
     assert route - plain <= 4, (plain, route)
+
+
+def test_slices_l2_prefetch_is_compiled_in_with_no_spill(compiled):
+    """paths.BATCH1_SLICES_L2_PREFETCH's variant carries prefetch.global.L2 on every target and, as the JIT compiles
+    it for sm70, no stack frame (the shipped variant's registers: a prefetch holds none)."""
+    l2 = [r for r in compiled if r[2].startswith("moe_slices[g128,route,l2,")]
+    assert {r[1] for r in l2 if r[3] is None} == set(TARGETS), l2
+    assert all(r[8] for r in l2), [(r[1], r[2]) for r in l2]
+    assert all(r[6] == 0 for r in l2 if r[2].endswith("(JIT-aligned)")), [(r[2], r[6]) for r in l2]

@@ -29,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from onecard.kernels import paths
 from onecard.kernels.activation.triton import silu_mul
 from onecard.kernels.fused_moe.decode import topk_slot_of
 from onecard.kernels.gptq_gemm.int4 import (
@@ -39,6 +40,7 @@ from onecard.kernels.gptq_gemm.int4 import (
 )
 from onecard.kernels.triton_common import (
     AotConfig,
+    l2_prefetch,
     next_pow2,
     pdl_enter,
     settle_cache_keys,
@@ -66,6 +68,9 @@ SLICES_CONFIG = (32, 32, 1024, 8, 1)
 TRACE_SLOTS = 12
 TRACE_FIELDS = ("start", "waited", "routed", "gate_up", "h", "down0", "end", "t_waited_ns", "sm", "t_end_ns", "sm_end")
 _TRACE_ROW = tl.constexpr(TRACE_SLOTS)
+# paths.batch1_slices_l2_prefetch: how many gate/up tiles ahead of the loop's loads the program asks L2 for (the
+# loads themselves run one ahead). 3: 24 KB a program, 48 KB an SM of two, ~4.6 MB over the launch.
+SLICES_L2_AHEAD = 3
 
 
 @triton.jit
@@ -91,11 +96,17 @@ def _columns_of(h, BI8: tl.constexpr):
 
 @triton.jit
 def _gate_up_load(q_ptr, s_ptr, z_ptr, r0, k8, offs_r, offs_i, i_mask, I, num_groups, GROUP_K8: tl.constexpr,
-                  TILE_GROUPS: tl.constexpr):
+                  TILE_GROUPS: tl.constexpr, AHEAD_ROWS: tl.constexpr = 0):
     """One expert's gate or up K tile at packed rows r0 + [0, BK8) (pointers at the expert; rows past k8 are 0):
-    (q [BK8, BI] int32, scales, packed zeros of its TILE_GROUPS groups: [BI] for one, else [TILE_GROUPS, BI])."""
+    (q [BK8, BI] int32, scales, packed zeros of its TILE_GROUPS groups: [BI] for one, else [TILE_GROUPS, BI]).
+    AHEAD_ROWS > 0: also asks L2 for the q lines of the tile AHEAD_ROWS packed rows further (the same pointers
+    moved, one request per 128-byte line: no register held; _gate_up_prefetch does its scales and zeros)."""
     r = r0 + offs_r
-    q = tl.load(q_ptr + r[:, None] * I + offs_i[None, :], mask=(r < k8)[:, None] & i_mask[None, :], other=0)
+    q_ptrs = q_ptr + r[:, None] * I + offs_i[None, :]
+    q = tl.load(q_ptrs, mask=(r < k8)[:, None] & i_mask[None, :], other=0)
+    if AHEAD_ROWS > 0:
+        line = (tl.arange(0, offs_i.shape[0]) % 32) == 0                  # 32 int32: one 128-byte line
+        l2_prefetch(q_ptrs + AHEAD_ROWS * I, (r + AHEAD_ROWS < k8)[:, None] & line[None, :])
     if TILE_GROUPS == 1:
         g = tl.minimum(r0 // GROUP_K8, num_groups - 1)
         s = tl.load(s_ptr + g * I + offs_i, mask=i_mask, other=0.0)
@@ -106,6 +117,36 @@ def _gate_up_load(q_ptr, s_ptr, z_ptr, r0, k8, offs_r, offs_i, i_mask, I, num_gr
         s = tl.load(s_ptr + g[:, None] * I + offs_i[None, :], mask=m, other=0.0)
         zp = tl.load(z_ptr + g[:, None] * (I // 8) + (offs_i // 8)[None, :], mask=m, other=0)
     return q, s, zp
+
+
+@triton.jit
+def _gate_up_prefetch(q_ptr, s_ptr, z_ptr, r0, k8, offs_r, offs_i, I, num_groups):
+    """L2 prefetch of the q lines of the tile at packed rows r0 + [0, BK8) (nothing past k8) and of the scales and
+    zeros of every group (the slice's columns): one request per 128-byte line."""
+    line = (tl.arange(0, offs_i.shape[0]) % 32) == 0                      # 32 int32: one 128-byte line
+    r = r0 + offs_r
+    l2_prefetch(q_ptr + r[:, None] * I + offs_i[None, :], (r < k8)[:, None] & line[None, :])
+    for g0 in range(0, num_groups, 16):
+        g = g0 + tl.arange(0, 16)
+        g_ok = (g < num_groups)[:, None] & line[None, :]
+        l2_prefetch(s_ptr + g[:, None] * I + offs_i[None, :], g_ok)
+        l2_prefetch(z_ptr + g[:, None] * (I // 8) + (offs_i // 8)[None, :], g_ok)
+
+
+@triton.jit
+def _down_prefetch(q_ptr, s_ptr, z_ptr, g, offs_p, p_mask, H, LINES: tl.constexpr):
+    """L2 prefetch of the slice's whole down projection: its packed rows offs_p over every output and group g's
+    scales and packed zeros, one request per 128-byte line, LINES lines of a row per step."""
+    step = tl.arange(0, LINES) * 32                                       # 32 int32 = 128 bytes
+    for n0 in range(0, H, LINES * 32):
+        cols = n0 + step
+        l2_prefetch(q_ptr + offs_p[:, None] * H + cols[None, :], p_mask[:, None] & (cols < H)[None, :])
+    for n0 in range(0, H, LINES * 64):
+        cols = n0 + 2 * step                                              # 64 fp16 scales a line
+        l2_prefetch(s_ptr + g * H + cols, cols < H)
+    for n0 in range(0, H // 8, LINES * 32):
+        cols = n0 + step                                                  # packed zeros: H // 8 int32
+        l2_prefetch(z_ptr + g * (H // 8) + cols, cols < H // 8)
 
 
 @triton.jit
@@ -148,7 +189,8 @@ def _moe_slices_kernel(x_ptr, out_ptr, qg_ptr, zg_ptr, sg_ptr, qu_ptr, zu_ptr, s
                        BLOCK_I: tl.constexpr, BLOCK_K8: tl.constexpr, BLOCK_H: tl.constexpr,
                        GROUP_K8: tl.constexpr, PDL: tl.constexpr, ROUTE: tl.constexpr = False,
                        TOP_K: tl.constexpr = 8, BLOCK_E: tl.constexpr = 128,
-                       RENORM: tl.constexpr = True, TRACE: tl.constexpr = False, NUM_WARPS: tl.constexpr = 8):
+                       RENORM: tl.constexpr = True, TRACE: tl.constexpr = False, NUM_WARPS: tl.constexpr = 8,
+                       L2_AHEAD: tl.constexpr = 0):
     """Program (slice, slot): out[n] += w * sum_i h[i] Wd[e][i, n] over the slice's rows i, h = silu(x @ Wg[e][:, i])
     * (x @ Wu[e][:, i]), e = ids[slot], w = topk_w[slot]. x [1, H] model dtype; out [1, H] fp32. GROUP_K8: packed
     rows per gate/up group (a power of two; the input size or more: one group). ROUTE (paths.batch1_slices_route):
@@ -156,7 +198,10 @@ def _moe_slices_kernel(x_ptr, out_ptr, qg_ptr, zg_ptr, sg_ptr, qu_ptr, zu_ptr, s
     (decode.topk_slot_of: topk_of's keys, its own slot only, NUM_WARPS = the launch's warps, one row of logits
     each), instead of ids / topk_w.
     Each loop loads its next tile before it multiplies the current one (Triton pipelines only loads that feed
-    tl.dot). TRACE (bench/slices_trace.py only): the program's phase boundaries into trace_ptr [programs,
+    tl.dot). L2_AHEAD > 0 (paths.batch1_slices_l2_prefetch): once routed, the program asks L2 for its gate/up
+    tiles 1..L2_AHEAD and its whole down projection, and each loop step for the tile L2_AHEAD + 1 ahead
+    (int4's loads then wait on L2 rather than HBM; bench/slices_trace.py found each 8 KB step ~1 µs, one tile in
+    flight). TRACE (bench/slices_trace.py only): the program's phase boundaries into trace_ptr [programs,
     TRACE_SLOTS] int64 (TRACE_FIELDS: %clock64 cycles, then %globaltimer ns and the SM after the wait and at the end)."""
     pid_i = tl.program_id(0)
     slot = tl.program_id(1)
@@ -199,6 +244,11 @@ def _moe_slices_kernel(x_ptr, out_ptr, qg_ptr, zg_ptr, sg_ptr, qu_ptr, zu_ptr, s
     zd = zd_ptr + e * ng2 * (H // 8)
     q_g, s_g, z_g = _gate_up_load(qg, sg, zg, 0, k8, offs_r, offs_i, i_mask, I, ng1, GROUP_K8, TG)
     q_u, s_u, z_u = _gate_up_load(qu, su, zu, 0, k8, offs_r, offs_i, i_mask, I, ng1, GROUP_K8, TG)
+    if L2_AHEAD > 0:           # into L2: q tiles 2..L2_AHEAD (the loop asks for the rest), every group's scales
+        for a in tl.static_range(2, L2_AHEAD + 1):                        # and zeros, the whole down projection
+            _gate_up_prefetch(qg, sg, zg, a * BLOCK_K8, k8, offs_r, offs_i, I, ng1 * (a == 2))
+            _gate_up_prefetch(qu, su, zu, a * BLOCK_K8, k8, offs_r, offs_i, I, ng1 * (a == 2))
+        _down_prefetch(qd, sd, zd, g2, offs_p, p_mask, H, BLOCK_H // 32)
     # 1. gate and up for the slice's BI columns over every input: the sums are complete in this program
     if TG == 1:                                                           # row sums deferred past the loop
         acc_g = tl.zeros((BLOCK_K8, BLOCK_I), dtype=tl.float32)
@@ -209,9 +259,12 @@ def _moe_slices_kernel(x_ptr, out_ptr, qg_ptr, zg_ptr, sg_ptr, qu_ptr, zu_ptr, s
     # them non-negative and folds unit_bits' 1.0 into an immediate, so unit_nibble's and-or becomes two LOP3s a
     # weight instead of one (sm90 SASS of the gate/up loop: 506 -> 441 instructions for 64 weights a thread)
     hide = k8 >> 31
+    AHEAD_ROWS: tl.constexpr = L2_AHEAD * BLOCK_K8                       # the q tile L2_AHEAD after the next
     for r0 in range(0, k8, BLOCK_K8):
-        nq_g, ns_g, nz_g = _gate_up_load(qg, sg, zg, r0 + BLOCK_K8, k8, offs_r, offs_i, i_mask, I, ng1, GROUP_K8, TG)
-        nq_u, ns_u, nz_u = _gate_up_load(qu, su, zu, r0 + BLOCK_K8, k8, offs_r, offs_i, i_mask, I, ng1, GROUP_K8, TG)
+        nq_g, ns_g, nz_g = _gate_up_load(qg, sg, zg, r0 + BLOCK_K8, k8, offs_r, offs_i, i_mask, I, ng1, GROUP_K8, TG,
+                                         AHEAD_ROWS)
+        nq_u, ns_u, nz_u = _gate_up_load(qu, su, zu, r0 + BLOCK_K8, k8, offs_r, offs_i, i_mask, I, ng1, GROUP_K8, TG,
+                                         AHEAD_ROWS)
         acc_g = _gate_up_mac(acc_g, q_g, s_g, z_g, x_ptr, r0 + hide, k8, offs_r, zs_i, BLOCK_K8, BLOCK_I, GROUP_K8,
                              TG)
         acc_u = _gate_up_mac(acc_u, q_u, s_u, z_u, x_ptr, r0 + hide, k8, offs_r, zs_i, BLOCK_K8, BLOCK_I, GROUP_K8,
@@ -304,7 +357,8 @@ def moe_slices(x: torch.Tensor, out32: torch.Tensor, w_gate: GPTQWeight, w_up: G
         w_down.qweight, w_down.qzeros, w_down.scales, topk_ids, topk_w, logits if logits is not None else topk_w,
         trace if trace is not None else topk_w, h, inter, w_gate.num_groups, w_down.group_size,
         w_down.num_groups, e, BLOCK_I=bi, BLOCK_K8=bk8, BLOCK_H=bh, GROUP_K8=group_k8(w_gate), PDL=use_pdl,
-        TRACE=trace is not None, NUM_WARPS=warps, num_warps=warps, num_stages=stages, launch_pdl=use_pdl, **route)
+        TRACE=trace is not None, NUM_WARPS=warps, L2_AHEAD=SLICES_L2_AHEAD if paths.batch1_slices_l2_prefetch() else 0,
+        num_warps=warps, num_stages=stages, launch_pdl=use_pdl, **route)
 
 
 
@@ -318,16 +372,16 @@ def slices_aot_configs(act: str, min_cc: int) -> list[AotConfig]:
     routing itself from the logits (paths.batch1_slices_route; E 128, k 8, renormalised)."""
     out: list[AotConfig] = []
     bi, bk8, bh, warps, stages = SLICES_CONFIG
-    for g8, route in ((16, False), (4, False), (16, True)):
+    for g8, route, ahead in ((16, False, 0), (4, False, 0), (16, True, 0), (16, True, SLICES_L2_AHEAD)):
         cx = dict(BLOCK_I=bi, BLOCK_K8=bk8, BLOCK_H=bh, GROUP_K8=g8, PDL=False, ROUTE=route, TOP_K=8, BLOCK_E=128,
-                  RENORM=True, TRACE=False, NUM_WARPS=warps)
+                  RENORM=True, TRACE=False, NUM_WARPS=warps, L2_AHEAD=ahead)
         args = dict(x_ptr=f"*{act}", out_ptr="*fp32", qg_ptr="*i32", zg_ptr="*i32", sg_ptr="*fp16", qu_ptr="*i32",
                     zu_ptr="*i32", su_ptr="*fp16", qd_ptr="*i32", zd_ptr="*i32", sd_ptr="*fp16", ids_ptr="*i32",
                     topk_w_ptr="*fp32", logits_ptr=f"*{act}" if route else "*fp32", trace_ptr="*fp32", H="i32",
                     I="i32", ng1="i32",
                     gs2="i32", ng2="i32", E="i32")
         out.append(AotConfig(_moe_slices_kernel, signature(args, cx), cx, warps, stages, min_cc,
-                             f"moe_slices[g{8 * g8},{'route,' if route else ''}{act}]"))
+                             f"moe_slices[g{8 * g8},{'route,' if route else ''}{'l2,' if ahead else ''}{act}]"))
     return out
 
 

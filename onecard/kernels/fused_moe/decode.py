@@ -104,13 +104,28 @@ def softmax_topk(logits_ptr, t, stride_t, E, TOP_K: tl.constexpr, BLOCK_K: tl.co
 
 @triton.jit
 def _softmax_keys(x, offs, E, BLOCK_E: tl.constexpr):
-    """-> (p, key) [BE]: the fp32 softmax of logits x and one int64 key per expert: the probability's bits (p >= 0:
-    ordered as integers) above the reversed index, so the larger key is the larger p and, among ties, the lower
-    index (a single max per round of topk_of; distinct, so topk_rank_of's ranks are too); -1 past E."""
-    p = tl.exp(x - tl.max(x, axis=0))
-    p = p / tl.sum(p, axis=0)
+    """-> (p, key) shaped as x ([BE], or [R, BE]: one row of logits per R, each its own softmax): the fp32 softmax
+    of logits x along the last axis and one int64 key per expert: the probability's bits (p >= 0: ordered as
+    integers) above the reversed index, so the larger key is the larger p and, among ties, the lower index (a
+    single max per round of topk_of; distinct, so topk_rank_of's ranks are too); -1 past E. _key_value and
+    _key_index read a key back."""
+    AX: tl.constexpr = len(x.shape) - 1
+    p = tl.exp(x - tl.max(x, axis=AX, keep_dims=True))
+    p = p / tl.sum(p, axis=AX, keep_dims=True)
     bits = p.to(tl.int32, bitcast=True).to(tl.int64)
     return p, tl.where(offs < E, (bits << 32) | (BLOCK_E - 1 - offs).to(tl.int64), -1)
+
+
+@triton.jit
+def _key_value(key):
+    """The fp32 held in the upper half of a key (_softmax_keys: the probability)."""
+    return (key >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _key_index(key, BLOCK_E: tl.constexpr):
+    """The expert index of a _softmax_keys key (stored reversed in its lower half)."""
+    return (BLOCK_E - 1 - (key & 0xFFFFFFFF)).to(tl.int32)
 
 
 @triton.jit
@@ -122,8 +137,8 @@ def topk_of(x, offs, E, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.
     ids = tl.zeros((BLOCK_K,), dtype=tl.int32)
     for i in tl.static_range(TOP_K):
         best = tl.max(key, axis=0)
-        idx = (BLOCK_E - 1 - (best & 0xFFFFFFFF)).to(tl.int32)
-        val = (best >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+        idx = _key_index(best, BLOCK_E)
+        val = _key_value(best)
         vals = tl.where(offs_k == i, val, vals)
         ids = tl.where(offs_k == i, idx, ids)
         key = tl.where(key == best, -1, key)
@@ -144,24 +159,22 @@ def topk_slot_of(x, offs, E, slot, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, R
     scalar. The same int64 keys as topk_of, so the same experts, order and ties; the renormalising sum adds the
     TOP_K values in rank order (topk_of: a tree over its [BLOCK_K] lanes), so the weight may differ in its last
     bit."""
-    m = tl.max(x, axis=1)                                                 # [R]
-    p = tl.exp(x - m[:, None])
-    p = p / tl.sum(p, axis=1)[:, None]                                    # [R, BE] as _softmax_keys' p
-    bits = p.to(tl.int32, bitcast=True).to(tl.int64)
-    key = tl.where(offs[None, :] < E, (bits << 32) | (BLOCK_E - 1 - offs[None, :]).to(tl.int64), -1)
-    mine = tl.zeros_like(m).to(tl.int64)                                  # [R] this slot's key
-    total = tl.zeros_like(m)                                              # [R] the TOP_K values' sum
+    _, key = _softmax_keys(x, offs, E, BLOCK_E)                          # [R, BE]
     for i in tl.static_range(TOP_K):
         best = tl.max(key, axis=1)                                        # [R]
-        total += (best >> 32).to(tl.int32).to(tl.float32, bitcast=True)
-        mine = tl.where(slot == i, best, mine)
+        if i == 0:                                                        # (unrolled: a compile-time branch)
+            total = _key_value(best)                                      # [R] the TOP_K values' sum
+            mine = best                                                   # [R] this slot's key (slot < TOP_K)
+        else:
+            total += _key_value(best)
+            mine = tl.where(slot == i, best, mine)
         key = tl.where(key == best[:, None], -1, key)
-    w = (mine >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+    w = _key_value(mine)
     if RENORM:
         w = w / total
     # weight (>= 0) above the id: one max over the rows, which agree
-    packed = tl.max((w.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (BLOCK_E - 1 - (mine & 0xFFFFFFFF)), axis=0)
-    return (packed & 0xFFFFFFFF).to(tl.int32), (packed >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+    packed = tl.max((w.to(tl.int32, bitcast=True).to(tl.int64) << 32) | _key_index(mine, BLOCK_E), axis=0)
+    return (packed & 0xFFFFFFFF).to(tl.int32), _key_value(packed)
 
 
 @triton.jit

@@ -100,13 +100,12 @@ def _gate_up_load(q_ptr, s_ptr, z_ptr, r0, k8, offs_r, offs_i, i_mask, I, num_gr
     """One expert's gate or up K tile at packed rows r0 + [0, BK8) (pointers at the expert; rows past k8 are 0):
     (q [BK8, BI] int32, scales, packed zeros of its TILE_GROUPS groups: [BI] for one, else [TILE_GROUPS, BI]).
     AHEAD_ROWS > 0: also asks L2 for the q lines of the tile AHEAD_ROWS packed rows further (the same pointers
-    moved, one request per 128-byte line: no register held; _gate_up_prefetch does its scales and zeros)."""
+    moved: no register held; _groups_prefetch has every tile's scales and zeros asked for)."""
     r = r0 + offs_r
     q_ptrs = q_ptr + r[:, None] * I + offs_i[None, :]
     q = tl.load(q_ptrs, mask=(r < k8)[:, None] & i_mask[None, :], other=0)
     if AHEAD_ROWS > 0:
-        line = (tl.arange(0, offs_i.shape[0]) % 32) == 0                  # 32 int32: one 128-byte line
-        l2_prefetch(q_ptrs + AHEAD_ROWS * I, (r + AHEAD_ROWS < k8)[:, None] & line[None, :])
+        _q_lines_prefetch(q_ptrs + AHEAD_ROWS * I, r + AHEAD_ROWS, k8, offs_i)
     if TILE_GROUPS == 1:
         g = tl.minimum(r0 // GROUP_K8, num_groups - 1)
         s = tl.load(s_ptr + g * I + offs_i, mask=i_mask, other=0.0)
@@ -120,12 +119,22 @@ def _gate_up_load(q_ptr, s_ptr, z_ptr, r0, k8, offs_r, offs_i, i_mask, I, num_gr
 
 
 @triton.jit
-def _gate_up_prefetch(q_ptr, s_ptr, z_ptr, r0, k8, offs_r, offs_i, I, num_groups):
-    """L2 prefetch of the q lines of the tile at packed rows r0 + [0, BK8) (nothing past k8) and of the scales and
-    zeros of every group (the slice's columns): one request per 128-byte line."""
-    line = (tl.arange(0, offs_i.shape[0]) % 32) == 0                      # 32 int32: one 128-byte line
-    r = r0 + offs_r
-    l2_prefetch(q_ptr + r[:, None] * I + offs_i[None, :], (r < k8)[:, None] & line[None, :])
+def _line_starts(offs_i):
+    """[BI] True at the gate/up columns that open a 128-byte line of int32 q (32 columns a line): one L2 request
+    each covers the line."""
+    return (tl.arange(0, offs_i.shape[0]) % 32) == 0
+
+
+@triton.jit
+def _q_lines_prefetch(q_ptrs, r, k8, offs_i):
+    """L2 prefetch of a gate/up q tile's lines: q_ptrs [BK8, BI] at packed rows r (nothing past k8)."""
+    l2_prefetch(q_ptrs, (r < k8)[:, None] & _line_starts(offs_i)[None, :])
+
+
+@triton.jit
+def _groups_prefetch(s_ptr, z_ptr, offs_i, I, num_groups):
+    """L2 prefetch of the scales and packed zeros of every group of a gate/up weight, the slice's columns."""
+    line = _line_starts(offs_i)
     for g0 in range(0, num_groups, 16):
         g = g0 + tl.arange(0, 16)
         g_ok = (g < num_groups)[:, None] & line[None, :]
@@ -246,8 +255,11 @@ def _moe_slices_kernel(x_ptr, out_ptr, qg_ptr, zg_ptr, sg_ptr, qu_ptr, zu_ptr, s
     q_u, s_u, z_u = _gate_up_load(qu, su, zu, 0, k8, offs_r, offs_i, i_mask, I, ng1, GROUP_K8, TG)
     if L2_AHEAD > 0:           # into L2: q tiles 2..L2_AHEAD (the loop asks for the rest), every group's scales
         for a in tl.static_range(2, L2_AHEAD + 1):                        # and zeros, the whole down projection
-            _gate_up_prefetch(qg, sg, zg, a * BLOCK_K8, k8, offs_r, offs_i, I, ng1 * (a == 2))
-            _gate_up_prefetch(qu, su, zu, a * BLOCK_K8, k8, offs_r, offs_i, I, ng1 * (a == 2))
+            r_a = a * BLOCK_K8 + offs_r
+            _q_lines_prefetch(qg + r_a[:, None] * I + offs_i[None, :], r_a, k8, offs_i)
+            _q_lines_prefetch(qu + r_a[:, None] * I + offs_i[None, :], r_a, k8, offs_i)
+        _groups_prefetch(sg, zg, offs_i, I, ng1)
+        _groups_prefetch(su, zu, offs_i, I, ng1)
         _down_prefetch(qd, sd, zd, g2, offs_p, p_mask, H, BLOCK_H // 32)
     # 1. gate and up for the slice's BI columns over every input: the sums are complete in this program
     if TG == 1:                                                           # row sums deferred past the loop
@@ -351,7 +363,7 @@ def moe_slices(x: torch.Tensor, out32: torch.Tensor, w_gate: GPTQWeight, w_up: G
     route = dict(ROUTE=True, TOP_K=top_k, BLOCK_E=next_pow2(e), RENORM=renormalize) \
         if logits is not None else {}
     if trace is not None:
-        assert trace.dtype == torch.int64 and trace.shape == (triton.cdiv(inter, bi) * top_k, TRACE_SLOTS)
+        assert trace.dtype == torch.int64 and trace.shape == (grid(w_gate, w_down, top_k), TRACE_SLOTS)
     _moe_slices_kernel[(triton.cdiv(inter, bi), top_k)](
         x, out32, w_gate.qweight, w_gate.qzeros, w_gate.scales, w_up.qweight, w_up.qzeros, w_up.scales,
         w_down.qweight, w_down.qzeros, w_down.scales, topk_ids, topk_w, logits if logits is not None else topk_w,
@@ -359,7 +371,6 @@ def moe_slices(x: torch.Tensor, out32: torch.Tensor, w_gate: GPTQWeight, w_up: G
         w_down.num_groups, e, BLOCK_I=bi, BLOCK_K8=bk8, BLOCK_H=bh, GROUP_K8=group_k8(w_gate), PDL=use_pdl,
         TRACE=trace is not None, NUM_WARPS=warps, L2_AHEAD=SLICES_L2_AHEAD if paths.batch1_slices_l2_prefetch() else 0,
         num_warps=warps, num_stages=stages, launch_pdl=use_pdl, **route)
-
 
 
 def grid(w_gate: GPTQWeight, w_down: GPTQWeight, top_k: int) -> int:

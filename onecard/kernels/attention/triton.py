@@ -364,19 +364,16 @@ def _merge_apply(acc, l_run, alpha, w, l, part):
 @triton.jit(do_not_specialize=["num_segments", "block_n", "min_seg_tiles"])  # runtime-varying: one compile
 def _segment_reduce_kernel(part_ptr, ml_ptr, out_ptr, seqlen_ptr, stride_ot, stride_oh, num_segments, block_n,
                            min_seg_tiles, HQ: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr,
-                           PDL: tl.constexpr, BLOCK_D: tl.constexpr = 0):
+                           PDL: tl.constexpr, BLOCK_D: tl.constexpr):
     """Merge the filled segments of decode row ``tok`` (= its sequence), BLOCK_S at a time (online rescale), for
-    head h's columns [BLOCK_D * program_id(2), + BLOCK_D) (paths.REDUCE_D_SPLIT; 0: all D). The sequence length
+    head h's columns [BLOCK_D * program_id(2), + BLOCK_D) (D / paths.REDUCE_D_SPLIT, or D). The sequence length
     (the step's metadata) is loaded before the PDL wait, the partials after it."""
     tok = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     n_tiles = tl.cdiv(tl.load(seqlen_ptr + tok, cache_modifier=".cg"), block_n)
     n_seg = _filled_segments(n_tiles, num_segments, min_seg_tiles)
     pdl_enter(PDL)
-    if BLOCK_D == 0:
-        offs_d = tl.arange(0, D)
-    else:
-        offs_d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
+    offs_d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
     o = _merge_segments(part_ptr, ml_ptr, (tok * HQ + h) * num_segments, n_seg, offs_d, D, BLOCK_S, "")
     tl.store(out_ptr + tok * stride_ot + h * stride_oh + offs_d, o.to(out_ptr.dtype.element_ty))
 
@@ -541,7 +538,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         split_d = plan.reduce_d_split if d % plan.reduce_d_split == 0 else 1
         _segment_reduce_kernel[(md.num_decode_tokens, hq, split_d)](
             part, ml, out, md.seq_lens, out.stride(0), out.stride(1), segs, block_n, min_tiles, HQ=hq, D=d,
-            BLOCK_S=plan.reduce_block_s, PDL=use_pdl, BLOCK_D=d // split_d if split_d > 1 else 0,
+            BLOCK_S=plan.reduce_block_s, PDL=use_pdl, BLOCK_D=d // split_d,
             num_warps=plan.reduce_warps, launch_pdl=use_pdl)
     return out
 

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import sys
+from functools import partial
 
 import torch
 import triton
@@ -212,24 +213,19 @@ def cases(quick: bool):
                            moe_t.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True))),
                        lambda x=x, r=r: torch.cat(moe_r.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True)),
                        TOPK * per_expert + E * H * 2)
-            # the same configs with cold experts (_Rotating: 20 inputs routed to different experts)
+            # the MoE block with cold experts (_Rotating: 20 inputs routed to different experts): the slices at the
+            # shipped and three other configs, the shipped config with its L2 prefetch, the two-launch stages
             xs = _Rotating([torch.randn(1, H, device=DEV).half() for _ in range(20)])
-            for cfg in (None, (32, 16, 1024, 4, 1), (16, 32, 1024, 4, 1), (16, 64, 1024, 8, 1)):
-                yield (f"norm_moe T=1 slices{'' if cfg is None else ' ' + ','.join(map(str, cfg))}, cold experts",
-                       lambda r=r, cfg=cfg, xs=xs: _slices(cfg, lambda: torch.cat(
+            cold = [(f"slices{'' if cfg is None else ' ' + ','.join(map(str, cfg))}", partial(_slices, cfg))
+                    for cfg in (None, (32, 16, 1024, 4, 1), (16, 32, 1024, 4, 1), (16, 64, 1024, 8, 1))]
+            cold += [("slices, L2 prefetch", partial(_switched, "batch1_slices_l2_prefetch")),
+                     ("two-launch stages", _stages)]
+            for label, path in cold:
+                yield (f"norm_moe T=1 {label}, cold experts",
+                       lambda r=r, path=path, xs=xs: path(lambda: torch.cat(
                            moe_t.norm_moe(xs.next(), r, nw, 1e-6, wr, wg, wu, wd, TOPK, True))),
                        lambda r=r, xs=xs: torch.cat(moe_r.norm_moe(xs.last, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True)),
                        TOPK * per_expert + E * H * 2)
-            yield ("norm_moe T=1 slices, cold experts, L2 prefetch",          # "batch1_slices_l2_prefetch"
-                   lambda r=r, xs=xs: _switched("batch1_slices_l2_prefetch", lambda: torch.cat(
-                       moe_t.norm_moe(xs.next(), r, nw, 1e-6, wr, wg, wu, wd, TOPK, True))),
-                   lambda r=r, xs=xs: torch.cat(moe_r.norm_moe(xs.last, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True)),
-                   TOPK * per_expert + E * H * 2)
-            yield ("norm_moe T=1 two-launch stages, cold experts",
-                   lambda r=r, xs=xs: _stages(lambda: torch.cat(
-                       moe_t.norm_moe(xs.next(), r, nw, 1e-6, wr, wg, wu, wd, TOPK, True))),
-                   lambda r=r, xs=xs: torch.cat(moe_r.norm_moe(xs.last, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True)),
-                   TOPK * per_expert + E * H * 2)
             yield ("norm_moe T=1 slices, routed by norm-route",         # "batch1_slices_route" off
                    lambda x=x, r=r: _switched("batch1_slices_route", lambda: _slices(None, lambda: torch.cat(
                        moe_t.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True))), on=False),

@@ -514,10 +514,11 @@ def _int_dot_case(case: str, tokens: int, on: bool, seed: int) -> float:
         paths.set_switch(name, None)
 
 
-def _moe_slices_case(i: int, dt, seed: int, route: bool = False, trace: bool = False) -> float:
+def _moe_slices_case(i: int, dt, seed: int, route: bool = False, trace: bool = False, l2: bool = False) -> float:
     """MOE_SLICES case i: norm_moe at batch 1 with the one-launch expert stages vs ref.norm_moe (the path must apply);
     ``route``: the slices route themselves (case 1 then without renormalisation); ``trace``: the kernel's TRACE
-    variant (bench/slices_trace.py's stamps, zeros under the interpreter) computes the same."""
+    variant (bench/slices_trace.py's stamps, zeros under the interpreter) computes the same; ``l2``: with their L2
+    prefetch (switch "batch1_slices_l2_prefetch"; the prefetch itself is a no-op here, its addressing runs)."""
     import torch
     from kernels_testlib import random_gptq
 
@@ -532,6 +533,7 @@ def _moe_slices_case(i: int, dt, seed: int, route: bool = False, trace: bool = F
     shipped, launch = slices.SLICES_CONFIG, slices.moe_slices
     paths.set_switch("batch1_moe_slices", True)
     paths.set_switch("batch1_slices_route", route)
+    paths.set_switch("batch1_slices_l2_prefetch", l2)
     traces = []
     if trace:
         def traced(*a, **kw):
@@ -550,6 +552,7 @@ def _moe_slices_case(i: int, dt, seed: int, route: bool = False, trace: bool = F
         slices.SLICES_CONFIG, slices.moe_slices = shipped, launch
         paths.set_switch("batch1_moe_slices", None)
         paths.set_switch("batch1_slices_route", None)
+        paths.set_switch("batch1_slices_l2_prefetch", None)
     return max(_rel(o1, o2), _rel(r1, r2))
 
 
@@ -571,13 +574,8 @@ def run_case(name: str, seed: int) -> float:
         return _moe_slices_case(int(kind[14:]), dt, seed, route=True)
     if kind.startswith("moeslicestrace"):
         return _moe_slices_case(int(kind[14:]), dt, seed, route=True, trace=True)
-    if kind.startswith("moeslicesl2"):                                   # with the L2 prefetch (a no-op here)
-        from onecard.kernels import paths
-        paths.set_switch("batch1_slices_l2_prefetch", True)
-        try:
-            return _moe_slices_case(int(kind[11:]), dt, seed, route=True)
-        finally:
-            paths.set_switch("batch1_slices_l2_prefetch", None)
+    if kind.startswith("moeslicesl2"):
+        return _moe_slices_case(int(kind[11:]), dt, seed, route=True, l2=True)
     if kind.startswith("moeslices"):
         return _moe_slices_case(int(kind[9:]), dt, seed)
     if kind.startswith(("gemmint", "gemmnoint", "g128moeint", "g128moenoint")):   # the int dot forced on / off

@@ -101,7 +101,9 @@ def main() -> None:
     g = torch.Generator().manual_seed(1)
     _run(core, [torch.randint(0, V, (context,), generator=g).tolist()], 24)
     torch.cuda.synchronize()
-    ends = [float(b[:, 9].max()) for b in bufs]                          # t_end_ns: the last replay's are latest
+    from onecard.kernels.fused_moe.slices import TRACE_FIELDS
+    t_end = TRACE_FIELDS.index("t_end_ns")
+    ends = [float(b[:, t_end].max()) for b in bufs]                      # the last replay's are the latest
     last = sorted(range(len(bufs)), key=lambda i: ends[i])[-48:]
     res = {"context": context, "launches_traced": len(bufs), "switches": paths.switches(),
            **summarize([bufs[i].cpu() for i in sorted(last)])}

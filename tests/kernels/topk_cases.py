@@ -30,12 +30,18 @@ def _both_kernel(x_ptr, out_ptr, E, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, 
     tl.store(out_ptr + 3 * BLOCK_K + offs_k, i2, mask=m)
 
 
-def topk_rank_case(i: int, seed: int) -> float:
-    """-> the number of slots (weights' bits or ids) where the two differ (0 passes); also checks the ids are
-    torch.topk's on the same probabilities where they do not tie."""
+def _logits(i: int, seed: int) -> tuple[torch.Tensor, int, int, bool]:
+    """TOPK case i's fp16 logits -> (x [E], E, TOP_K, RENORM)."""
     e, k, renorm, kind = TOPK[i]
     g = torch.Generator().manual_seed(seed)
     x = (torch.randint(0, 4, (e,), generator=g).float() if kind == "ties" else torch.randn(e, generator=g)).half()
+    return x, e, k, renorm
+
+
+def topk_rank_case(i: int, seed: int) -> float:
+    """-> the number of slots (weights' bits or ids) where the two differ (0 passes); also checks the ids are
+    torch.topk's on the same probabilities where they do not tie."""
+    x, e, k, renorm = _logits(i, seed)
     bk = next_pow2(k)
     out = torch.zeros(4 * bk, dtype=torch.int32)
     _both_kernel[(1,)](x, out, e, TOP_K=k, BLOCK_K=bk, BLOCK_E=next_pow2(e), RENORM=renorm)
@@ -67,9 +73,7 @@ def topk_slot_case(i: int, seed: int) -> float:
     """-> the number of slots whose id differs from topk_of's or whose weight is off by more than 1e-6 relative
     (an ulp or two of fp32 is allowed: the renormalising sum adds in another order); R = 4 rows of the logits.
     0 passes."""
-    e, k, renorm, kind = TOPK[i]
-    g = torch.Generator().manual_seed(seed)
-    x = (torch.randint(0, 4, (e,), generator=g).float() if kind == "ties" else torch.randn(e, generator=g)).half()
+    x, e, k, renorm = _logits(i, seed)
     out = torch.zeros(k, 4)
     _slot_kernel[(k,)](x, out, e, R=4, TOP_K=k, BLOCK_K=next_pow2(k), BLOCK_E=next_pow2(e), RENORM=renorm)
     w_off = (out[:, 0] - out[:, 2]).abs() > 1e-6 * out[:, 0].abs()

@@ -145,3 +145,17 @@ def test_silu_and_mul():
     x = torch.randn(3, 10, dtype=torch.float16)
     g, u = x[:, :5].double(), x[:, 5:].double()
     assert torch.allclose(silu_and_mul(x).double(), g / (1 + torch.exp(-g)) * u, rtol=2e-3, atol=1e-3)
+
+
+def test_route_takes_the_lowest_index_among_ties():
+    """ref.route (the spec): equal probabilities are taken lowest index first, as the Triton routing kernels do
+    (fused_moe/decode.topk_of); torch.topk leaves their order open (it took expert 7 before 3 on a tie of fp16
+    logits, which failed the interpreter's norm_moe case at one seed in twenty thousand or so)."""
+    from onecard.kernels.fused_moe.ref import route
+
+    logits = torch.tensor([[1.0, 0.0, 2.0, 2.0, 1.0, 2.0], [0.5, 0.5, 0.5, 0.5, 0.5, 0.5]])
+    w, ids = route(logits, 4, True)
+    assert ids.tolist() == [[2, 3, 5, 0], [0, 1, 2, 3]]
+    assert torch.allclose(w.sum(-1), torch.ones(2)) and torch.allclose(w[1], torch.full((4,), 0.25))
+    x = torch.tensor([[2.1113, -1.0928, 0.3501, 0.7261, -0.6636, -1.2002, -0.5259, 0.7261]]).half()
+    assert route(x, 2, True)[1].tolist() == [[0, 3]]

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from onecard.kernels import paths
+from onecard.kernels.fused_moe.ref import route
 from onecard.kernels.types import GPTQWeight, MoEWeight
 
 GROUPED_MIN_TOKENS = paths.GROUPED_MIN_TOKENS
@@ -116,10 +117,7 @@ def fused_moe(x: torch.Tensor, router_logits: torch.Tensor, w_gate: MoEWeight, w
     """Same as ref.fused_moe; ``per_expert_gemm`` (default: ``per_expert(x.device)``) picks the GEMM loop."""
     t, h = x.shape
     e = router_logits.shape[-1]
-    probs = torch.softmax(router_logits.float(), dim=-1)                   # [T, E]
-    topk_w, topk_ids = torch.topk(probs, top_k, dim=-1)                     # [T, k]
-    if renormalize:
-        topk_w = topk_w / topk_w.sum(dim=-1, keepdim=True)
+    topk_w, topk_ids = route(router_logits, top_k, renormalize)            # [T, k]: the spec's routing
     flat = topk_ids.reshape(-1)                                             # [P]
     order = torch.argsort(flat, stable=True)                               # pairs sorted by expert
     counts = torch.zeros(e, dtype=torch.int32, device=x.device).scatter_add_(

@@ -1,6 +1,7 @@
 """Reference fused MoE (plain PyTorch, float32 math; the spec).
 
-router: p = softmax(router_logits in fp32) -> top-k -> divide by their sum when ``renormalize``;
+router: p = softmax(router_logits in fp32) -> top-k (the lowest index first among equal p, as the Triton routing
+kernels pick: torch.topk leaves ties' order open) -> divide by their sum when ``renormalize``;
 out[t] = sum_k p[t, k] * (silu(x[t] @ Wg[e]) * (x[t] @ Wu[e])) @ Wd[e] with e = topk_ids[t, k].
 Weights are float [E, K, N] (w_gate/w_up [E, H, I], w_down [E, I, H]) or stacked GPTQWeight.
 norm_moe: the post-attention RMSNorm (norm/ref.py, residual add), the router and fused_moe in one op.
@@ -25,7 +26,9 @@ def moe_router(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (topk_weights fp32 [T, k], topk_ids int64 [T, k])."""
     probs = torch.softmax(router_logits.float(), dim=-1)                  # [T, E]
-    topk_weights, topk_ids = torch.topk(probs, top_k, dim=-1)             # [T, k]
+    # a stable descending sort keeps equal probabilities in index order (fp16 router logits tie now and then)
+    probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    topk_weights, topk_ids = probs[:, :top_k], order[:, :top_k]           # [T, k]
     if renormalize:
         topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)
     return topk_weights, topk_ids

@@ -167,6 +167,13 @@ def switch_setters() -> dict:
             # BLOCK_K8 16 on 4 warps: the fastest MoE block alone on 2026-12-07 with per-warp routing (22.3 µs
             # against 23.5, L2-hot; its cold-experts row is in kernels_gpu.py)
             "slices3216": _attr_override(slices, "SLICES_CONFIG", (32, 16, 1024, 4, 1)),
+            # the gate/up loop pipelined by Triton (config stages >= 2: cp.async into shared memory, sm80+; sm90
+            # registers 98 against 124): 2 and 7 tiles in flight; BLOCK_H 512 (80 registers); BLOCK_I 16 (384
+            # programs at 59 registers: 4 fit an SM, one wave)
+            "slices_st3": _attr_override(slices, "SLICES_CONFIG", (32, 32, 1024, 8, 3)),
+            "slices_st8": _attr_override(slices, "SLICES_CONFIG", (32, 32, 1024, 8, 8)),
+            "slices_st3h512": _attr_override(slices, "SLICES_CONFIG", (32, 32, 512, 8, 3)),
+            "slices16_st3": _attr_override(slices, "SLICES_CONFIG", (16, 32, 512, 8, 3)),
             "gemv4": _table_override(gemm.SMALL_PROGRAMS_PER_SM, "gemv", 4),
             "moe1pps8": _table_override(stages.DECODE_CONFIGS, "decode1",
                                         stages.DECODE_CONFIGS["decode1"][:5] + (8,)),
@@ -185,8 +192,11 @@ def set_switches(spec: str) -> None:
     if not SWITCHES:
         SWITCHES.update(switch_setters())
     named = set(spec.split("+")[1:])
-    for name, setter in SWITCHES.items():
-        setter(True if name in named else False if f"no_{name}" in named else None)
+    values = {name: True if name in named else False if f"no_{name}" in named else None for name in SWITCHES}
+    # the defaults first: several setters may replace one config constant (slices_st3, slices16, ...), and one
+    # left at its default must not put back the shipped value over the one the spec names
+    for name in sorted(SWITCHES, key=lambda n: values[n] is not None):
+        SWITCHES[name](values[name])
 
 
 def parse_policy(spec: str) -> tuple[str, int | None]:

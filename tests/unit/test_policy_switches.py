@@ -1,0 +1,37 @@
+"""bench/long_context.py's policy specs: "+NAME" sets what NAME names and nothing else, whatever order the setters
+were registered in (several of them replace one config constant: fused_moe/slices.SLICES_CONFIG), and a plain
+policy puts every shipped value back."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench import long_context as lc  # noqa: E402
+from onecard.kernels import paths  # noqa: E402
+from onecard.kernels.fused_moe import slices  # noqa: E402
+
+
+@pytest.fixture
+def shipped():
+    config = slices.SLICES_CONFIG
+    yield config
+    lc.set_switches("fill")
+    assert slices.SLICES_CONFIG == config
+
+
+@pytest.mark.parametrize("name", ["slices16", "slices1664", "slices3216", "slices_st3", "slices_st8",
+                                  "slices_st3h512", "slices16_st3"])
+def test_each_slices_config_policy_sets_its_own_config(shipped, name):
+    setters = lc.switch_setters()
+    setters[name](True)                                  # what the name alone sets
+    wanted = slices.SLICES_CONFIG
+    setters[name](None)
+    assert slices.SLICES_CONFIG == shipped != wanted
+    lc.set_switches(f"fill+{name}+slices_l2")
+    assert slices.SLICES_CONFIG == wanted and paths.batch1_slices_l2_prefetch()
+    lc.set_switches("fill")
+    assert slices.SLICES_CONFIG == shipped and paths.batch1_slices_l2_prefetch() == paths.BATCH1_SLICES_L2_PREFETCH

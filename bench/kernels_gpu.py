@@ -205,9 +205,10 @@ def cases(quick: bool):
         if t == 1:
             # the expert stages in one launch (paths switch "batch1_moe_slices"; fused_moe/slices.py), routing
             # themselves as shipped: the shipped SLICES_CONFIG, then other (BLOCK_I, BLOCK_K8, BLOCK_H, warps, stages) to tune it
-            # (sm90 registers: shipped 128; 127; 115; 127; 127; 127; 117. Programs: 192; 192; 192; 192; 384; 96; 384)
+            # (sm90 registers: shipped 128; 127; 115; 127; 127; 127; 117; pipelined: 98; 98. Programs: 192; 192; 192; 192;
+            # 384; 96; 384; 192; 192)
             for cfg in (None, (32, 32, 2048, 8, 1), (32, 32, 512, 8, 1), (32, 16, 1024, 4, 1), (16, 32, 1024, 4, 1),
-                        (64, 16, 512, 8, 1), (16, 64, 1024, 8, 1)):
+                        (64, 16, 512, 8, 1), (16, 64, 1024, 8, 1), (32, 32, 1024, 8, 3), (32, 32, 1024, 8, 8)):
                 yield (f"norm_moe T=1 slices{'' if cfg is None else ' ' + ','.join(map(str, cfg))}",
                        lambda x=x, r=r, cfg=cfg: _slices(cfg, lambda: torch.cat(
                            moe_t.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True))),
@@ -217,7 +218,8 @@ def cases(quick: bool):
             # shipped and three other configs, the shipped config with its L2 prefetch, the two-launch stages
             xs = _Rotating([torch.randn(1, H, device=DEV).half() for _ in range(20)])
             cold = [(f"slices{'' if cfg is None else ' ' + ','.join(map(str, cfg))}", partial(_slices, cfg))
-                    for cfg in (None, (32, 16, 1024, 4, 1), (16, 32, 1024, 4, 1), (16, 64, 1024, 8, 1))]
+                    for cfg in (None, (32, 16, 1024, 4, 1), (16, 64, 1024, 8, 1), (32, 32, 1024, 8, 3),
+                                (32, 32, 1024, 8, 8), (32, 32, 512, 8, 3), (16, 32, 512, 8, 3))]
             cold += [("slices, L2 prefetch", partial(_switched, "batch1_slices_l2_prefetch")),
                      ("two-launch stages", _stages)]
             for label, path in cold:

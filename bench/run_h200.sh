@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU facts, kernel checks, tiny-checkpoint engine checks, the full-size benchmark.
 # Usage (repo root, on the H200): OUT=/some/dir bash bench/run_h200.sh [parts...]
-# parts: ab decode11 slicestrace decode10 ctxgraphs ctxtests slices slicestests resttests specverify apimem probe kernels checks full asyncab kvdtype capab capbisect hosttier loadab nopdl pdl16 emu70 longctx attnsweep gputests startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
+# parts: ab decode12 slicestrace3 decode11 slicestrace decode10 ctxgraphs ctxtests slices slicestests resttests specverify apimem probe kernels checks full asyncab kvdtype capab capbisect hosttier loadab nopdl pdl16 emu70 longctx attnsweep gputests startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
 #   emu70: the full-size bench with every kernel-path decision on sm70's branch (ONECARD_EMULATE_CC=70): run it
 #          beside `full` in one call for the relative figure (a functional check, not a V100 timing)
 #   specverify: issue 30: verify-step latency vs tokens per sequence (1..9) at batch 1 and 16 (the cost model's
@@ -121,6 +121,15 @@ for p in $parts; do
             AB_SCENARIOS="${AB_SCENARIOS:-1x512,1x32768}" \
             SWITCH_POLICIES="${SWITCH_POLICIES:-fill,fill+slices_l2,fill+no_slices_route,fill+slices16,fill+slices3216}" \
             bash "$0" switchab ;;
+    decode12) log decode12  # issue 25 (prepared 2026-12-07): the slices' gate/up loop pipelined by Triton (config
+          # stages >= 2: cp.async tiles in shared memory, 2 or 7 in flight, against one in registers; bench/slices_trace.py
+          # found ~1 µs per 8 KB step). The MoE block alone (L2-hot and cold-experts rows), then in one engine at 1x512
+          # and 1x32768: fill, +slices_st3, +slices_st8, +slices_st3h512 (BLOCK_H 512), +slices16_st3 (BLOCK_I 16,
+          # 384 programs), +slices_l2, +slices_st3+slices_l2 (~8 min with the build). Its GPU tests: part slicestests
+          AB_TESTS=0 AB_TIMEOUT="${AB_TIMEOUT:-330}" AB_KTIMEOUT=170 AB_KERNELS="norm_moe T=1" \
+            AB_SCENARIOS="${AB_SCENARIOS:-1x512,1x32768}" \
+            SWITCH_POLICIES="${SWITCH_POLICIES:-fill,fill+slices_st3,fill+slices_st8,fill+slices_st3h512,fill+slices16_st3,fill+slices_l2,fill+slices_st3+slices_l2}" \
+            bash "$0" switchab ;;
     slicestrace) log slicestrace  # issue 25: where the batch-1 MoE slices' ~19 µs a layer go (bench/slices_trace.py:
           # per-program phase stamps inside the full model's batch-1 graph, 512 tokens; then the same with the
           # norm-route launch routing (paths switch batch1_slices_route off); ~3 min with the build)
@@ -128,6 +137,12 @@ for p in $parts; do
           timeout 150 python3 bench/slices_trace.py /tmp/q30 "$OUT/slices_trace.json" 512
           SLICES_TRACE_SWITCHES=batch1_slices_route=0 timeout 150 python3 bench/slices_trace.py /tmp/q30 \
             "$OUT/slices_trace_noroute.json" 512 ;;
+    slicestrace3) log slicestrace3  # bench/slices_trace.py with the gate/up loop pipelined 3 deep (config stages 3;
+          # part decode12's slices_st3), then the shipped config, to compare the phases (~3 min with the build)
+          [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30 > /dev/null
+          SLICES_TRACE_CONFIG=32,32,1024,8,3 timeout 150 python3 bench/slices_trace.py /tmp/q30 \
+            "$OUT/slices_trace_st3.json" 512
+          timeout 150 python3 bench/slices_trace.py /tmp/q30 "$OUT/slices_trace.json" 512 ;;
     slices) log slices  # issue 25: the batch-1 MoE's expert stages in one launch (paths.BATCH1_MOE_SLICES; with
           # BATCH1_SLICES_ROUTE routing themselves), A/B'd in one engine at 1x512 and 1x32768 after the MoE block
           # alone (the shipped SLICES_CONFIG and six others; ~5 min with the build). GPU tests: part slicestests

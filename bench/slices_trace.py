@@ -2,7 +2,7 @@
 
 Usage (on the GPU, from the repo root): python bench/slices_trace.py MODEL_DIR OUT.json [CONTEXT]
   MODEL_DIR: bench/full_size.py build's checkpoint; SLICES_TRACE_SWITCHES="name=0,..." sets kernels/paths switches
-  first. One request of CONTEXT (default 512) random tokens decodes 24
+  first, SLICES_TRACE_CONFIG="32,32,1024,8,3" replaces slices.SLICES_CONFIG. One request of CONTEXT (default 512) random tokens decodes 24
   tokens through the batch-1 CUDA graph, whose 48 slices launches (fused_moe/slices.py, TRACE on: this script
   wraps slices.moe_slices so that each launch gets a stamp buffer) store per program %clock64 at each phase
   boundary and %globaltimer / %smid after the PDL wait and at the end (slices.TRACE_FIELDS). The last replay's
@@ -94,6 +94,9 @@ def main() -> None:
     for item in filter(None, os.environ.get("SLICES_TRACE_SWITCHES", "").split(",")):   # e.g. batch1_slices_route=0
         name, _, on = item.partition("=")
         paths.set_switch(name, on == "1")
+    if os.environ.get("SLICES_TRACE_CONFIG"):                             # e.g. the gate/up loop pipelined
+        from onecard.kernels.fused_moe import slices
+        slices.SLICES_CONFIG = tuple(int(v) for v in os.environ["SLICES_TRACE_CONFIG"].split(","))
     bufs = _traced_launches()
     from bench.full_size import V, _engine, _run
 

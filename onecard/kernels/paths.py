@@ -83,6 +83,7 @@ INTERPRETER_CC = 80                   # TRITON_INTERPRET on the CPU counts as sm
 TENSOR_CORE_DOT_MIN_CC = 80           # tl.dot uses tensor cores from sm80 (Triton >= 3.2 dropped MMAv1)
 BF16_MIN_CC = 80                      # bf16 arithmetic (as vLLM: bf16 needs sm80+)
 PDL_MIN_CC = 90                       # griddepcontrol (programmatic dependent launch)
+PIPELINED_LOADS_MIN_CC = 80           # cp.async: Triton's software pipeline streams loads into shared memory
 GROUPED_BF16_MIN_CC = 90              # PyTorch's fast grouped GEMM (CUTLASS) takes bf16 only, sm90+
 
 SMALL_M_MAX = 16                      # dense GEMM: split-K GEMV / skinny kernel up to this M
@@ -204,6 +205,11 @@ def tensor_core_dot(cc: int) -> bool:
 
 def bf16_allowed(cc: int) -> bool:
     return cc >= BF16_MIN_CC
+
+
+def pipelined_loads(cc: int) -> bool:
+    """Can a loop's loads be pipelined through shared memory (Triton's num_stages; below sm80 it loads in place)?"""
+    return cc >= PIPELINED_LOADS_MIN_CC
 
 
 def dense_cublas_min_m(cc: int) -> int:

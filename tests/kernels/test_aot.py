@@ -74,10 +74,10 @@ def resource_usage(cubin: bytes) -> tuple[int, int] | None:
 
 
 def _compile(job: tuple[str, int, int, bool]) -> tuple[str, int, str, str | None, bool | None, bool, int | None,
-                                                      int, bool]:
+                                                      int, bool, bool]:
     """-> (module, cc, config name, error or None, PTX has griddepcontrol (None: no PDL constexpr),
     PTX has 16-byte vector loads, stack bytes per thread (JIT-aligned compiles only, else None), CTA barriers
-    (bar.sync) in the PTX, PTX has an L2 prefetch)."""
+    (bar.sync) in the PTX, PTX has an L2 prefetch, PTX has asynchronous copies (cp.async: Triton's pipeline))."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -96,12 +96,12 @@ def _compile(job: tuple[str, int, int, bool]) -> tuple[str, int, str, str | None
         gdc = ("griddepcontrol.wait" in ptx) if "PDL" in constexprs else None
         v4 = re.search(r"ld\.global(\.\w+)*\.v4\.(b32|u32|f32|s32)", ptx) is not None
         if not compiled.asm.get("cubin"):
-            return mod, cc, name, "no cubin produced", gdc, v4, None, 0, False
+            return mod, cc, name, "no cubin produced", gdc, v4, None, 0, False, False
         usage = resource_usage(compiled.asm["cubin"]) if aligned else None
         return (mod, cc, name, None, gdc, v4, usage[1] if usage else None, ptx.count("bar.sync"),
-                "prefetch.global.L2" in ptx)
+                "prefetch.global.L2" in ptx, "cp.async.cg.shared.global" in ptx or "cp.async.ca.shared.global" in ptx)
     except Exception as e:                                                 # reported by the test below
-        return mod, cc, name, f"{type(e).__name__}: {str(e)[:2000]}", None, False, None, 0, False
+        return mod, cc, name, f"{type(e).__name__}: {str(e)[:2000]}", None, False, None, 0, False, False
 
 
 @pytest.fixture(scope="module")
@@ -248,3 +248,15 @@ def test_slices_l2_prefetch_is_compiled_in_with_no_spill(compiled):
     assert {r[1] for r in l2 if r[3] is None} == set(TARGETS), l2
     assert all(r[8] for r in l2), [(r[1], r[2]) for r in l2]
     assert all(r[6] == 0 for r in l2 if r[2].endswith("(JIT-aligned)")), [(r[2], r[6]) for r in l2]
+
+
+def test_slices_pipelined_gate_up_streams_by_cp_async(compiled):
+    """The slices config's stages >= 2 (slices.PIPELINED_STAGES in the list) is Triton's software pipeline of the
+    gate/up loop: cp.async in its PTX on sm80 and sm90 (the loop asks for it with tl.range num_stages: Triton
+    pipelines a loop without tl.dot only then), no stack frame; the shipped one-ahead loop has none."""
+    rows = [r for r in compiled if r[2].startswith("moe_slices[g128,route,") and r[3] is None]
+    piped = [r for r in rows if ",stages" in r[2]]
+    assert {r[1] for r in piped} == {cc for cc in TARGETS if cc >= 80}, piped
+    assert all(r[9] for r in piped), [(r[1], r[2]) for r in piped if not r[9]]
+    assert all(r[6] == 0 for r in piped if r[2].endswith("(JIT-aligned)"))
+    assert not any(r[9] for r in rows if ",stages" not in r[2])

@@ -50,7 +50,8 @@ from onecard.kernels.triton_common import (
 )
 from onecard.kernels.types import GPTQWeight, MoEWeight
 
-# (BLOCK_I, BLOCK_K8, BLOCK_H, num_warps, num_stages). BLOCK_I 32: 128-byte rows of gate/up tiles, 24 slices x 8
+# (BLOCK_I, BLOCK_K8, BLOCK_H, num_warps, stages); stages: the gate/up loop's depth (kernel STAGES: 1, the next
+# tile in registers; >= 2, Triton's cp.async pipeline, sm80+ only: below, the launch takes 1). BLOCK_I 32: 128-byte rows of gate/up tiles, 24 slices x 8
 # experts = 192 programs at the served shape; BLOCK_K8 32: a program's gate/up is 8 K tiles of 2 g128 groups,
 # 8 KB a tile for gate and up together, the next one loading while one is multiplied; its down 2 chunks of 16 KB,
 # likewise. sm90 (JIT-aligned compile): 128 registers at 8 warps, so two programs per SM and the 192 in one wave;
@@ -71,6 +72,9 @@ _TRACE_ROW = tl.constexpr(TRACE_SLOTS)
 # paths.batch1_slices_l2_prefetch: how many gate/up tiles ahead of the loop's loads the program asks L2 for (the
 # loads themselves run one ahead). 3: 24 KB a program, 48 KB an SM of two, ~4.6 MB over the launch.
 SLICES_L2_AHEAD = 3
+# The gate/up loop's depth where Triton pipelines it (the config's last field >= 2, sm80+; kernel STAGES): what the
+# AOT list compiles beside the shipped config. sm90: 98 registers, 17.5 KB shared (two tiles in flight).
+PIPELINED_STAGES = 3
 
 
 @triton.jit
@@ -199,18 +203,22 @@ def _moe_slices_kernel(x_ptr, out_ptr, qg_ptr, zg_ptr, sg_ptr, qu_ptr, zu_ptr, s
                        GROUP_K8: tl.constexpr, PDL: tl.constexpr, ROUTE: tl.constexpr = False,
                        TOP_K: tl.constexpr = 8, BLOCK_E: tl.constexpr = 128,
                        RENORM: tl.constexpr = True, TRACE: tl.constexpr = False, NUM_WARPS: tl.constexpr = 8,
-                       L2_AHEAD: tl.constexpr = 0):
+                       L2_AHEAD: tl.constexpr = 0, STAGES: tl.constexpr = 1):
     """Program (slice, slot): out[n] += w * sum_i h[i] Wd[e][i, n] over the slice's rows i, h = silu(x @ Wg[e][:, i])
     * (x @ Wu[e][:, i]), e = ids[slot], w = topk_w[slot]. x [1, H] model dtype; out [1, H] fp32. GROUP_K8: packed
     rows per gate/up group (a power of two; the input size or more: one group). ROUTE (paths.batch1_slices_route):
     e and w come from the router's logits [E] (the previous launch's), by the program's own softmax and top-k
     (decode.topk_slot_of: topk_of's keys, its own slot only, NUM_WARPS = the launch's warps, one row of logits
     each), instead of ids / topk_w.
-    Each loop loads its next tile before it multiplies the current one (Triton pipelines only loads that feed
-    tl.dot). L2_AHEAD > 0 (paths.batch1_slices_l2_prefetch): once routed, the program asks L2 for its gate/up
-    tiles 1..L2_AHEAD and its whole down projection, and each loop step for the tile L2_AHEAD + 1 ahead
-    (int4's loads then wait on L2 rather than HBM; bench/slices_trace.py found each 8 KB step ~1 µs, one tile in
-    flight). TRACE (bench/slices_trace.py only): the program's phase boundaries into trace_ptr [programs,
+    STAGES: the gate/up loop's depth. 1: each step loads the next tile into registers before it multiplies the
+    current one (one tile in flight; Triton pipelines a loop without tl.dot only when asked). >= 2 (sm80+,
+    paths.pipelined_loads): the loop asks (tl.range num_stages), so Triton's software pipeline streams the tiles by
+    cp.async into a ring of STAGES - 1 tiles in shared memory (8.75 KB each at the served shape), STAGES - 1 in
+    flight, and holds none in registers (sm90: 98 registers against 124). The down loop (2 chunks at the served
+    shape) keeps its one chunk ahead in registers. L2_AHEAD > 0 (paths.batch1_slices_l2_prefetch): once routed,
+    the program asks L2 for its whole down projection and, at STAGES 1, its gate/up tiles 1..L2_AHEAD, and each
+    loop step for the tile L2_AHEAD + 1 ahead (int4's loads then wait on L2 rather than HBM;
+    bench/slices_trace.py found each 8 KB step ~1 µs, one tile in flight). TRACE (bench/slices_trace.py only): the program's phase boundaries into trace_ptr [programs,
     TRACE_SLOTS] int64 (TRACE_FIELDS: %clock64 cycles, then %globaltimer ns and the SM after the wait and at the end)."""
     pid_i = tl.program_id(0)
     slot = tl.program_id(1)
@@ -251,15 +259,17 @@ def _moe_slices_kernel(x_ptr, out_ptr, qg_ptr, zg_ptr, sg_ptr, qu_ptr, zu_ptr, s
     qd = qd_ptr + e * i8 * H
     sd = sd_ptr + e * ng2 * H
     zd = zd_ptr + e * ng2 * (H // 8)
-    q_g, s_g, z_g = _gate_up_load(qg, sg, zg, 0, k8, offs_r, offs_i, i_mask, I, ng1, GROUP_K8, TG)
-    q_u, s_u, z_u = _gate_up_load(qu, su, zu, 0, k8, offs_r, offs_i, i_mask, I, ng1, GROUP_K8, TG)
+    if STAGES == 1:
+        q_g, s_g, z_g = _gate_up_load(qg, sg, zg, 0, k8, offs_r, offs_i, i_mask, I, ng1, GROUP_K8, TG)
+        q_u, s_u, z_u = _gate_up_load(qu, su, zu, 0, k8, offs_r, offs_i, i_mask, I, ng1, GROUP_K8, TG)
     if L2_AHEAD > 0:           # into L2: q tiles 2..L2_AHEAD (the loop asks for the rest), every group's scales
-        for a in tl.static_range(2, L2_AHEAD + 1):                        # and zeros, the whole down projection
-            r_a = a * BLOCK_K8 + offs_r
-            _q_lines_prefetch(qg + r_a[:, None] * I + offs_i[None, :], r_a, k8, offs_i)
-            _q_lines_prefetch(qu + r_a[:, None] * I + offs_i[None, :], r_a, k8, offs_i)
-        _groups_prefetch(sg, zg, offs_i, I, ng1)
-        _groups_prefetch(su, zu, offs_i, I, ng1)
+        if STAGES == 1:        # and zeros (a pipelined loop has them in flight already), the whole down projection
+            for a in tl.static_range(2, L2_AHEAD + 1):
+                r_a = a * BLOCK_K8 + offs_r
+                _q_lines_prefetch(qg + r_a[:, None] * I + offs_i[None, :], r_a, k8, offs_i)
+                _q_lines_prefetch(qu + r_a[:, None] * I + offs_i[None, :], r_a, k8, offs_i)
+            _groups_prefetch(sg, zg, offs_i, I, ng1)
+            _groups_prefetch(su, zu, offs_i, I, ng1)
         _down_prefetch(qd, sd, zd, g2, offs_p, p_mask, H, BLOCK_H // 32)
     # 1. gate and up for the slice's BI columns over every input: the sums are complete in this program
     if TG == 1:                                                           # row sums deferred past the loop
@@ -272,16 +282,25 @@ def _moe_slices_kernel(x_ptr, out_ptr, qg_ptr, zg_ptr, sg_ptr, qu_ptr, zu_ptr, s
     # weight instead of one (sm90 SASS of the gate/up loop: 506 -> 441 instructions for 64 weights a thread)
     hide = k8 >> 31
     AHEAD_ROWS: tl.constexpr = L2_AHEAD * BLOCK_K8                       # the q tile L2_AHEAD after the next
-    for r0 in range(0, k8, BLOCK_K8):
-        nq_g, ns_g, nz_g = _gate_up_load(qg, sg, zg, r0 + BLOCK_K8, k8, offs_r, offs_i, i_mask, I, ng1, GROUP_K8, TG,
-                                         AHEAD_ROWS)
-        nq_u, ns_u, nz_u = _gate_up_load(qu, su, zu, r0 + BLOCK_K8, k8, offs_r, offs_i, i_mask, I, ng1, GROUP_K8, TG,
-                                         AHEAD_ROWS)
-        acc_g = _gate_up_mac(acc_g, q_g, s_g, z_g, x_ptr, r0 + hide, k8, offs_r, zs_i, BLOCK_K8, BLOCK_I, GROUP_K8,
-                             TG)
-        acc_u = _gate_up_mac(acc_u, q_u, s_u, z_u, x_ptr, r0 + hide, k8, offs_r, zs_i, BLOCK_K8, BLOCK_I, GROUP_K8,
-                             TG)
-        q_g, s_g, z_g, q_u, s_u, z_u = nq_g, ns_g, nz_g, nq_u, ns_u, nz_u
+    if STAGES > 1:                                                        # Triton's cp.async ring (sm80+)
+        for r0 in tl.range(0, k8, BLOCK_K8, num_stages=STAGES):
+            q_g, s_g, z_g = _gate_up_load(qg, sg, zg, r0, k8, offs_r, offs_i, i_mask, I, ng1, GROUP_K8, TG)
+            q_u, s_u, z_u = _gate_up_load(qu, su, zu, r0, k8, offs_r, offs_i, i_mask, I, ng1, GROUP_K8, TG)
+            acc_g = _gate_up_mac(acc_g, q_g, s_g, z_g, x_ptr, r0 + hide, k8, offs_r, zs_i, BLOCK_K8, BLOCK_I,
+                                 GROUP_K8, TG)
+            acc_u = _gate_up_mac(acc_u, q_u, s_u, z_u, x_ptr, r0 + hide, k8, offs_r, zs_i, BLOCK_K8, BLOCK_I,
+                                 GROUP_K8, TG)
+    else:                                                                 # the next tile in registers
+        for r0 in range(0, k8, BLOCK_K8):
+            nq_g, ns_g, nz_g = _gate_up_load(qg, sg, zg, r0 + BLOCK_K8, k8, offs_r, offs_i, i_mask, I, ng1, GROUP_K8, TG,
+                                             AHEAD_ROWS)
+            nq_u, ns_u, nz_u = _gate_up_load(qu, su, zu, r0 + BLOCK_K8, k8, offs_r, offs_i, i_mask, I, ng1, GROUP_K8, TG,
+                                             AHEAD_ROWS)
+            acc_g = _gate_up_mac(acc_g, q_g, s_g, z_g, x_ptr, r0 + hide, k8, offs_r, zs_i, BLOCK_K8, BLOCK_I, GROUP_K8,
+                                 TG)
+            acc_u = _gate_up_mac(acc_u, q_u, s_u, z_u, x_ptr, r0 + hide, k8, offs_r, zs_i, BLOCK_K8, BLOCK_I, GROUP_K8,
+                                 TG)
+            q_g, s_g, z_g, q_u, s_u, z_u = nq_g, ns_g, nz_g, nq_u, ns_u, nz_u
     if TRACE:                                                             # 3: the gate/up loop done
         stamp(tr + 3, tl.max(tl.reshape(acc_u, (BLOCK_K8 * BLOCK_I,)), axis=0).to(tl.int32))
     # the down's first chunk, requested before the sums are reduced and h is laid out for the down (~40 CTA
@@ -355,6 +374,8 @@ def moe_slices(x: torch.Tensor, out32: torch.Tensor, w_gate: GPTQWeight, w_up: G
     assert supported(w_gate, w_up, w_down) and x.shape[0] == 1, x.shape
     bi, bk8, bh, warps, stages = SLICES_CONFIG
     bi = slice_rows(w_down, bi)
+    if not paths.pipelined_loads(paths.capability(x.device)):
+        stages = 1                     # no cp.async: Triton would load each tile in place, the manual loop is ahead
     h, inter = w_gate.in_features, w_gate.out_features
     assert w_down.in_features == inter and w_down.out_features == h == x.shape[1], (x.shape, inter)
     for w in (w_gate, w_up, w_down):
@@ -370,7 +391,7 @@ def moe_slices(x: torch.Tensor, out32: torch.Tensor, w_gate: GPTQWeight, w_up: G
         trace if trace is not None else topk_w, h, inter, w_gate.num_groups, w_down.group_size,
         w_down.num_groups, e, BLOCK_I=bi, BLOCK_K8=bk8, BLOCK_H=bh, GROUP_K8=group_k8(w_gate), PDL=use_pdl,
         TRACE=trace is not None, NUM_WARPS=warps, L2_AHEAD=SLICES_L2_AHEAD if paths.batch1_slices_l2_prefetch() else 0,
-        num_warps=warps, num_stages=stages, launch_pdl=use_pdl, **route)
+        STAGES=stages, num_warps=warps, num_stages=stages, launch_pdl=use_pdl, **route)
 
 
 def grid(w_gate: GPTQWeight, w_down: GPTQWeight, top_k: int) -> int:
@@ -380,19 +401,24 @@ def grid(w_gate: GPTQWeight, w_down: GPTQWeight, top_k: int) -> int:
 
 def slices_aot_configs(act: str, min_cc: int) -> list[AotConfig]:
     """The shipped config with the served g128 weights (GROUP_K8 16) and with groups of 32 (GROUP_K8 4); g128
-    routing itself from the logits (paths.batch1_slices_route; E 128, k 8, renormalised)."""
+    routing itself from the logits (paths.batch1_slices_route; E 128, k 8, renormalised), with its L2 prefetch,
+    and with the gate/up loop pipelined PIPELINED_STAGES deep (sm80+; with and without the L2 prefetch)."""
     out: list[AotConfig] = []
     bi, bk8, bh, warps, stages = SLICES_CONFIG
-    for g8, route, ahead in ((16, False, 0), (4, False, 0), (16, True, 0), (16, True, SLICES_L2_AHEAD)):
+    for g8, route, ahead, st in ((16, False, 0, stages), (4, False, 0, stages), (16, True, 0, stages),
+                                 (16, True, SLICES_L2_AHEAD, stages), (16, True, 0, PIPELINED_STAGES),
+                                 (16, True, SLICES_L2_AHEAD, PIPELINED_STAGES)):
         cx = dict(BLOCK_I=bi, BLOCK_K8=bk8, BLOCK_H=bh, GROUP_K8=g8, PDL=False, ROUTE=route, TOP_K=8, BLOCK_E=128,
-                  RENORM=True, TRACE=False, NUM_WARPS=warps, L2_AHEAD=ahead)
+                  RENORM=True, TRACE=False, NUM_WARPS=warps, L2_AHEAD=ahead, STAGES=st)
         args = dict(x_ptr=f"*{act}", out_ptr="*fp32", qg_ptr="*i32", zg_ptr="*i32", sg_ptr="*fp16", qu_ptr="*i32",
                     zu_ptr="*i32", su_ptr="*fp16", qd_ptr="*i32", zd_ptr="*i32", sd_ptr="*fp16", ids_ptr="*i32",
                     topk_w_ptr="*fp32", logits_ptr=f"*{act}" if route else "*fp32", trace_ptr="*fp32", H="i32",
                     I="i32", ng1="i32",
                     gs2="i32", ng2="i32", E="i32")
-        out.append(AotConfig(_moe_slices_kernel, signature(args, cx), cx, warps, stages, min_cc,
-                             f"moe_slices[g{8 * g8},{'route,' if route else ''}{'l2,' if ahead else ''}{act}]"))
+        cc0 = max(min_cc, paths.PIPELINED_LOADS_MIN_CC) if st > 1 else min_cc
+        out.append(AotConfig(_moe_slices_kernel, signature(args, cx), cx, warps, st, cc0,
+                             f"moe_slices[g{8 * g8},{'route,' if route else ''}{'l2,' if ahead else ''}"
+                             f"{f'stages{st},' if st > 1 else ''}{act}]"))
     return out
 
 

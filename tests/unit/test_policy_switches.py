@@ -10,9 +10,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench import long_context as lc  # noqa: E402
-from onecard.kernels import paths  # noqa: E402
-from onecard.kernels.fused_moe import slices  # noqa: E402
+from bench import long_context as lc
+from onecard.kernels import paths
+from onecard.kernels.fused_moe import slices
 
 
 @pytest.fixture

@@ -123,20 +123,20 @@ for p in $parts; do
             bash "$0" switchab ;;
     decode12) log decode12  # issue 25 (prepared 2026-12-07): the slices' gate/up loop pipelined by Triton (config
           # stages >= 2: cp.async tiles in shared memory, 2 or 7 in flight, against one in registers; bench/slices_trace.py
-          # found ~1 µs per 8 KB step). The MoE block alone (L2-hot and cold-experts rows), then in one engine at 1x512
-          # and 1x32768: fill, +slices_st3, +slices_st8, +slices_st3h512 (BLOCK_H 512), +slices16_st3 (BLOCK_I 16,
-          # 384 programs), +slices_l2, +slices_st3+slices_l2 (~8 min with the build). Its GPU tests: part slicestests
-          AB_TESTS=0 AB_TIMEOUT="${AB_TIMEOUT:-330}" AB_KTIMEOUT=170 AB_KERNELS="norm_moe T=1" \
-            AB_SCENARIOS="${AB_SCENARIOS:-1x512,1x32768}" \
-            SWITCH_POLICIES="${SWITCH_POLICIES:-fill,fill+slices_st3,fill+slices_st8,fill+slices_st3h512,fill+slices16_st3,fill+slices_l2,fill+slices_st3+slices_l2}" \
-            bash "$0" switchab ;;
-    slicestrace) log slicestrace  # issue 25: where the batch-1 MoE slices' ~19 µs a layer go (bench/slices_trace.py:
-          # per-program phase stamps inside the full model's batch-1 graph, 512 tokens; then the same with the
-          # norm-route launch routing (paths switch batch1_slices_route off); ~3 min with the build)
+          # found ~1 µs per 8 KB step). In one call (~9.5 min with the build): first their GPU tests (part slicestests:
+          # the pipelined variants' tokens, the kernels_gpu slices rows vs reference), then in one engine at 1x512 and
+          # 1x32768: fill, +slices_st3, +slices_st8, +slices_st3h512 (BLOCK_H 512), +slices16_st3 (BLOCK_I 16, 384
+          # programs), +slices_st3+slices_l2, +slices_l2; then the MoE block alone (L2-hot and cold-experts rows)
           [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30 > /dev/null
-          timeout 150 python3 bench/slices_trace.py /tmp/q30 "$OUT/slices_trace.json" 512
-          SLICES_TRACE_SWITCHES=batch1_slices_route=0 timeout 150 python3 bench/slices_trace.py /tmp/q30 \
-            "$OUT/slices_trace_noroute.json" 512 ;;
+          bash "$0" slicestests
+          log decode12-ab
+          timeout "${AB_TIMEOUT:-250}" python3 bench/long_context.py /tmp/q30 "$OUT/switch_ab.json" \
+              --scenarios "${AB_SCENARIOS:-1x512,1x32768}" \
+              --policies "${SWITCH_POLICIES:-fill,fill+slices_st3,fill+slices_st8,fill+slices_st3h512,fill+slices16_st3,fill+slices_st3+slices_l2,fill+slices_l2}" \
+              | tee "$OUT/switch_ab.log" | grep -v '^{'
+          python3 bench/ab_table.py "$OUT/switch_ab.log"
+          log decode12-kernels
+          timeout "${AB_KTIMEOUT:-90}" python3 bench/kernels_gpu.py --quick --only "norm_moe T=1" ;;
     slicestrace3) log slicestrace3  # bench/slices_trace.py with the gate/up loop pipelined 3 deep (config stages 3;
           # part decode12's slices_st3), then the shipped config, to compare the phases (~3 min with the build)
           [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30 > /dev/null

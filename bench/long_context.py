@@ -174,6 +174,8 @@ def switch_setters() -> dict:
             "slices_st8": _attr_override(slices, "SLICES_CONFIG", (32, 32, 1024, 8, 8)),
             "slices_st3h512": _attr_override(slices, "SLICES_CONFIG", (32, 32, 512, 8, 3)),
             "slices16_st3": _attr_override(slices, "SLICES_CONFIG", (16, 32, 512, 8, 3)),
+            # BLOCK_K8 64 pipelined: 4 gate/up steps of 16 KB (128 registers, 35 KB shared; unpipelined it took 254)
+            "slices_k64_st3": _attr_override(slices, "SLICES_CONFIG", (32, 64, 1024, 8, 3)),
             "gemv4": _table_override(gemm.SMALL_PROGRAMS_PER_SM, "gemv", 4),
             "moe1pps8": _table_override(stages.DECODE_CONFIGS, "decode1",
                                         stages.DECODE_CONFIGS["decode1"][:5] + (8,)),

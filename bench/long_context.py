@@ -168,8 +168,8 @@ def switch_setters() -> dict:
             # against 23.5, L2-hot; its cold-experts row is in kernels_gpu.py)
             "slices3216": _attr_override(slices, "SLICES_CONFIG", (32, 16, 1024, 4, 1)),
             # the gate/up loop pipelined by Triton (config stages >= 2: cp.async into shared memory, sm80+; sm90
-            # registers 98 against 124): 2 and 7 tiles in flight; BLOCK_H 512 (80 registers); BLOCK_I 16 (384
-            # programs at 59 registers: 4 fit an SM, one wave)
+            # registers 98 against 124): 2 and 7 tiles in flight; BLOCK_H 512 (106 registers); BLOCK_I 16 (384
+            # programs at 60 registers: 4 fit an SM, one wave)
             "slices_st3": _attr_override(slices, "SLICES_CONFIG", (32, 32, 1024, 8, 3)),
             "slices_st8": _attr_override(slices, "SLICES_CONFIG", (32, 32, 1024, 8, 8)),
             "slices_st3h512": _attr_override(slices, "SLICES_CONFIG", (32, 32, 512, 8, 3)),

@@ -79,8 +79,9 @@ PIPELINED_STAGES = 3
 
 @triton.jit
 def _slice_input(hj, r, j: tl.constexpr, r_mask):
-    """fp32 [BI8] inputs 8r + j of the down projection: hj[j] of the program's own h by column (registers,
-    _columns_of); an INPUT of gemv_tile_mac. Rows past I are zeros already."""
+    """Column j of inputs already in registers (_columns_of), an INPUT of gemv_tile_mac: the down projection's
+    fp32 [BI8] inputs 8r + j (the program's own h; rows past I are zeros already), or a pipelined gate/up tile's
+    [BK8] (_x_columns; rows past H zeros)."""
     return hj[j]
 
 
@@ -163,22 +164,42 @@ def _down_prefetch(q_ptr, s_ptr, z_ptr, g, offs_p, p_mask, H, LINES: tl.constexp
 
 
 @triton.jit
-def _gate_up_mac(acc, q, s, zp, x_ptr, r0, k8, offs_r, z_shift, BLOCK_K8: tl.constexpr, BLOCK_I: tl.constexpr,
-                 GROUP_K8: tl.constexpr, TILE_GROUPS: tl.constexpr):
+def _gate_up_mac(acc, q, s, zp, src, INPUT: tl.constexpr, r0, k8, offs_r, z_shift, BLOCK_K8: tl.constexpr,
+                 BLOCK_I: tl.constexpr, GROUP_K8: tl.constexpr, TILE_GROUPS: tl.constexpr):
     """acc += x rows 8r + j times a tile of _gate_up_load (r = r0 + [0, BK8)): acc [BK8, BI] (one group a tile) or
-    [TILE_GROUPS, GROUP_K8, BI] (the tile's rows by group, each group's scale and zero applied once per row)."""
+    [TILE_GROUPS, GROUP_K8, BI] (the tile's rows by group, each group's scale and zero applied once per row). The
+    inputs: INPUT(src, r, j, r_mask) (int4.row_input on x's pointer, or _slice_input on _x_columns')."""
     r = r0 + offs_r
     r_mask = r < k8
     if TILE_GROUPS == 1:
         z = ((zp >> z_shift) & 0xF).to(tl.float32)
-        acc = gemv_tile_mac(acc, q, s.to(tl.float32), z, x_ptr, r, r_mask, row_input, BLOCK_K8, BLOCK_I)
+        acc = gemv_tile_mac(acc, q, s.to(tl.float32), z, src, r, r_mask, INPUT, BLOCK_K8, BLOCK_I)
     else:
         z = ((zp >> z_shift[None, :]) & 0xF).to(tl.float32)              # [TG, BI]
-        ux, xs = unit_sums(q, x_ptr, r, r_mask, row_input, BLOCK_K8, BLOCK_I)
+        ux, xs = unit_sums(q, src, r, r_mask, INPUT, BLOCK_K8, BLOCK_I)
         acc += unit_combine(tl.reshape(ux, (TILE_GROUPS, GROUP_K8, BLOCK_I)),
                             tl.reshape(xs, (TILE_GROUPS, GROUP_K8))[:, :, None],
                             s.to(tl.float32)[:, None, :], z[:, None, :])
     return acc
+
+
+@triton.jit
+def _x_columns(x_ptr, r0, k8, offs_r, BLOCK_K8: tl.constexpr):
+    """The tile's inputs x[8r + j], r = r0 + [0, BK8), as 8 fp32 columns [BK8] (_columns_of; rows past k8 are
+    zeros) from ONE load of its 16-byte rows, as int32 pairs: in a pipelined loop Triton streams it with the
+    weights (cp.async copies 4, 8 or 16 bytes a thread: a 2-byte element a thread would stay a load in the loop),
+    where row_input's eight 2-byte loads a column each wait on L1/L2 inside the loop."""
+    r = r0 + offs_r
+    DT: tl.constexpr = x_ptr.dtype.element_ty
+    if DT.primitive_bitwidth == 16:
+        pairs = tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + r[:, None] * 4 + tl.arange(0, 4)[None, :],
+                        mask=(r < k8)[:, None], other=0)                  # [BK8, 4]: x[8r + 2c], x[8r + 2c + 1]
+        lo = (pairs & 0xFFFF).to(tl.int16).to(DT, bitcast=True)
+        hi = (pairs >> 16).to(tl.int16).to(DT, bitcast=True)
+        xt = tl.join(lo, hi)                                              # [BK8, 4, 2]: x[8r + 2c + h]
+    else:                                                                 # fp32 x (tests): 4 bytes an element
+        xt = tl.load(x_ptr + r[:, None] * 8 + tl.arange(0, 8)[None, :], mask=(r < k8)[:, None], other=0.0)
+    return _columns_of(tl.reshape(xt.to(tl.float32), (BLOCK_K8 * 8,)), BLOCK_K8)
 
 
 @triton.jit
@@ -286,20 +307,21 @@ def _moe_slices_kernel(x_ptr, out_ptr, qg_ptr, zg_ptr, sg_ptr, qu_ptr, zu_ptr, s
         for r0 in tl.range(0, k8, BLOCK_K8, num_stages=STAGES):
             q_g, s_g, z_g = _gate_up_load(qg, sg, zg, r0, k8, offs_r, offs_i, i_mask, I, ng1, GROUP_K8, TG)
             q_u, s_u, z_u = _gate_up_load(qu, su, zu, r0, k8, offs_r, offs_i, i_mask, I, ng1, GROUP_K8, TG)
-            acc_g = _gate_up_mac(acc_g, q_g, s_g, z_g, x_ptr, r0 + hide, k8, offs_r, zs_i, BLOCK_K8, BLOCK_I,
-                                 GROUP_K8, TG)
-            acc_u = _gate_up_mac(acc_u, q_u, s_u, z_u, x_ptr, r0 + hide, k8, offs_r, zs_i, BLOCK_K8, BLOCK_I,
-                                 GROUP_K8, TG)
+            xj = _x_columns(x_ptr, r0, k8, offs_r, BLOCK_K8)              # 8 x [BK8]: gate's and up's inputs
+            acc_g = _gate_up_mac(acc_g, q_g, s_g, z_g, xj, _slice_input, r0 + hide, k8, offs_r, zs_i, BLOCK_K8,
+                                 BLOCK_I, GROUP_K8, TG)
+            acc_u = _gate_up_mac(acc_u, q_u, s_u, z_u, xj, _slice_input, r0 + hide, k8, offs_r, zs_i, BLOCK_K8,
+                                 BLOCK_I, GROUP_K8, TG)
     else:                                                                 # the next tile in registers
         for r0 in range(0, k8, BLOCK_K8):
             nq_g, ns_g, nz_g = _gate_up_load(qg, sg, zg, r0 + BLOCK_K8, k8, offs_r, offs_i, i_mask, I, ng1, GROUP_K8, TG,
                                              AHEAD_ROWS)
             nq_u, ns_u, nz_u = _gate_up_load(qu, su, zu, r0 + BLOCK_K8, k8, offs_r, offs_i, i_mask, I, ng1, GROUP_K8, TG,
                                              AHEAD_ROWS)
-            acc_g = _gate_up_mac(acc_g, q_g, s_g, z_g, x_ptr, r0 + hide, k8, offs_r, zs_i, BLOCK_K8, BLOCK_I, GROUP_K8,
-                                 TG)
-            acc_u = _gate_up_mac(acc_u, q_u, s_u, z_u, x_ptr, r0 + hide, k8, offs_r, zs_i, BLOCK_K8, BLOCK_I, GROUP_K8,
-                                 TG)
+            acc_g = _gate_up_mac(acc_g, q_g, s_g, z_g, x_ptr, row_input, r0 + hide, k8, offs_r, zs_i, BLOCK_K8,
+                                 BLOCK_I, GROUP_K8, TG)
+            acc_u = _gate_up_mac(acc_u, q_u, s_u, z_u, x_ptr, row_input, r0 + hide, k8, offs_r, zs_i, BLOCK_K8,
+                                 BLOCK_I, GROUP_K8, TG)
             q_g, s_g, z_g, q_u, s_u, z_u = nq_g, ns_g, nz_g, nq_u, ns_u, nz_u
     if TRACE:                                                             # 3: the gate/up loop done
         stamp(tr + 3, tl.max(tl.reshape(acc_u, (BLOCK_K8 * BLOCK_I,)), axis=0).to(tl.int32))

@@ -131,12 +131,15 @@ def _table_override(table: dict, key: str, value):
     return setter
 
 
-def _attr_override(module, name: str, value):
-    """A setter for bench switches that change a module's config constant: on -> value, None -> the shipped one."""
-    shipped = getattr(module, name)
+def _attr_override(module, name: str, value, **more):
+    """A setter for bench switches that change a module's config constant (and ``more`` of them, by name): on ->
+    value(s), None -> the shipped one(s)."""
+    values = {name: value, **more}
+    shipped = {n: getattr(module, n) for n in values}
 
     def setter(on: bool | None) -> None:
-        setattr(module, name, value if on else shipped)
+        for n, v in values.items():
+            setattr(module, n, v if on else shipped[n])
     return setter
 
 
@@ -167,15 +170,18 @@ def switch_setters() -> dict:
             # BLOCK_K8 16 on 4 warps: the fastest MoE block alone on 2026-12-07 with per-warp routing (22.3 µs
             # against 23.5, L2-hot; its cold-experts row is in kernels_gpu.py)
             "slices3216": _attr_override(slices, "SLICES_CONFIG", (32, 16, 1024, 4, 1)),
-            # the gate/up loop pipelined by Triton (config stages >= 2: cp.async into shared memory, sm80+; sm90
-            # registers 98 against 124): 2 and 7 tiles in flight; BLOCK_H 512 (106 registers); BLOCK_I 16 (384
-            # programs at 60 registers: 4 fit an SM, one wave)
+            # the gate/up loop pipelined by Triton (config stages >= 2: cp.async into shared memory, sm80+), the
+            # tile's inputs with it, the down's first chunk loaded before it (slices.SLICES_DOWN_EARLY; sm90
+            # registers 128; 98 without, "_late"): 2 and 7 tiles in flight; BLOCK_H 512 (109 registers); BLOCK_I 16
+            # (384 programs at 76 registers: 3 fit an SM, one wave)
             "slices_st3": _attr_override(slices, "SLICES_CONFIG", (32, 32, 1024, 8, 3)),
+            "slices_st3_late": _attr_override(slices, "SLICES_CONFIG", (32, 32, 1024, 8, 3), SLICES_DOWN_EARLY=False),
             "slices_st8": _attr_override(slices, "SLICES_CONFIG", (32, 32, 1024, 8, 8)),
             "slices_st3h512": _attr_override(slices, "SLICES_CONFIG", (32, 32, 512, 8, 3)),
             "slices16_st3": _attr_override(slices, "SLICES_CONFIG", (16, 32, 512, 8, 3)),
-            # BLOCK_K8 64 pipelined: 4 gate/up steps of 16 KB (128 registers, 35 KB shared; unpipelined it took 254)
-            "slices_k64_st3": _attr_override(slices, "SLICES_CONFIG", (32, 64, 1024, 8, 3)),
+            # BLOCK_K8 64 pipelined: 4 gate/up steps of 16 KB (128 registers with the down's chunk loaded late, 205
+            # early; 35 KB shared; unpipelined it took 254)
+            "slices_k64_st3": _attr_override(slices, "SLICES_CONFIG", (32, 64, 1024, 8, 3), SLICES_DOWN_EARLY=False),
             "gemv4": _table_override(gemm.SMALL_PROGRAMS_PER_SM, "gemv", 4),
             "moe1pps8": _table_override(stages.DECODE_CONFIGS, "decode1",
                                         stages.DECODE_CONFIGS["decode1"][:5] + (8,)),

@@ -20,17 +20,18 @@ def shipped():
     config = slices.SLICES_CONFIG
     yield config
     lc.set_switches("fill")
-    assert slices.SLICES_CONFIG == config
+    assert slices.SLICES_CONFIG == config and slices.SLICES_DOWN_EARLY
 
 
 @pytest.mark.parametrize("name", ["slices16", "slices1664", "slices3216", "slices_st3", "slices_st8",
-                                  "slices_st3h512", "slices16_st3", "slices_k64_st3"])
+                                  "slices_st3h512", "slices16_st3", "slices_k64_st3",
+                                  "slices_st3_late"])
 def test_each_slices_config_policy_sets_its_own_config(shipped, name):
     setters = lc.switch_setters()
     setters[name](True)                                  # what the name alone sets
     wanted = slices.SLICES_CONFIG
     setters[name](None)
-    assert slices.SLICES_CONFIG == shipped != wanted
+    assert slices.SLICES_CONFIG == shipped != wanted and slices.SLICES_DOWN_EARLY
     lc.set_switches(f"fill+{name}+slices_l2")
     assert slices.SLICES_CONFIG == wanted and paths.batch1_slices_l2_prefetch()
     lc.set_switches("fill")

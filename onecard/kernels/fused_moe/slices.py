@@ -75,6 +75,9 @@ SLICES_L2_AHEAD = 3
 # The gate/up loop's depth where Triton pipelines it (the config's last field >= 2, sm80+; kernel STAGES): what the
 # AOT list compiles beside the shipped config. sm90: 98 registers, 17.5 KB shared (two tiles in flight).
 PIPELINED_STAGES = 3
+# With a pipelined gate/up loop: the down's first chunk loaded before that loop (kernel DOWN_EARLY; registers it
+# holds through the loop: 16 at BLOCK_H 1,024, sm90 128 in all). Benchmarks replace it here (policy slices_st3_late).
+SLICES_DOWN_EARLY = True
 
 
 @triton.jit
@@ -224,7 +227,7 @@ def _moe_slices_kernel(x_ptr, out_ptr, qg_ptr, zg_ptr, sg_ptr, qu_ptr, zu_ptr, s
                        GROUP_K8: tl.constexpr, PDL: tl.constexpr, ROUTE: tl.constexpr = False,
                        TOP_K: tl.constexpr = 8, BLOCK_E: tl.constexpr = 128,
                        RENORM: tl.constexpr = True, TRACE: tl.constexpr = False, NUM_WARPS: tl.constexpr = 8,
-                       L2_AHEAD: tl.constexpr = 0, STAGES: tl.constexpr = 1):
+                       L2_AHEAD: tl.constexpr = 0, STAGES: tl.constexpr = 1, DOWN_EARLY: tl.constexpr = False):
     """Program (slice, slot): out[n] += w * sum_i h[i] Wd[e][i, n] over the slice's rows i, h = silu(x @ Wg[e][:, i])
     * (x @ Wu[e][:, i]), e = ids[slot], w = topk_w[slot]. x [1, H] model dtype; out [1, H] fp32. GROUP_K8: packed
     rows per gate/up group (a power of two; the input size or more: one group). ROUTE (paths.batch1_slices_route):
@@ -236,7 +239,8 @@ def _moe_slices_kernel(x_ptr, out_ptr, qg_ptr, zg_ptr, sg_ptr, qu_ptr, zu_ptr, s
     paths.pipelined_loads): the loop asks (tl.range num_stages), so Triton's software pipeline streams the tiles by
     cp.async into a ring of STAGES - 1 tiles in shared memory (8.75 KB each at the served shape), STAGES - 1 in
     flight, and holds none in registers (sm90: 98 registers against 124). The down loop (2 chunks at the served
-    shape) keeps its one chunk ahead in registers. L2_AHEAD > 0 (paths.batch1_slices_l2_prefetch): once routed,
+    shape) keeps its one chunk ahead in registers; DOWN_EARLY (STAGES >= 2 only: SLICES_DOWN_EARLY) loads its
+    first chunk before the gate/up loop, so that it streams beside the gate/up tiles. L2_AHEAD > 0 (paths.batch1_slices_l2_prefetch): once routed,
     the program asks L2 for its whole down projection and, at STAGES 1, its gate/up tiles 1..L2_AHEAD, and each
     loop step for the tile L2_AHEAD + 1 ahead (int4's loads then wait on L2 rather than HBM;
     bench/slices_trace.py found each 8 KB step ~1 µs, one tile in flight). TRACE (bench/slices_trace.py only): the program's phase boundaries into trace_ptr [programs,
@@ -303,6 +307,12 @@ def _moe_slices_kernel(x_ptr, out_ptr, qg_ptr, zg_ptr, sg_ptr, qu_ptr, zu_ptr, s
     # weight instead of one (sm90 SASS of the gate/up loop: 506 -> 441 instructions for 64 weights a thread)
     hide = k8 >> 31
     AHEAD_ROWS: tl.constexpr = L2_AHEAD * BLOCK_K8                       # the q tile L2_AHEAD after the next
+    # programs start their down on different chunks (the slice and the slot pick it), so that the 192 programs'
+    # fp32 atomics spread over all of out's lines at once rather than all hitting the first chunk's
+    n_ch = tl.cdiv(H, BLOCK_H)
+    c0 = (pid_i + slot) % n_ch
+    if DOWN_EARLY:             # in flight during the gate/up loop (sm90 SASS: issued before it, 128 registers)
+        q_d, s_d, z_d = _down_load(qd, sd, zd, g2, c0 * BLOCK_H, offs_p, p_mask, H, True, BLOCK_H)
     if STAGES > 1:                                                        # Triton's cp.async ring (sm80+)
         for r0 in tl.range(0, k8, BLOCK_K8, num_stages=STAGES):
             q_g, s_g, z_g = _gate_up_load(qg, sg, zg, r0, k8, offs_r, offs_i, i_mask, I, ng1, GROUP_K8, TG)
@@ -325,13 +335,10 @@ def _moe_slices_kernel(x_ptr, out_ptr, qg_ptr, zg_ptr, sg_ptr, qu_ptr, zu_ptr, s
             q_g, s_g, z_g, q_u, s_u, z_u = nq_g, ns_g, nz_g, nq_u, ns_u, nz_u
     if TRACE:                                                             # 3: the gate/up loop done
         stamp(tr + 3, tl.max(tl.reshape(acc_u, (BLOCK_K8 * BLOCK_I,)), axis=0).to(tl.int32))
-    # the down's first chunk, requested before the sums are reduced and h is laid out for the down (~40 CTA
-    # barriers on sm90). Requested before the loop instead, it is sunk here by the compiler anyway (sm90 SASS).
-    # programs start their down on different chunks (the slice and the slot pick it), so that the 192 programs'
-    # fp32 atomics spread over all of out's lines at once rather than all hitting the first chunk's
-    n_ch = tl.cdiv(H, BLOCK_H)
-    c0 = (pid_i + slot) % n_ch
-    q_d, s_d, z_d = _down_load(qd, sd, zd, g2, c0 * BLOCK_H, offs_p, p_mask, H, True, BLOCK_H)
+    # else the down's first chunk, requested before the sums are reduced and h is laid out for the down (~40 CTA
+    # barriers on sm90). Requested before the one-ahead loop, it is sunk here by the compiler anyway (sm90 SASS).
+    if not DOWN_EARLY:
+        q_d, s_d, z_d = _down_load(qd, sd, zd, g2, c0 * BLOCK_H, offs_p, p_mask, H, True, BLOCK_H)
     # the column sums of gate and up in one cross-warp reduction: [BK8, BI, 2] -> [BI, 2]
     gate, up = tl.split(tl.sum(tl.join(tl.reshape(acc_g, (BLOCK_K8, BLOCK_I)), tl.reshape(acc_u, (BLOCK_K8, BLOCK_I))),
                                axis=0))
@@ -413,7 +420,7 @@ def moe_slices(x: torch.Tensor, out32: torch.Tensor, w_gate: GPTQWeight, w_up: G
         trace if trace is not None else topk_w, h, inter, w_gate.num_groups, w_down.group_size,
         w_down.num_groups, e, BLOCK_I=bi, BLOCK_K8=bk8, BLOCK_H=bh, GROUP_K8=group_k8(w_gate), PDL=use_pdl,
         TRACE=trace is not None, NUM_WARPS=warps, L2_AHEAD=SLICES_L2_AHEAD if paths.batch1_slices_l2_prefetch() else 0,
-        STAGES=stages, num_warps=warps, num_stages=stages, launch_pdl=use_pdl, **route)
+        STAGES=stages, DOWN_EARLY=stages > 1 and SLICES_DOWN_EARLY, num_warps=warps, num_stages=stages, launch_pdl=use_pdl, **route)
 
 
 def grid(w_gate: GPTQWeight, w_down: GPTQWeight, top_k: int) -> int:
@@ -431,7 +438,8 @@ def slices_aot_configs(act: str, min_cc: int) -> list[AotConfig]:
                                  (16, True, SLICES_L2_AHEAD, stages), (16, True, 0, PIPELINED_STAGES),
                                  (16, True, SLICES_L2_AHEAD, PIPELINED_STAGES)):
         cx = dict(BLOCK_I=bi, BLOCK_K8=bk8, BLOCK_H=bh, GROUP_K8=g8, PDL=False, ROUTE=route, TOP_K=8, BLOCK_E=128,
-                  RENORM=True, TRACE=False, NUM_WARPS=warps, L2_AHEAD=ahead, STAGES=st)
+                  RENORM=True, TRACE=False, NUM_WARPS=warps, L2_AHEAD=ahead, STAGES=st,
+                  DOWN_EARLY=st > 1 and SLICES_DOWN_EARLY)
         args = dict(x_ptr=f"*{act}", out_ptr="*fp32", qg_ptr="*i32", zg_ptr="*i32", sg_ptr="*fp16", qu_ptr="*i32",
                     zu_ptr="*i32", su_ptr="*fp16", qd_ptr="*i32", zd_ptr="*i32", sd_ptr="*fp16", ids_ptr="*i32",
                     topk_w_ptr="*fp32", logits_ptr=f"*{act}" if route else "*fp32", trace_ptr="*fp32", H="i32",

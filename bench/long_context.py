@@ -178,7 +178,12 @@ def switch_setters() -> dict:
             "slices_st3_late": _attr_override(slices, "SLICES_CONFIG", (32, 32, 1024, 8, 3), SLICES_DOWN_EARLY=False),
             "slices_st8": _attr_override(slices, "SLICES_CONFIG", (32, 32, 1024, 8, 8)),
             "slices_st3h512": _attr_override(slices, "SLICES_CONFIG", (32, 32, 512, 8, 3)),
+            # BLOCK_I 16, 8 warps: 384 programs, 3 on 120 SMs and 2 on 12 (76 registers: 3 fit) where the shipped 192
+            # leave 60 SMs with two and 72 with one. A two-program SM's gate/up loop is bound by issue (sm90 SASS:
+            # 374 instructions a step a warp, 16 warps), so its SMs set the launch's time; 384 halves carry at most
+            # 1.5 programs' work an SM against 2. Also with one g128 group a K tile (BLOCK_K8 16, 4 deep: 76)
             "slices16_st3": _attr_override(slices, "SLICES_CONFIG", (16, 32, 512, 8, 3)),
+            "slices16_k16_st4": _attr_override(slices, "SLICES_CONFIG", (16, 16, 512, 8, 4)),
             # BLOCK_K8 64 pipelined: 4 gate/up steps of 16 KB (128 registers with the down's chunk loaded late, 205
             # early; 35 KB shared; unpipelined it took 254)
             "slices_k64_st3": _attr_override(slices, "SLICES_CONFIG", (32, 64, 1024, 8, 3), SLICES_DOWN_EARLY=False),

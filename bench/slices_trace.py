@@ -31,6 +31,7 @@ PHASES = ("wait", "route", "gate_up", "h", "down0", "tail")   # between consecut
 
 def _traced_launches():
     """Wrap slices.moe_slices: every launch gets a zeroed int64 stamp buffer; -> the list they are appended to."""
+    from onecard.kernels import paths
     from onecard.kernels.fused_moe import slices
 
     bufs: list[torch.Tensor] = []
@@ -38,8 +39,8 @@ def _traced_launches():
 
     def traced(x, out32, w_gate, w_up, w_down, topk_ids, topk_w, top_k, use_pdl, logits=None, renormalize=True,
                trace=None):
-        buf = torch.zeros(slices.grid(w_gate, w_down, top_k), slices.TRACE_SLOTS, dtype=torch.int64,
-                          device=x.device)
+        programs = slices.grid(w_gate, w_down, top_k, paths.capability(x.device))
+        buf = torch.zeros(programs, slices.TRACE_SLOTS, dtype=torch.int64, device=x.device)
         bufs.append(buf)
         return orig(x, out32, w_gate, w_up, w_down, topk_ids, topk_w, top_k, use_pdl, logits=logits,
                     renormalize=renormalize, trace=buf)

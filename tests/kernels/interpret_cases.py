@@ -542,7 +542,7 @@ def _moe_slices_case(i: int, dt, seed: int, route: bool = False, trace: bool = F
     traces = []
     if trace:
         def traced(*a, **kw):
-            traces.append(torch.full((slices.grid(a[2], a[4], a[7]), slices.TRACE_SLOTS), -1, dtype=torch.int64))
+            traces.append(torch.full((slices.grid(a[2], a[4], a[7], paths.INTERPRETER_CC), slices.TRACE_SLOTS), -1, dtype=torch.int64))
             return launch(*a, **kw, trace=traces[-1])
         slices.moe_slices = traced
     try:

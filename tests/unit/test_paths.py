@@ -402,3 +402,15 @@ def test_moe_slices_take_the_served_weights_and_refuse_what_they_cannot_cut():
     assert not slices.supported(w(2048, 768, 128, g_idx=True), up, down)
     assert not slices.supported(torch.zeros(2, 2048, 768), up, down)
     assert not slices.supported(gate, up, w(768, 2048, 12))
+
+
+def test_slices_config_by_capability():
+    """The MoE slices' config is the one place a capability picks: SLICES_CONFIG where Triton can pipeline loads
+    through shared memory (cp.async, sm80+), the pre-Ampere one below, whose gate/up loop is the one-ahead loop
+    (stages 1: Triton would load a tile in place there). ONECARD_EMULATE_CC=70 takes the latter on any card."""
+    from onecard.kernels.fused_moe import slices
+
+    assert [paths.pipelined_loads(cc) for cc in (70, 75, 80, 86, 90)] == [False, False, True, True, True]
+    assert slices.config(70) is slices.SLICES_CONFIG_PRE_AMPERE and slices.config(75) is slices.SLICES_CONFIG_PRE_AMPERE
+    assert slices.config(80) is slices.SLICES_CONFIG and slices.config(90) is slices.SLICES_CONFIG
+    assert slices.SLICES_CONFIG_PRE_AMPERE[4] == 1

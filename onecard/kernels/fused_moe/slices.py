@@ -50,8 +50,9 @@ from onecard.kernels.triton_common import (
 )
 from onecard.kernels.types import GPTQWeight, MoEWeight
 
-# (BLOCK_I, BLOCK_K8, BLOCK_H, num_warps, stages); stages: the gate/up loop's depth (kernel STAGES: 1, the next
-# tile in registers; >= 2, Triton's cp.async pipeline, sm80+ only: below, the launch takes 1). BLOCK_I 32: 128-byte rows of gate/up tiles, 24 slices x 8
+# (BLOCK_I, BLOCK_K8, BLOCK_H, num_warps, stages) on sm80+ (SLICES_CONFIG) and below (SLICES_CONFIG_PRE_AMPERE;
+# ``config(cc)`` picks, paths.pipelined_loads); stages: the gate/up loop's depth (kernel STAGES: 1, the next tile
+# in registers; >= 2, Triton's cp.async pipeline, sm80+ only). BLOCK_I 32: 128-byte rows of gate/up tiles, 24 slices x 8
 # experts = 192 programs at the served shape; BLOCK_K8 32: a program's gate/up is 8 K tiles of 2 g128 groups,
 # 8 KB a tile for gate and up together, the next one loading while one is multiplied; its down 2 chunks of 16 KB,
 # likewise. sm90 (JIT-aligned compile): 128 registers at 8 warps, so two programs per SM and the 192 in one wave;
@@ -64,6 +65,7 @@ from onecard.kernels.types import GPTQWeight, MoEWeight
 # batch 1 at 512 tokens 457.1 -> 440.3 tok/s, at 32k 307.7 -> 299.2; H100, 2026-12-07). The rows alone replay 20
 # copies of one layer, whose 19 MB of routed experts then sit in the 50 MB L2: not the model's cold reads.
 SLICES_CONFIG = (32, 32, 1024, 8, 1)
+SLICES_CONFIG_PRE_AMPERE = (32, 32, 1024, 8, 1)      # no cp.async: stages 1 (sm70: 128 registers, no spill)
 # The TRACE variant's stamps (bench/slices_trace.py): a program's row of TRACE_SLOTS int64, fields in this order:
 # %clock64 at each phase boundary, then (%globaltimer, SM) after the wait and at the end
 TRACE_SLOTS = 12
@@ -382,13 +384,20 @@ def group_k8(w: GPTQWeight) -> int:
     return g8 if g8 > 0 and g8 & (g8 - 1) == 0 and min(w.group_size, w.in_features) % 8 == 0 else 0
 
 
+def config(cc: int) -> tuple[int, int, int, int, int]:
+    """(BLOCK_I, BLOCK_K8, BLOCK_H, num_warps, stages) on compute capability cc: SLICES_CONFIG where Triton can
+    pipeline loads through shared memory (paths.pipelined_loads), else SLICES_CONFIG_PRE_AMPERE (read at the call:
+    benchmarks and tests replace them here)."""
+    return SLICES_CONFIG if paths.pipelined_loads(cc) else SLICES_CONFIG_PRE_AMPERE
+
+
 def supported(w_gate: MoEWeight, w_up: MoEWeight, w_down: MoEWeight) -> bool:
     """int4 GPTQ experts without act order, gate/up groups of a power of two packed rows (or one group), a down
-    projection that slice_rows can cut."""
+    projection that slice_rows can cut (at either config's BLOCK_I)."""
     ws = (w_gate, w_up, w_down)
     return (all(isinstance(w, GPTQWeight) and w.g_idx is None for w in ws)
             and w_gate.group_size == w_up.group_size and group_k8(w_gate) > 0
-            and slice_rows(w_down, SLICES_CONFIG[0]) > 0)
+            and min(slice_rows(w_down, c[0]) for c in (SLICES_CONFIG, SLICES_CONFIG_PRE_AMPERE)) > 0)
 
 
 def moe_slices(x: torch.Tensor, out32: torch.Tensor, w_gate: GPTQWeight, w_up: GPTQWeight, w_down: GPTQWeight,
@@ -398,13 +407,13 @@ def moe_slices(x: torch.Tensor, out32: torch.Tensor, w_gate: GPTQWeight, w_up: G
     """out32 [1, H] fp32 += the k experts' outputs; x [1, H] model dtype; topk_ids int32 / topk_w fp32 [1, k] (or
     [k]) written by the previous launch, or, given ``logits`` [1, E] (the router's, written by the previous
     launch; ``renormalize`` as the model's), the kernel routes itself and the two are not read. The config is
-    SLICES_CONFIG's at the call (benchmarks and tests replace it there). ``trace``: int64 [programs, TRACE_SLOTS]
-    (``grid``), filled with the kernel's TRACE stamps (bench/slices_trace.py)."""
+    ``config``'s at the call. ``trace``: int64 [programs, TRACE_SLOTS] (``grid``), filled with the kernel's TRACE
+    stamps (bench/slices_trace.py)."""
     assert supported(w_gate, w_up, w_down) and x.shape[0] == 1, x.shape
-    bi, bk8, bh, warps, stages = SLICES_CONFIG
+    cc = paths.capability(x.device)
+    bi, bk8, bh, warps, stages = config(cc)
+    assert stages == 1 or paths.pipelined_loads(cc), (cc, stages)   # below, Triton would load each tile in place
     bi = slice_rows(w_down, bi)
-    if not paths.pipelined_loads(paths.capability(x.device)):
-        stages = 1                     # no cp.async: Triton would load each tile in place, the manual loop is ahead
     h, inter = w_gate.in_features, w_gate.out_features
     assert w_down.in_features == inter and w_down.out_features == h == x.shape[1], (x.shape, inter)
     for w in (w_gate, w_up, w_down):
@@ -413,7 +422,7 @@ def moe_slices(x: torch.Tensor, out32: torch.Tensor, w_gate: GPTQWeight, w_up: G
     route = dict(ROUTE=True, TOP_K=top_k, BLOCK_E=next_pow2(e), RENORM=renormalize) \
         if logits is not None else {}
     if trace is not None:
-        assert trace.dtype == torch.int64 and trace.shape == (grid(w_gate, w_down, top_k), TRACE_SLOTS)
+        assert trace.dtype == torch.int64 and trace.shape == (grid(w_gate, w_down, top_k, cc), TRACE_SLOTS)
     _moe_slices_kernel[(triton.cdiv(inter, bi), top_k)](
         x, out32, w_gate.qweight, w_gate.qzeros, w_gate.scales, w_up.qweight, w_up.qzeros, w_up.scales,
         w_down.qweight, w_down.qzeros, w_down.scales, topk_ids, topk_w, logits if logits is not None else topk_w,
@@ -423,20 +432,22 @@ def moe_slices(x: torch.Tensor, out32: torch.Tensor, w_gate: GPTQWeight, w_up: G
         STAGES=stages, DOWN_EARLY=stages > 1 and SLICES_DOWN_EARLY, num_warps=warps, num_stages=stages, launch_pdl=use_pdl, **route)
 
 
-def grid(w_gate: GPTQWeight, w_down: GPTQWeight, top_k: int) -> int:
-    """Programs of a moe_slices launch (slices x k)."""
-    return triton.cdiv(w_gate.out_features, slice_rows(w_down, SLICES_CONFIG[0])) * top_k
+def grid(w_gate: GPTQWeight, w_down: GPTQWeight, top_k: int, cc: int) -> int:
+    """Programs of a moe_slices launch on compute capability cc (slices x k)."""
+    return triton.cdiv(w_gate.out_features, slice_rows(w_down, config(cc)[0])) * top_k
 
 
 def slices_aot_configs(act: str, min_cc: int) -> list[AotConfig]:
-    """The shipped config with the served g128 weights (GROUP_K8 16) and with groups of 32 (GROUP_K8 4); g128
-    routing itself from the logits (paths.batch1_slices_route; E 128, k 8, renormalised), with its L2 prefetch,
-    and with the gate/up loop pipelined PIPELINED_STAGES deep (sm80+; with and without the L2 prefetch)."""
+    """The pre-Ampere config (every target) with the served g128 weights (GROUP_K8 16) and with groups of 32
+    (GROUP_K8 4), g128 routing itself from the logits (paths.batch1_slices_route; E 128, k 8, renormalised), with
+    its L2 prefetch; the sm80+ config (named "sm80+", from sm80) routing itself, with and without the L2 prefetch
+    (while it equals the pre-Ampere one: that config with the gate/up loop pipelined PIPELINED_STAGES deep)."""
     out: list[AotConfig] = []
-    bi, bk8, bh, warps, stages = SLICES_CONFIG
-    for g8, route, ahead, st in ((16, False, 0, stages), (4, False, 0, stages), (16, True, 0, stages),
-                                 (16, True, SLICES_L2_AHEAD, stages), (16, True, 0, PIPELINED_STAGES),
-                                 (16, True, SLICES_L2_AHEAD, PIPELINED_STAGES)):
+    pre = SLICES_CONFIG_PRE_AMPERE
+    amp = SLICES_CONFIG if SLICES_CONFIG != pre else pre[:4] + (PIPELINED_STAGES,)
+    for cfg, g8, route, ahead in ((pre, 16, False, 0), (pre, 4, False, 0), (pre, 16, True, 0),
+                                  (pre, 16, True, SLICES_L2_AHEAD), (amp, 16, True, 0), (amp, 16, True, SLICES_L2_AHEAD)):
+        bi, bk8, bh, warps, st = cfg
         cx = dict(BLOCK_I=bi, BLOCK_K8=bk8, BLOCK_H=bh, GROUP_K8=g8, PDL=False, ROUTE=route, TOP_K=8, BLOCK_E=128,
                   RENORM=True, TRACE=False, NUM_WARPS=warps, L2_AHEAD=ahead, STAGES=st,
                   DOWN_EARLY=st > 1 and SLICES_DOWN_EARLY)
@@ -445,14 +456,14 @@ def slices_aot_configs(act: str, min_cc: int) -> list[AotConfig]:
                     topk_w_ptr="*fp32", logits_ptr=f"*{act}" if route else "*fp32", trace_ptr="*fp32", H="i32",
                     I="i32", ng1="i32",
                     gs2="i32", ng2="i32", E="i32")
-        cc0 = max(min_cc, paths.PIPELINED_LOADS_MIN_CC) if st > 1 else min_cc
+        cc0 = max(min_cc, paths.PIPELINED_LOADS_MIN_CC) if cfg is amp else min_cc
         out.append(AotConfig(_moe_slices_kernel, signature(args, cx), cx, warps, st, cc0,
                              f"moe_slices[g{8 * g8},{'route,' if route else ''}{'l2,' if ahead else ''}"
-                             f"{f'stages{st},' if st > 1 else ''}{act}]"))
+                             f"{'sm80+,' if cfg is amp else ''}{f'stages{st},' if st > 1 else ''}{act}]"))
     return out
 
 
-__all__ = ["SLICES_CONFIG", "TRACE_FIELDS", "TRACE_SLOTS", "grid", "moe_slices", "slice_rows", "slices_aot_configs",
-           "supported"]
+__all__ = ["SLICES_CONFIG", "SLICES_CONFIG_PRE_AMPERE", "TRACE_FIELDS", "TRACE_SLOTS", "config", "grid", "moe_slices",
+           "slice_rows", "slices_aot_configs", "supported"]
 
 settle_cache_keys(globals())   # Triton cache keys, helpers first (triton_common.settle_cache_keys)

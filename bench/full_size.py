@@ -7,7 +7,9 @@ Usage (on the H200, from the repo root):
   python bench/full_size.py floor OUT.json       # copy bandwidth and the bytes-per-step floor
   python bench/full_size.py logits DIR OUT.json  # the full-size logits check alone (Triton vs reference)
 Every mode honours ONECARD_EMULATE_CC=70 (kernel-path decisions of another capability on this card; the JSON's
-"paths" records the capability used): ``bash bench/run_h200.sh emu70`` runs ``onecard`` so.
+"paths" records the capability used): ``bash bench/run_h200.sh emu70`` runs ``onecard`` so. ``onecard`` also
+honours BENCH_POLICY="fill+SWITCH+..." (bench/long_context.py's policy switches, set before the engine is built,
+recorded in the JSON): the record of a switch or config that an A/B chose, before a commit ships it.
 Each prints a table; JSON goes to OUT.json. Engine measurements go through the real loader and EngineCore.
 """
 from __future__ import annotations
@@ -126,8 +128,12 @@ def _run(core, prompts: list[list[int]], max_tokens: int, tokens: dict | None = 
 
 def bench_onecard(model_dir: str, out: str) -> dict:
     t0 = time.perf_counter()
+    policy = os.environ.get("BENCH_POLICY")
+    if policy:
+        from long_context import set_switches
+        set_switches(policy)
     core, ready = _engine(model_dir, enforce_eager=os.environ.get("ONECARD_EAGER") == "1")
-    res: dict = {"paths": capability_record(), "time_to_ready_s": ready, "precompile": getattr(core.runner, "precompile_summary", None), "weights_gib": core.info.weights_bytes / 2**30,
+    res: dict = {"bench_policy": policy, "paths": capability_record(), "time_to_ready_s": ready, "precompile": getattr(core.runner, "precompile_summary", None), "weights_gib": core.info.weights_bytes / 2**30,
                  "kv_cache_gib": core.info.kv_cache_bytes / 2**30, "kv_tokens": core.info.kv_capacity_tokens}
     g = torch.Generator().manual_seed(1)
 

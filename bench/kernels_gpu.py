@@ -219,7 +219,7 @@ def cases(quick: bool):
             xs = _Rotating([torch.randn(1, H, device=DEV).half() for _ in range(20)])
             cold = [(f"slices{'' if cfg is None else ' ' + ','.join(map(str, cfg))}", partial(_slices, cfg))
                     for cfg in (None, (32, 16, 1024, 4, 1), (32, 32, 1024, 8, 3), (32, 32, 1024, 8, 8),
-                                (16, 32, 512, 8, 3), (16, 16, 512, 8, 4))]
+                                (16, 32, 512, 8, 3), (16, 32, 512, 4, 3), (16, 64, 512, 4, 3))]
             cold += [("slices, L2 prefetch", partial(_switched, "batch1_slices_l2_prefetch")),
                      ("two-launch stages", _stages)]
             for label, path in cold:

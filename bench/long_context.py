@@ -178,12 +178,17 @@ def switch_setters() -> dict:
             "slices_st3_late": _attr_override(slices, "SLICES_CONFIG", (32, 32, 1024, 8, 3), SLICES_DOWN_EARLY=False),
             "slices_st8": _attr_override(slices, "SLICES_CONFIG", (32, 32, 1024, 8, 8)),
             "slices_st3h512": _attr_override(slices, "SLICES_CONFIG", (32, 32, 512, 8, 3)),
-            # BLOCK_I 16, 8 warps: 384 programs, 3 on 120 SMs and 2 on 12 (76 registers: 3 fit) where the shipped 192
-            # leave 60 SMs with two and 72 with one. A two-program SM's gate/up loop is bound by issue (sm90 SASS:
-            # 374 instructions a step a warp, 16 warps), so its SMs set the launch's time; 384 halves carry at most
-            # 1.5 programs' work an SM against 2. Also with one g128 group a K tile (BLOCK_K8 16, 4 deep: 76)
+            # BLOCK_I 16: 384 programs, 3 on 120 SMs and 2 on 12, where the shipped 192 leave 60 SMs with two and 72
+            # with one. A two-program SM's gate/up loop is bound by issue (sm90 SASS: 374 instructions a step a warp
+            # at 8 warps), so those SMs set the launch's time. Per program, warps x (gate/up steps x loop length +
+            # down chunks x loop length), sm90 SASS; the busiest SM carries 2 programs at BLOCK_I 32, 3 at 16:
+            #   shipped, pipelined  (32, 32, 1024, 8, 3)  8 x (8 x 374 + 2 x 604) = 33.6k, x 2 = 67k
+            #   slices16_st3        (16, 32, 512, 8, 3)   8 x (8 x 258 + 4 x 270) = 25.2k, x 3 = 76k (76 registers)
+            #   slices16w4_st3      (16, 32, 512, 4, 3)   4 x (8 x 378 + 4 x 366) = 18.0k, x 3 = 54k (96 registers)
+            #   slices16w4k64_st3   (16, 64, 512, 4, 3)   4 x (4 x 714 + 4 x 365) = 17.3k, x 3 = 52k (128 registers)
             "slices16_st3": _attr_override(slices, "SLICES_CONFIG", (16, 32, 512, 8, 3)),
-            "slices16_k16_st4": _attr_override(slices, "SLICES_CONFIG", (16, 16, 512, 8, 4)),
+            "slices16w4_st3": _attr_override(slices, "SLICES_CONFIG", (16, 32, 512, 4, 3)),
+            "slices16w4k64_st3": _attr_override(slices, "SLICES_CONFIG", (16, 64, 512, 4, 3)),
             # BLOCK_K8 64 pipelined: 4 gate/up steps of 16 KB (128 registers with the down's chunk loaded late, 205
             # early; 35 KB shared; unpipelined it took 254)
             "slices_k64_st3": _attr_override(slices, "SLICES_CONFIG", (32, 64, 1024, 8, 3), SLICES_DOWN_EARLY=False),

@@ -20,9 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def _greedy(eager: bool, slices_on: bool, route: bool = False, n_prompt: int = 40,
-            new: int = 32, l2: bool = False, stages: int | None = None) -> tuple[list[int], int]:
-    """-> (greedy tokens of one request, slices launches seen while the engine ran). ``stages``: the slices
-    config's gate/up depth replaced (slices.SLICES_CONFIG's last field)."""
+            new: int = 32, l2: bool = False, config: tuple | None = None) -> tuple[list[int], int]:
+    """-> (greedy tokens of one request, slices launches seen while the engine ran). ``config``: replaces
+    slices.SLICES_CONFIG (the sm80+ one) while the engine runs."""
     from bench.gpu_checks import CODER
     from onecard.config import EngineArgs
     from onecard.core.engine_core import EngineCore
@@ -43,8 +43,8 @@ def _greedy(eager: bool, slices_on: bool, route: bool = False, n_prompt: int = 4
     paths.set_switch("batch1_slices_l2_prefetch", l2)
     slices.moe_slices = counted
     shipped = slices.SLICES_CONFIG
-    if stages is not None:
-        slices.SLICES_CONFIG = shipped[:4] + (stages,)
+    if config is not None:
+        slices.SLICES_CONFIG = tuple(config)
     try:
         cfg = EngineArgs(model=str(CODER), device="cuda", dtype="float16", max_model_len=2048, enforce_eager=eager,
                          kv_cache_memory_bytes=128 << 20, max_num_seqs=2).create_config()
@@ -71,20 +71,24 @@ def _two_launch_stages() -> tuple[list[int], int]:
     return _greedy(True, False)
 
 
-@pytest.mark.parametrize("route, l2, depth", [(False, False, None), (True, False, None), (True, True, None),
-                                              (True, False, 3), (True, True, 3), (True, False, 8)],
-                         ids=["routing", "routing-in-slices", "routing-in-slices-l2", "routing-in-slices-stages3",
-                              "routing-in-slices-l2-stages3", "routing-in-slices-stages8"])
-def test_slices_decode_equals_the_two_launch_stages_in_graphs_and_eager(route, l2, depth):
+@pytest.mark.parametrize("route, l2, config", [
+    (False, False, None), (True, False, None), (True, True, None), (True, False, (32, 32, 1024, 8, 3)),
+    (True, True, (32, 32, 1024, 8, 3)), (True, False, (32, 32, 1024, 8, 8)), (True, False, (16, 32, 512, 4, 3)),
+    (True, False, (16, 64, 512, 4, 3))],
+    ids=["routing", "routing-in-slices", "routing-in-slices-l2", "routing-in-slices-stages3",
+         "routing-in-slices-l2-stages3", "routing-in-slices-stages8", "routing-in-slices-16w4-stages3",
+         "routing-in-slices-16w4k64-stages3"])
+def test_slices_decode_equals_the_two_launch_stages_in_graphs_and_eager(route, l2, config):
     """``routing-in-slices``: the slices find the top-k themselves (paths.BATCH1_SLICES_ROUTE) and the norm-route
     launch has no last arriver; the router's arrival counter must stay zero. ``-l2``: with their L2 prefetch
     (paths.BATCH1_SLICES_L2_PREFETCH: hints only, the same tokens). ``-stagesN``: the gate/up loop pipelined by
-    Triton N deep (cp.async; the same arithmetic in the same order, so the same tokens)."""
+    Triton N deep (cp.async; the same arithmetic in the same order, so the same tokens); ``16w4``: BLOCK_I 16 on
+    4 warps (``k64``: BLOCK_K8 64), the decode12 A/B's balanced configs."""
     from onecard.kernels import workspace
 
     stages, n_off = _two_launch_stages()
-    eager, n_eager = _greedy(True, True, route, l2=l2, stages=depth)
-    graphed, n_graphed = _greedy(False, True, route, l2=l2, stages=depth)
+    eager, n_eager = _greedy(True, True, route, l2=l2, config=config)
+    graphed, n_graphed = _greedy(False, True, route, l2=l2, config=config)
     assert n_off == 0 and n_eager > 0 and n_graphed > 0                # the path ran (captured, in graphs)
     assert eager == stages
     assert graphed == eager

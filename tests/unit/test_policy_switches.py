@@ -24,7 +24,7 @@ def shipped():
 
 
 @pytest.mark.parametrize("name", ["slices16", "slices1664", "slices3216", "slices_st3", "slices_st8",
-                                  "slices_st3h512", "slices16_st3", "slices16_k16_st4", "slices_k64_st3",
+                                  "slices_st3h512", "slices16_st3", "slices16w4_st3", "slices16w4k64_st3", "slices_k64_st3",
                                   "slices_st3_late"])
 def test_each_slices_config_policy_sets_its_own_config(shipped, name):
     setters = lc.switch_setters()

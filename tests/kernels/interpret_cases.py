@@ -7,6 +7,7 @@ Usage: python interpret_cases.py SEED [CASE ...]  -> one line per case, as it fi
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -402,29 +403,65 @@ def _coder_b1acc_case(seed: int, slices: bool = False, route: bool = False) -> f
     model = load_model(EngineArgs(model=coder, device="cpu").create_config().model, torch.device("cpu"),
                        torch.float16)
     g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(3, int(model.config["vocab_size"]), (7,), generator=g).tolist()
+    vocab = int(model.config["vocab_size"])
+    ids = torch.randint(3, vocab, (7,), generator=g).tolist()
     ref_cache = PagedCache.for_model(model, dtype=torch.float16)
     seq = ref_cache.new_seq()
     with dispatch.use_backend("ref"):
         ref_cache.step(model, [(seq, ids[:6])])
     tri_cache = copy.deepcopy(ref_cache)
-    err = 0.0
-    for tok in ids[6:]:
-        with dispatch.use_backend("ref"):
-            (hr,) = ref_cache.step(model, [(seq, [tok])])
-        switches = {"batch1_accumulate": True, "batch1_attn_qk": True, "batch1_rank_topk": True,
-                    "batch1_moe_slices": slices, "batch1_slices_route": route}
-        for name, on in switches.items():
-            paths.set_switch(name, on)
-        try:
-            with dispatch.use_backend("triton"):
-                (ht,) = tri_cache.step(model, [(seq, [tok])])
-        finally:
-            for name in switches:
-                paths.set_switch(name, None)
-        err = max(err, _rel(ht, hr))
+    # the decoded token: the seed's, or the next draw while any layer's routing is within ROUTE_MARGIN of a tie
+    tok = ids[6]
+    for _ in range(32):
+        trial, gaps = copy.deepcopy(ref_cache), []
+        with dispatch.use_backend("ref"), _route_gaps(gaps):
+            (hr,) = trial.step(model, [(seq, [tok])])
+        if min(gaps) >= ROUTE_MARGIN:
+            break
+        tok = int(torch.randint(3, vocab, (1,), generator=g))
+    else:
+        raise AssertionError(f"seed {seed}: no token in 32 draws routes clear of ties")
+    ref_cache = trial
+    switches = {"batch1_accumulate": True, "batch1_attn_qk": True, "batch1_rank_topk": True,
+                "batch1_moe_slices": slices, "batch1_slices_route": route}
+    for name, on in switches.items():
+        paths.set_switch(name, on)
+    try:
+        with dispatch.use_backend("triton"):
+            (ht,) = tri_cache.step(model, [(seq, [tok])])
+    finally:
+        for name in switches:
+            paths.set_switch(name, None)
     caches = [torch.cat([torch.cat(kv) for kv in c.kv_caches]) for c in (tri_cache, ref_cache)]
-    return max(err, _rel(*caches))
+    return max(_rel(ht, hr), _rel(*caches))
+
+
+# A whole-model case compares two paths whose router logits differ by rounding (fp16 sums in another order, ~1e-3
+# relative after a few layers): where the k-th and (k+1)-th expert's probabilities lie closer than this (relative to
+# the k-th), the two may route differently and the outputs differ by a whole expert (seed 43204: a gap of 1.7e-3,
+# relative error 0.124 on every path). Measured gaps of seeds 1-5: 2.9e-3 to 1.8e-2.
+ROUTE_MARGIN = 1e-2
+
+
+@contextlib.contextmanager
+def _route_gaps(gaps: list[float]):
+    """Record, for every call of the reference router (fused_moe/ref.route) inside, the smallest relative gap between
+    a token's k-th and (k+1)-th expert probability."""
+    import torch
+
+    from onecard.kernels.fused_moe import ref
+
+    spec = ref.route
+
+    def recorded(logits, top_k, renormalize):
+        p = torch.sort(torch.softmax(logits.float(), dim=-1), dim=-1, descending=True).values    # [T, E]
+        gaps.append(float(((p[:, top_k - 1] - p[:, top_k]) / p[:, top_k - 1]).min()) if top_k < p.shape[1] else 1.0)
+        return spec(logits, top_k, renormalize)
+    ref.route = recorded
+    try:
+        yield
+    finally:
+        ref.route = spec
 
 
 def _splitkv_case(name: str, seed: int) -> float:

@@ -52,10 +52,10 @@ from onecard.kernels.types import GPTQWeight, MoEWeight
 
 # (BLOCK_I, BLOCK_K8, BLOCK_H, num_warps, stages) on sm80+ (SLICES_CONFIG) and below (SLICES_CONFIG_PRE_AMPERE;
 # ``config(cc)`` picks, paths.pipelined_loads); stages: the gate/up loop's depth (kernel STAGES: 1, the next tile
-# in registers; >= 2, Triton's cp.async pipeline, sm80+ only). BLOCK_I 32: 128-byte rows of gate/up tiles, 24 slices x 8
-# experts = 192 programs at the served shape; BLOCK_K8 32: a program's gate/up is 8 K tiles of 2 g128 groups,
-# 8 KB a tile for gate and up together, the next one loading while one is multiplied; its down 2 chunks of 16 KB,
-# likewise. sm90 (JIT-aligned compile): 128 registers at 8 warps, so two programs per SM and the 192 in one wave;
+# in registers; >= 2, Triton's cp.async pipeline, sm80+ only). BLOCK_I 32: 128-byte rows of gate/up tiles, 24
+# slices x 8 experts = 192 programs at the served shape; BLOCK_K8 32: a program's gate/up is 8 K tiles of 2 g128
+# groups, 8 KB a tile for gate and up together, the next one loading while one is multiplied; its down 2 chunks
+# of 16 KB, likewise. sm90 (JIT-aligned compile): 128 registers at 8 warps, so two programs per SM and the 192 in one wave;
 # at BLOCK_H 1,024 the down tile's layout (outputs first, 8 warps along them) keeps a column's 4 packed rows in
 # one thread: no CTA barrier in the down loop and 16-byte atomics (BLOCK_H 512: 9 barriers a chunk, 8-byte
 # atomics). BLOCK_K8 64 needs 254 registers. Timed (H100, 2026-12-07, bench/run_h200.sh decode10; the figures are
@@ -240,13 +240,15 @@ def _moe_slices_kernel(x_ptr, out_ptr, qg_ptr, zg_ptr, sg_ptr, qu_ptr, zu_ptr, s
     current one (one tile in flight; Triton pipelines a loop without tl.dot only when asked). >= 2 (sm80+,
     paths.pipelined_loads): the loop asks (tl.range num_stages), so Triton's software pipeline streams the tiles by
     cp.async into a ring of STAGES - 1 tiles in shared memory (8.75 KB each at the served shape), STAGES - 1 in
-    flight, and holds none in registers (sm90: 98 registers against 124). The down loop (2 chunks at the served
-    shape) keeps its one chunk ahead in registers; DOWN_EARLY (STAGES >= 2 only: SLICES_DOWN_EARLY) loads its
-    first chunk before the gate/up loop, so that it streams beside the gate/up tiles. L2_AHEAD > 0 (paths.batch1_slices_l2_prefetch): once routed,
-    the program asks L2 for its whole down projection and, at STAGES 1, its gate/up tiles 1..L2_AHEAD, and each
-    loop step for the tile L2_AHEAD + 1 ahead (int4's loads then wait on L2 rather than HBM;
-    bench/slices_trace.py found each 8 KB step ~1 µs, one tile in flight). TRACE (bench/slices_trace.py only): the program's phase boundaries into trace_ptr [programs,
-    TRACE_SLOTS] int64 (TRACE_FIELDS: %clock64 cycles, then %globaltimer ns and the SM after the wait and at the end)."""
+    flight, and holds none in registers (sm90: 98 registers against 124); the tile's inputs come with it
+    (_x_columns). The down loop (2 chunks at the served shape) keeps its one chunk ahead in registers;
+    DOWN_EARLY (STAGES >= 2 only: SLICES_DOWN_EARLY) loads its first chunk before the gate/up loop, so that it
+    streams beside the gate/up tiles. L2_AHEAD > 0 (paths.batch1_slices_l2_prefetch): once routed, the program
+    asks L2 for its whole down projection and, at STAGES 1, its gate/up tiles 1..L2_AHEAD, and each loop step for
+    the tile L2_AHEAD + 1 ahead (int4's loads then wait on L2 rather than HBM; bench/slices_trace.py found each
+    8 KB step ~1 µs, one tile in flight). TRACE (bench/slices_trace.py only): the program's phase boundaries into
+    trace_ptr [programs, TRACE_SLOTS] int64 (TRACE_FIELDS: %clock64 cycles, then %globaltimer ns and the SM after
+    the wait and at the end)."""
     pid_i = tl.program_id(0)
     slot = tl.program_id(1)
     BI8: tl.constexpr = BLOCK_I // 8
@@ -429,7 +431,8 @@ def moe_slices(x: torch.Tensor, out32: torch.Tensor, w_gate: GPTQWeight, w_up: G
         trace if trace is not None else topk_w, h, inter, w_gate.num_groups, w_down.group_size,
         w_down.num_groups, e, BLOCK_I=bi, BLOCK_K8=bk8, BLOCK_H=bh, GROUP_K8=group_k8(w_gate), PDL=use_pdl,
         TRACE=trace is not None, NUM_WARPS=warps, L2_AHEAD=SLICES_L2_AHEAD if paths.batch1_slices_l2_prefetch() else 0,
-        STAGES=stages, DOWN_EARLY=stages > 1 and SLICES_DOWN_EARLY, num_warps=warps, num_stages=stages, launch_pdl=use_pdl, **route)
+        STAGES=stages, DOWN_EARLY=stages > 1 and SLICES_DOWN_EARLY, num_warps=warps, num_stages=stages,
+        launch_pdl=use_pdl, **route)
 
 
 def grid(w_gate: GPTQWeight, w_down: GPTQWeight, top_k: int, cc: int) -> int:

@@ -138,7 +138,7 @@ for p in $parts; do
           python3 bench/ab_table.py "$OUT/switch_ab.log"
           bash "$0" slicestests
           log decode12-kernels
-          timeout "${AB_KTIMEOUT:-90}" python3 bench/kernels_gpu.py --quick --only "norm_moe T=1" ;;
+          timeout "${AB_KTIMEOUT:-60}" python3 bench/kernels_gpu.py --quick --only "norm_moe T=1" ;;
     slicestrace3) log slicestrace3  # bench/slices_trace.py with the gate/up loop pipelined 3 deep (config stages 3;
           # part decode12's slices_st3), then the shipped config, to compare the phases (~3 min with the build)
           [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30 > /dev/null

@@ -125,15 +125,15 @@ for p in $parts; do
           # stages >= 2: cp.async tiles in shared memory, 2 or 7 in flight, against one in registers; bench/slices_trace.py
           # found ~1 µs per 8 KB step) and balanced. In one call (~9.5 min with the build): in one engine at 1x512 and
           # 1x32768: fill, +slices_st3 (the down's first chunk loaded before the loop), +slices_st3_late (after it),
-          # +slices_st8, +slices16_st3, +slices16w4_st3, +slices16w4k64_st3 (BLOCK_I 16: 384 programs, 3 an SM; on
-          # 8 or 4 warps: long_context.py says why 4), +slices_st3+slices_l2 (the L2 prefetch of the down
+          # +slices16w4_st3, +slices16w4k64_st3 (BLOCK_I 16 on 4 warps: 384 programs, 3 an SM; long_context.py says
+          # why 4; slices_st8 and slices16_st3 are policies too), +slices_st3+slices_l2 (the L2 prefetch of the down
           # projection); then their GPU tests (part slicestests: the variants' greedy tokens, the kernels_gpu slices
           # rows vs reference); then the MoE block alone (L2-hot and cold-experts rows)
           [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30 > /dev/null
           log decode12-ab
-          timeout "${AB_TIMEOUT:-250}" python3 bench/long_context.py /tmp/q30 "$OUT/switch_ab.json" \
+          timeout "${AB_TIMEOUT:-220}" python3 bench/long_context.py /tmp/q30 "$OUT/switch_ab.json" \
               --scenarios "${AB_SCENARIOS:-1x512,1x32768}" \
-              --policies "${SWITCH_POLICIES:-fill,fill+slices_st3,fill+slices_st3_late,fill+slices_st8,fill+slices16_st3,fill+slices16w4_st3,fill+slices16w4k64_st3,fill+slices_st3+slices_l2}" \
+              --policies "${SWITCH_POLICIES:-fill,fill+slices_st3,fill+slices_st3_late,fill+slices16w4_st3,fill+slices16w4k64_st3,fill+slices_st3+slices_l2}" \
               | tee "$OUT/switch_ab.log" | grep -v '^{'
           python3 bench/ab_table.py "$OUT/switch_ab.log"
           bash "$0" slicestests

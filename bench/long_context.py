@@ -170,25 +170,28 @@ def switch_setters() -> dict:
             # BLOCK_K8 16 on 4 warps: the fastest MoE block alone on 2026-12-07 with per-warp routing (22.3 µs
             # against 23.5, L2-hot; its cold-experts row is in kernels_gpu.py)
             "slices3216": _attr_override(slices, "SLICES_CONFIG", (32, 16, 1024, 4, 1)),
-            # the gate/up loop pipelined by Triton (config stages >= 2: cp.async into shared memory, sm80+), the
-            # tile's inputs with it, the down's first chunk loaded before it (slices.SLICES_DOWN_EARLY; sm90
-            # registers 128; 98 without, "_late"): 2 and 7 tiles in flight; BLOCK_H 512 (109 registers); BLOCK_I 16
-            # (384 programs at 76 registers: 3 fit an SM, one wave)
-            "slices_st3": _attr_override(slices, "SLICES_CONFIG", (32, 32, 1024, 8, 3)),
+            # the gate/up loop: one tile ahead in registers (the pre-Ampere loop; sm80+ until 2026-12-07), or
+            # pipelined by Triton (stages >= 2: cp.async into shared memory, sm80+; shipped: 3, the down's first
+            # chunk after the loop), with the down's first chunk before it (slices.SLICES_DOWN_EARLY; "slices_st3":
+            # lost, BENCHMARKS.md), 7 deep; BLOCK_H 512 (unmeasured)
+            "slices_one_ahead": _attr_override(slices, "SLICES_CONFIG", (32, 32, 1024, 8, 1)),
+            "slices_st3": _attr_override(slices, "SLICES_CONFIG", (32, 32, 1024, 8, 3), SLICES_DOWN_EARLY=True),
             "slices_st3_late": _attr_override(slices, "SLICES_CONFIG", (32, 32, 1024, 8, 3), SLICES_DOWN_EARLY=False),
             "slices_st8": _attr_override(slices, "SLICES_CONFIG", (32, 32, 1024, 8, 8)),
             "slices_st3h512": _attr_override(slices, "SLICES_CONFIG", (32, 32, 512, 8, 3)),
-            # BLOCK_I 16: 384 programs, 3 on 120 SMs and 2 on 12, where the shipped 192 leave 60 SMs with two and 72
-            # with one. A two-program SM's gate/up loop is bound by issue (sm90 SASS: 374 instructions a step a warp
-            # at 8 warps), so those SMs set the launch's time. Per program, warps x (gate/up steps x loop length +
-            # down chunks x loop length), sm90 SASS; the busiest SM carries 2 programs at BLOCK_I 32, 3 at 16:
-            #   shipped, pipelined  (32, 32, 1024, 8, 3)  8 x (8 x 374 + 2 x 604) = 33.6k, x 2 = 67k
+            # BLOCK_I 16: 384 programs, 3 on 120 SMs and 2 on 12, where the 192 of BLOCK_I 32 leave 60 SMs with two
+            # and 72 with one. A two-program SM's gate/up loop is bound by issue (sm90 SASS: 374 instructions a step
+            # a warp at 8 warps), so those SMs set the launch's time. Per program, warps x (gate/up steps x loop
+            # length + down chunks x loop length), sm90 SASS; the busiest SM carries 2 programs at BLOCK_I 32, 3 at 16:
+            #   pipelined           (32, 32, 1024, 8, 3)  8 x (8 x 374 + 2 x 604) = 33.6k, x 2 = 67k
             #   slices16_st3        (16, 32, 512, 8, 3)   8 x (8 x 258 + 4 x 270) = 25.2k, x 3 = 76k (76 registers)
             #   slices16w4_st3      (16, 32, 512, 4, 3)   4 x (8 x 378 + 4 x 366) = 18.0k, x 3 = 54k (96 registers)
             #   slices16w4k64_st3   (16, 64, 512, 4, 3)   4 x (4 x 714 + 4 x 365) = 17.3k, x 3 = 52k (128 registers)
-            "slices16_st3": _attr_override(slices, "SLICES_CONFIG", (16, 32, 512, 8, 3)),
-            "slices16w4_st3": _attr_override(slices, "SLICES_CONFIG", (16, 32, 512, 4, 3)),
-            "slices16w4k64_st3": _attr_override(slices, "SLICES_CONFIG", (16, 64, 512, 4, 3)),
+            # (each with the down's first chunk before the loop). Measured in the model (decode12): the two on 4 warps
+            # lost to the shipped config (BENCHMARKS.md); fewer instructions on the busiest SM did not pay
+            "slices16_st3": _attr_override(slices, "SLICES_CONFIG", (16, 32, 512, 8, 3), SLICES_DOWN_EARLY=True),
+            "slices16w4_st3": _attr_override(slices, "SLICES_CONFIG", (16, 32, 512, 4, 3), SLICES_DOWN_EARLY=True),
+            "slices16w4k64_st3": _attr_override(slices, "SLICES_CONFIG", (16, 64, 512, 4, 3), SLICES_DOWN_EARLY=True),
             # BLOCK_K8 64 pipelined: 4 gate/up steps of 16 KB (128 registers with the down's chunk loaded late, 205
             # early; 35 KB shared; unpipelined it took 254)
             "slices_k64_st3": _attr_override(slices, "SLICES_CONFIG", (32, 64, 1024, 8, 3), SLICES_DOWN_EARLY=False),

@@ -364,7 +364,9 @@ def batch1_slices_route() -> bool:
 # tiles and its whole down projection, then one more tile each loop step. Why: inside the model each of a
 # program's 8 gate/up steps took ~1 µs, one 8 KB tile in flight per program (bench/slices_trace.py), and its 128
 # registers at 8 warps leave no room to load further ahead in registers at two programs per SM; a prefetch holds
-# no register. OFF: not measured yet (bench/run_h200.sh decode11 A/Bs it as "slices_l2").
+# no register. OFF: with the gate/up loop pipelined by Triton (fused_moe/slices.SLICES_CONFIG, stages 3) it asks L2
+# for the down projection only, and lost (H100, 2026-12-07, bench/run_h200.sh decode12: batch 1 at 512 tokens
+# 467.8 -> 458.2 tok/s beside the down's early load; the shipped late-load config 472.9).
 BATCH1_SLICES_L2_PREFETCH = _switch("batch1_slices_l2_prefetch", False)
 
 

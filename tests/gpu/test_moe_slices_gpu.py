@@ -72,18 +72,19 @@ def _two_launch_stages() -> tuple[list[int], int]:
 
 
 @pytest.mark.parametrize("route, l2, config", [
-    (False, False, None), (True, False, None), (True, True, None), (True, False, (32, 32, 1024, 8, 3)),
-    (True, True, (32, 32, 1024, 8, 3)), (True, False, (32, 32, 1024, 8, 8)), (True, False, (16, 32, 512, 4, 3)),
+    (False, False, None), (True, False, None), (True, True, None), (True, False, (32, 32, 1024, 8, 1)),
+    (True, True, (32, 32, 1024, 8, 1)), (True, False, (32, 32, 1024, 8, 8)), (True, False, (16, 32, 512, 4, 3)),
     (True, False, (16, 64, 512, 4, 3))],
-    ids=["routing", "routing-in-slices", "routing-in-slices-l2", "routing-in-slices-stages3",
-         "routing-in-slices-l2-stages3", "routing-in-slices-stages8", "routing-in-slices-16w4-stages3",
+    ids=["routing", "routing-in-slices", "routing-in-slices-l2", "routing-in-slices-one-ahead",
+         "routing-in-slices-l2-one-ahead", "routing-in-slices-stages8", "routing-in-slices-16w4-stages3",
          "routing-in-slices-16w4k64-stages3"])
 def test_slices_decode_equals_the_two_launch_stages_in_graphs_and_eager(route, l2, config):
     """``routing-in-slices``: the slices find the top-k themselves (paths.BATCH1_SLICES_ROUTE) and the norm-route
     launch has no last arriver; the router's arrival counter must stay zero. ``-l2``: with their L2 prefetch
-    (paths.BATCH1_SLICES_L2_PREFETCH: hints only, the same tokens). ``-stagesN``: the gate/up loop pipelined by
-    Triton N deep (cp.async; the same arithmetic in the same order, so the same tokens); ``16w4``: BLOCK_I 16 on
-    4 warps (``k64``: BLOCK_K8 64), the decode12 A/B's balanced configs."""
+    (paths.BATCH1_SLICES_L2_PREFETCH: hints only, the same tokens). The shipped sm80+ config pipelines the gate/up
+    loop by Triton (stages 3); ``-one-ahead``: the pre-Ampere loop (the next tile in registers) on this card,
+    ``-stages8``: 8 deep (the same arithmetic in the same order, so the same tokens); ``16w4``: BLOCK_I 16 on 4
+    warps (``k64``: BLOCK_K8 64), the decode12 A/B's balanced configs."""
     from onecard.kernels import workspace
 
     stages, n_off = _two_launch_stages()

@@ -162,9 +162,9 @@ CASES = ([f"gemm{i}-{dt}" for i in range(len(GEMM)) for dt in (F32, F16)] + ["de
          + [f"moeslicestrace0-{F16}"]                                    # bench/slices_trace.py's variant
          # the L2 prefetch's code paths (its PTX is a no-op under the interpreter): tiles past K, other groups
          + [f"moeslicesl2{i}-{F16}" for i in (0, 1, 3)]
-         # the gate/up loop pipelined by Triton (config stages >= 2; the interpreter runs the loop's code in order):
-         # PIPELINED_STAGES on the routed cases, with the L2 prefetch on case 0
-         + [f"moeslicesstages{i}-{F16}" for i in MOE_SLICES_ROUTE] + [f"moeslicesl2stages0-{F16}"]
+         # the routed cases on the pre-Ampere config (the one-ahead gate/up loop the V100 runs; the shipped sm80+
+         # one, which the interpreter's capability takes, is pipelined by Triton), with the L2 prefetch on case 0
+         + [f"moeslicespre{i}-{F16}" for i in MOE_SLICES_ROUTE] + [f"moeslicesl2pre0-{F16}"]
          + [f"attn{i}-{dt}" for i in range(len(ATTN)) for dt in (F32, F16)]
          + [f"attn{i}-sm70-{dt}" for i in range(len(ATTN)) for dt in (F32, F16)]   # the tiles used below sm80
          + [f"store_kv-{dt}" for dt in (F32, F16)]
@@ -555,12 +555,12 @@ def _int_dot_case(case: str, tokens: int, on: bool, seed: int) -> float:
 
 
 def _moe_slices_case(i: int, dt, seed: int, route: bool = False, trace: bool = False, l2: bool = False,
-                     pipelined: bool = False) -> float:
+                     pre_ampere: bool = False) -> float:
     """MOE_SLICES case i: norm_moe at batch 1 with the one-launch expert stages vs ref.norm_moe (the path must apply);
     ``route``: the slices route themselves (case 1 then without renormalisation); ``trace``: the kernel's TRACE
     variant (bench/slices_trace.py's stamps, zeros under the interpreter) computes the same; ``l2``: with their L2
     prefetch (switch "batch1_slices_l2_prefetch"; the prefetch itself is a no-op here, its addressing runs);
-    ``pipelined``: the config's gate/up depth set to slices.PIPELINED_STAGES (the loop Triton pipelines, sm80+)."""
+    ``pre_ampere``: slices.SLICES_CONFIG_PRE_AMPERE in place of the sm80+ config (the one-ahead gate/up loop)."""
     import torch
     from kernels_testlib import random_gptq
 
@@ -584,8 +584,8 @@ def _moe_slices_case(i: int, dt, seed: int, route: bool = False, trace: bool = F
         slices.moe_slices = traced
     try:
         slices.SLICES_CONFIG = tuning or shipped
-        if pipelined:
-            slices.SLICES_CONFIG = slices.SLICES_CONFIG[:4] + (slices.PIPELINED_STAGES,)
+        if pre_ampere:
+            slices.SLICES_CONFIG = slices.SLICES_CONFIG_PRE_AMPERE
         if not slices.supported(*ws):
             raise AssertionError(f"moeslices{i}: the one-launch path does not apply")
         args = (nw, 1e-6, gate, *ws, top_k, not (route and i == 1))
@@ -618,10 +618,10 @@ def run_case(name: str, seed: int) -> float:
         return _moe_slices_case(int(kind[14:]), dt, seed, route=True)
     if kind.startswith("moeslicestrace"):
         return _moe_slices_case(int(kind[14:]), dt, seed, route=True, trace=True)
-    if kind.startswith("moeslicesl2stages"):
-        return _moe_slices_case(int(kind[17:]), dt, seed, route=True, l2=True, pipelined=True)
-    if kind.startswith("moeslicesstages"):
-        return _moe_slices_case(int(kind[15:]), dt, seed, route=True, pipelined=True)
+    if kind.startswith("moeslicesl2pre"):
+        return _moe_slices_case(int(kind[14:]), dt, seed, route=True, l2=True, pre_ampere=True)
+    if kind.startswith("moeslicespre"):
+        return _moe_slices_case(int(kind[12:]), dt, seed, route=True, pre_ampere=True)
     if kind.startswith("moeslicesl2"):
         return _moe_slices_case(int(kind[11:]), dt, seed, route=True, l2=True)
     if kind.startswith("moeslices"):

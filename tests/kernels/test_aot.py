@@ -251,8 +251,8 @@ def test_slices_l2_prefetch_is_compiled_in_with_no_spill(compiled):
 
 
 def test_slices_pipelined_gate_up_streams_by_cp_async(compiled):
-    """The sm80+ slices config with stages >= 2 (slices.SLICES_CONFIG, or PIPELINED_STAGES in the list while it
-    has 1) is Triton's software pipeline of the gate/up loop: cp.async in its PTX on sm80 and sm90 (the loop asks for it with tl.range num_stages: Triton
+    """The sm80+ slices config (slices.SLICES_CONFIG, stages 3) is Triton's software pipeline of the gate/up loop:
+    cp.async in its PTX on sm80 and sm90 (the loop asks for it with tl.range num_stages: Triton
     pipelines a loop without tl.dot only then), no stack frame; the shipped one-ahead loop has none."""
     rows = [r for r in compiled if r[2].startswith("moe_slices[g128,route,") and r[3] is None]
     piped = [r for r in rows if ",sm80+,stages" in r[2]]

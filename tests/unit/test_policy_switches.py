@@ -15,24 +15,28 @@ from onecard.kernels import paths
 from onecard.kernels.fused_moe import slices
 
 
+def _slices_knobs() -> tuple:
+    return slices.SLICES_CONFIG, slices.SLICES_DOWN_EARLY
+
+
 @pytest.fixture
 def shipped():
-    config = slices.SLICES_CONFIG
-    yield config
+    knobs = _slices_knobs()
+    yield knobs
     lc.set_switches("fill")
-    assert slices.SLICES_CONFIG == config and slices.SLICES_DOWN_EARLY
+    assert _slices_knobs() == knobs
 
 
 @pytest.mark.parametrize("name", ["slices16", "slices1664", "slices3216", "slices_st3", "slices_st8",
-                                  "slices_st3h512", "slices16_st3", "slices16w4_st3", "slices16w4k64_st3", "slices_k64_st3",
-                                  "slices_st3_late"])
+                                  "slices_st3h512", "slices16_st3", "slices16w4_st3", "slices16w4k64_st3",
+                                  "slices_k64_st3", "slices_st3_late", "slices_one_ahead"])
 def test_each_slices_config_policy_sets_its_own_config(shipped, name):
     setters = lc.switch_setters()
     setters[name](True)                                  # what the name alone sets
-    wanted = slices.SLICES_CONFIG
+    wanted = _slices_knobs()
     setters[name](None)
-    assert slices.SLICES_CONFIG == shipped != wanted and slices.SLICES_DOWN_EARLY
+    assert _slices_knobs() == shipped
     lc.set_switches(f"fill+{name}+slices_l2")
-    assert slices.SLICES_CONFIG == wanted and paths.batch1_slices_l2_prefetch()
+    assert _slices_knobs() == wanted and paths.batch1_slices_l2_prefetch()
     lc.set_switches("fill")
-    assert slices.SLICES_CONFIG == shipped and paths.batch1_slices_l2_prefetch() == paths.BATCH1_SLICES_L2_PREFETCH
+    assert _slices_knobs() == shipped and paths.batch1_slices_l2_prefetch() == paths.BATCH1_SLICES_L2_PREFETCH

@@ -64,7 +64,13 @@ from onecard.kernels.types import GPTQWeight, MoEWeight
 # try, only (16, 64, 1024, 8, 1) was faster alone (23.4 against 24.5 µs), and it lost in the model ("slices1664":
 # batch 1 at 512 tokens 457.1 -> 440.3 tok/s, at 32k 307.7 -> 299.2; H100, 2026-12-07). The rows alone replay 20
 # copies of one layer, whose 19 MB of routed experts then sit in the 50 MB L2: not the model's cold reads.
-SLICES_CONFIG = (32, 32, 1024, 8, 1)
+# sm80+ since 2026-12-07: the gate/up loop pipelined 3 deep (stages 3: sm90 98 registers, 17.5 KB shared), the
+# down's first chunk loaded after it. Measured (H100, bench/run_h200.sh decode12, one engine, alternating, medians
+# of 3; BENCHMARKS.md), batch 1 at 512 / 32k tokens: stages 1 456.5 / 306.2 tok/s; stages 3 472.9 / 314.6 (+3.6% /
+# +2.8%; the down's first chunk before the loop, SLICES_DOWN_EARLY: 467.8 / 313.1; with the L2 prefetch 458.2 /
+# 308.6); BLOCK_I 16 on 4 warps (384 programs, 3 an SM: the busiest SM issues ~20% fewer instructions by the SASS
+# counts) 466.4 / 303.3, with BLOCK_K8 64 467.0 / 308.8: balance did not pay. The same greedy tokens throughout.
+SLICES_CONFIG = (32, 32, 1024, 8, 3)
 SLICES_CONFIG_PRE_AMPERE = (32, 32, 1024, 8, 1)      # no cp.async: stages 1 (sm70: 128 registers, no spill)
 # The TRACE variant's stamps (bench/slices_trace.py): a program's row of TRACE_SLOTS int64, fields in this order:
 # %clock64 at each phase boundary, then (%globaltimer, SM) after the wait and at the end
@@ -74,12 +80,10 @@ _TRACE_ROW = tl.constexpr(TRACE_SLOTS)
 # paths.batch1_slices_l2_prefetch: how many gate/up tiles ahead of the loop's loads the program asks L2 for (the
 # loads themselves run one ahead). 3: 24 KB a program, 48 KB an SM of two, ~4.6 MB over the launch.
 SLICES_L2_AHEAD = 3
-# The gate/up loop's depth where Triton pipelines it (the config's last field >= 2, sm80+; kernel STAGES): what the
-# AOT list compiles beside the shipped config. sm90: 98 registers, 17.5 KB shared (two tiles in flight).
-PIPELINED_STAGES = 3
 # With a pipelined gate/up loop: the down's first chunk loaded before that loop (kernel DOWN_EARLY; registers it
-# holds through the loop: 16 at BLOCK_H 1,024, sm90 128 in all). Benchmarks replace it here (policy slices_st3_late).
-SLICES_DOWN_EARLY = True
+# holds through the loop: 16 at BLOCK_H 1,024, sm90 128 in all). OFF: measured slower (H100, 2026-12-07, decode12:
+# batch 1 at 512 tokens 472.9 -> 467.8 tok/s). Benchmarks replace it here (policy slices_st3).
+SLICES_DOWN_EARLY = False
 
 
 @triton.jit
@@ -443,11 +447,9 @@ def grid(w_gate: GPTQWeight, w_down: GPTQWeight, top_k: int, cc: int) -> int:
 def slices_aot_configs(act: str, min_cc: int) -> list[AotConfig]:
     """The pre-Ampere config (every target) with the served g128 weights (GROUP_K8 16) and with groups of 32
     (GROUP_K8 4), g128 routing itself from the logits (paths.batch1_slices_route; E 128, k 8, renormalised), with
-    its L2 prefetch; the sm80+ config (named "sm80+", from sm80) routing itself, with and without the L2 prefetch
-    (while it equals the pre-Ampere one: that config with the gate/up loop pipelined PIPELINED_STAGES deep)."""
+    its L2 prefetch; the sm80+ config (named "sm80+", from sm80) routing itself, with and without the L2 prefetch."""
     out: list[AotConfig] = []
-    pre = SLICES_CONFIG_PRE_AMPERE
-    amp = SLICES_CONFIG if SLICES_CONFIG != pre else pre[:4] + (PIPELINED_STAGES,)
+    pre, amp = SLICES_CONFIG_PRE_AMPERE, SLICES_CONFIG
     for cfg, g8, route, ahead in ((pre, 16, False, 0), (pre, 4, False, 0), (pre, 16, True, 0),
                                   (pre, 16, True, SLICES_L2_AHEAD), (amp, 16, True, 0), (amp, 16, True, SLICES_L2_AHEAD)):
         bi, bk8, bh, warps, st = cfg

@@ -121,30 +121,27 @@ for p in $parts; do
             AB_SCENARIOS="${AB_SCENARIOS:-1x512,1x32768}" \
             SWITCH_POLICIES="${SWITCH_POLICIES:-fill,fill+slices_l2,fill+no_slices_route,fill+slices16,fill+slices3216}" \
             bash "$0" switchab ;;
-    decode12) log decode12  # issue 25 (prepared 2026-12-07): the slices' gate/up loop pipelined by Triton (config
-          # stages >= 2: cp.async tiles in shared memory, 2 or 7 in flight, against one in registers; bench/slices_trace.py
-          # found ~1 µs per 8 KB step) and balanced. In one call (~9.5 min with the build): in one engine at 1x512 and
-          # 1x32768: fill, +slices_st3 (the down's first chunk loaded before the loop), +slices_st3_late (after it),
-          # +slices16w4_st3, +slices16w4k64_st3 (BLOCK_I 16 on 4 warps: 384 programs, 3 an SM; long_context.py says
-          # why 4; slices_st8 and slices16_st3 are policies too), +slices_st3+slices_l2 (the L2 prefetch of the down
-          # projection); then their GPU tests (part slicestests: the variants' greedy tokens, the kernels_gpu slices
-          # rows vs reference); then the MoE block alone (L2-hot and cold-experts rows)
+    decode12) log decode12  # issue 25 (ran 2026-12-07 13:07 with the policies of that day, BENCHMARKS.md): the
+          # slices' gate/up loop pipelined by Triton (shipped since as "fill": stages 3). Now, in one engine at 1x512
+          # and 1x32768: fill, +slices_one_ahead (the loop before), +slices_st8, +slices16_st3 (BLOCK_I 16 on 8
+          # warps), +slices_st3h512 (BLOCK_H 512), the ones that day left unmeasured; then the GPU tests (part
+          # slicestests); then the MoE block alone (L2-hot and cold-experts rows). ~8 min with the build
           [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30 > /dev/null
           log decode12-ab
           timeout "${AB_TIMEOUT:-220}" python3 bench/long_context.py /tmp/q30 "$OUT/switch_ab.json" \
               --scenarios "${AB_SCENARIOS:-1x512,1x32768}" \
-              --policies "${SWITCH_POLICIES:-fill,fill+slices_st3,fill+slices_st3_late,fill+slices16w4_st3,fill+slices16w4k64_st3,fill+slices_st3+slices_l2}" \
+              --policies "${SWITCH_POLICIES:-fill,fill+slices_one_ahead,fill+slices_st8,fill+slices16_st3,fill+slices_st3h512}" \
               | tee "$OUT/switch_ab.log" | grep -v '^{'
           python3 bench/ab_table.py "$OUT/switch_ab.log"
           bash "$0" slicestests
           log decode12-kernels
           timeout "${AB_KTIMEOUT:-60}" python3 bench/kernels_gpu.py --quick --only "norm_moe T=1" ;;
-    slicestrace3) log slicestrace3  # bench/slices_trace.py with the gate/up loop pipelined 3 deep (config stages 3;
-          # part decode12's slices_st3), then the shipped config, to compare the phases (~3 min with the build)
+    slicestrace3) log slicestrace3  # bench/slices_trace.py on the shipped slices (the gate/up loop pipelined 3 deep),
+          # then on the one-ahead loop (the pre-Ampere config), to compare the phases (~3 min with the build)
           [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30 > /dev/null
-          SLICES_TRACE_CONFIG=32,32,1024,8,3 timeout 150 python3 bench/slices_trace.py /tmp/q30 \
-            "$OUT/slices_trace_st3.json" 512
-          timeout 150 python3 bench/slices_trace.py /tmp/q30 "$OUT/slices_trace.json" 512 ;;
+          timeout 150 python3 bench/slices_trace.py /tmp/q30 "$OUT/slices_trace.json" 512
+          SLICES_TRACE_CONFIG=32,32,1024,8,1 timeout 150 python3 bench/slices_trace.py /tmp/q30 \
+            "$OUT/slices_trace_one_ahead.json" 512 ;;
     slices) log slices  # issue 25: the batch-1 MoE's expert stages in one launch (paths.BATCH1_MOE_SLICES; with
           # BATCH1_SLICES_ROUTE routing themselves), A/B'd in one engine at 1x512 and 1x32768 after the MoE block
           # alone (the shipped SLICES_CONFIG and six others; ~5 min with the build). GPU tests: part slicestests

@@ -21,6 +21,8 @@ The tile step is the batch-1 GEMV's (gptq_gemm/int4.gemv_tile_mac: scale and zer
 tile lies in one group; a tile of several whole groups (g128 at the shipped BLOCK_K8) applies each group's scale
 and zero once per packed row (int4.unit_sums / unit_combine on the tile's rows reshaped by group). int4 GPTQ
 weights without act order (g_idx) only: ``supported``.
+The gate/up loop streams its tiles through Triton's software pipeline (cp.async into shared memory, STAGES deep)
+on sm80+, and one tile ahead in registers below (``config(cc)``: one config per side of sm80).
 Under PDL the program waits before its first load: the routing (or the logits) is the previous launch's output.
 """
 from __future__ import annotations

@@ -8,7 +8,7 @@ Usage (on the H200, from the repo root):
   python bench/full_size.py logits DIR OUT.json  # the full-size logits check alone (Triton vs reference)
 Every mode honours ONECARD_EMULATE_CC=70 (kernel-path decisions of another capability on this card; the JSON's
 "paths" records the capability used): ``bash bench/run_h200.sh emu70`` runs ``onecard`` so. ``onecard`` also
-honours BENCH_POLICY="fill+SWITCH+..." (bench/long_context.py's policy switches, set before the engine is built,
+honours BENCH_POLICY="fill+SWITCH+..." (bench/policy_switches.py, as long_context.py's policies, set before the engine is built,
 recorded in the JSON): the record of a switch or config that an A/B chose, before a commit ships it.
 Each prints a table; JSON goes to OUT.json. Engine measurements go through the real loader and EngineCore.
 """
@@ -130,7 +130,7 @@ def bench_onecard(model_dir: str, out: str) -> dict:
     t0 = time.perf_counter()
     policy = os.environ.get("BENCH_POLICY")
     if policy:
-        from long_context import set_switches
+        from policy_switches import set_switches
         set_switches(policy)
     core, ready = _engine(model_dir, enforce_eager=os.environ.get("ONECARD_EAGER") == "1")
     res: dict = {"bench_policy": policy, "paths": capability_record(), "time_to_ready_s": ready, "precompile": getattr(core.runner, "precompile_summary", None), "weights_gib": core.info.weights_bytes / 2**30,

@@ -1,6 +1,6 @@
-"""bench/long_context.py's policy specs: "+NAME" sets what NAME names and nothing else, whatever order the setters
-were registered in (several of them replace one config constant: fused_moe/slices.SLICES_CONFIG), and a plain
-policy puts every shipped value back."""
+"""bench/policy_switches.py (the policy specs of long_context.py and full_size.py's BENCH_POLICY): "+NAME" sets what
+NAME names and nothing else, whatever order the setters were registered in (several of them replace one config
+constant: fused_moe/slices.SLICES_CONFIG), and a plain policy puts every shipped value back."""
 from __future__ import annotations
 
 import sys
@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench import long_context as lc
+from bench import policy_switches as lc
 from onecard.kernels import paths
 from onecard.kernels.fused_moe import slices
 

@@ -8,8 +8,8 @@ Usage (on the H200, from the repo root):
   python bench/full_size.py logits DIR OUT.json  # the full-size logits check alone (Triton vs reference)
 Every mode honours ONECARD_EMULATE_CC=70 (kernel-path decisions of another capability on this card; the JSON's
 "paths" records the capability used): ``bash bench/run_h200.sh emu70`` runs ``onecard`` so. ``onecard`` also
-honours BENCH_POLICY="fill+SWITCH+..." (bench/policy_switches.py, as long_context.py's policies, set before the engine is built,
-recorded in the JSON): the record of a switch or config that an A/B chose, before a commit ships it.
+honours BENCH_POLICY="fill+SWITCH+..." (bench/policy_switches.py, as long_context.py's policies; set before the
+engine is built, recorded in the JSON): the record of a switch or config that an A/B chose, before a commit ships it.
 Each prints a table; JSON goes to OUT.json. Engine measurements go through the real loader and EngineCore.
 """
 from __future__ import annotations

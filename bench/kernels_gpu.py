@@ -204,21 +204,22 @@ def cases(quick: bool):
                    TOPK * per_expert + E * H * 2)
         if t == 1:
             # the expert stages in one launch (paths switch "batch1_moe_slices"; fused_moe/slices.py), routing
-            # themselves as shipped: the shipped SLICES_CONFIG, then other (BLOCK_I, BLOCK_K8, BLOCK_H, warps, stages) to tune it
-            # (sm90 registers: shipped 128; 127; 115; 127; 127; 127; 117; pipelined: 98; 98. Programs: 192; 192; 192; 192;
-            # 384; 96; 384; 192; 192)
-            for cfg in (None, (32, 32, 2048, 8, 1), (32, 32, 512, 8, 1), (32, 16, 1024, 4, 1), (16, 32, 1024, 4, 1),
-                        (64, 16, 512, 8, 1), (16, 64, 1024, 8, 1), (32, 32, 1024, 8, 3), (32, 32, 1024, 8, 8)):
+            # themselves as shipped: the shipped SLICES_CONFIG (the gate/up loop pipelined 3 deep), then other
+            # (BLOCK_I, BLOCK_K8, BLOCK_H, warps, stages) to tune it (sm90 registers: shipped 98; the one-ahead loop
+            # 124; 127; 115; 127; 127; 127; 117; 98. Programs: 192; 192; 192; 192; 192; 384; 96; 384; 192)
+            for cfg in (None, (32, 32, 1024, 8, 1), (32, 32, 2048, 8, 1), (32, 32, 512, 8, 1), (32, 16, 1024, 4, 1),
+                        (16, 32, 1024, 4, 1), (64, 16, 512, 8, 1), (16, 64, 1024, 8, 1), (32, 32, 1024, 8, 8)):
                 yield (f"norm_moe T=1 slices{'' if cfg is None else ' ' + ','.join(map(str, cfg))}",
                        lambda x=x, r=r, cfg=cfg: _slices(cfg, lambda: torch.cat(
                            moe_t.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True))),
                        lambda x=x, r=r: torch.cat(moe_r.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True)),
                        TOPK * per_expert + E * H * 2)
             # the MoE block with cold experts (_Rotating: 20 inputs routed to different experts): the slices at the
-            # shipped and three other configs, the shipped config with its L2 prefetch, the two-launch stages
+            # shipped config, the one-ahead loop and five others, the shipped config with its L2 prefetch, the
+            # two-launch stages
             xs = _Rotating([torch.randn(1, H, device=DEV).half() for _ in range(20)])
             cold = [(f"slices{'' if cfg is None else ' ' + ','.join(map(str, cfg))}", partial(_slices, cfg))
-                    for cfg in (None, (32, 16, 1024, 4, 1), (32, 32, 1024, 8, 3), (32, 32, 1024, 8, 8),
+                    for cfg in (None, (32, 32, 1024, 8, 1), (32, 16, 1024, 4, 1), (32, 32, 1024, 8, 8),
                                 (16, 32, 512, 8, 3), (16, 32, 512, 4, 3), (16, 64, 512, 4, 3))]
             cold += [("slices, L2 prefetch", partial(_switched, "batch1_slices_l2_prefetch")),
                      ("two-launch stages", _stages)]

@@ -28,8 +28,8 @@ def _attr_override(module, name: str, value, **more):
 
 
 def switch_setters() -> dict:
-    """The "+NAME" parts of a policy spec (the decode paths' on/off switches of kernels/paths.py, and two
-    config-table entries bench/tune_decode.py found faster alone): NAME -> setter(True | None)."""
+    """The "+NAME" parts of a policy spec (the decode paths' on/off switches of kernels/paths.py, two config-table
+    entries bench/tune_decode.py found faster alone, and the MoE slices' configs): NAME -> setter(True | None)."""
     from onecard.kernels import paths
     from onecard.kernels.fused_moe import slices, stages
     from onecard.kernels.gptq_gemm import triton as gemm

@@ -2,10 +2,10 @@
 
 Usage (on the GPU, from the repo root): python bench/slices_trace.py MODEL_DIR OUT.json [CONTEXT]
   MODEL_DIR: bench/full_size.py build's checkpoint; SLICES_TRACE_SWITCHES="name=0,..." sets kernels/paths switches
-  first, SLICES_TRACE_CONFIG="32,32,1024,8,3" replaces slices.SLICES_CONFIG. One request of CONTEXT (default 512) random tokens decodes 24
-  tokens through the batch-1 CUDA graph, whose 48 slices launches (fused_moe/slices.py, TRACE on: this script
-  wraps slices.moe_slices so that each launch gets a stamp buffer) store per program %clock64 at each phase
-  boundary and %globaltimer / %smid after the PDL wait and at the end (slices.TRACE_FIELDS). The last replay's
+  first, SLICES_TRACE_CONFIG="32,32,1024,8,1" replaces slices.SLICES_CONFIG. One request of CONTEXT (default 512)
+  random tokens decodes 24 tokens through the batch-1 CUDA graph, whose 48 slices launches (fused_moe/slices.py,
+  TRACE on: this script wraps slices.moe_slices so that each launch gets a stamp buffer) store per program
+  %clock64 at each phase boundary and %globaltimer / %smid after the PDL wait and at the end (slices.TRACE_FIELDS). The last replay's
   48 buffers are read. Printed (and in OUT.json): per layer the span from the first program past its wait to the
   last program's end (ns); each phase's median and max over programs (ns, cycles converted at the clock the
   stamps imply); programs per SM, and how long a program takes on SMs holding one vs two.

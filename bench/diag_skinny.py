@@ -37,7 +37,7 @@ for name, k, n in (("qkv", 2048, 5120), ("o_proj", 4096, 2048)):
                 g_t._w4a16_small_kernel[(triton.cdiv(n, bn), splits)](
                     x, w.qweight, w.qzeros, w.scales, w.qweight, out, out, part,
                     workspace.counters(DEV, "gemm", n // bn), m, n, k, w.group_size, w.num_groups, tps,
-                    x.stride(0), 0, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K8=bk8, PER_ROW=False, BLOCK_S=16, PDL=False,
+                    x.stride(0), 0, out, out, out, part, 0, 0, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K8=bk8, PER_ROW=False, BLOCK_S=16, PDL=False,
                     num_warps=warps, num_stages=stages)
                 outs.append(err(out if splits == 1 else part))
             print(f"  raw splits={splits}: errs {[f'{e:.1e}' for e in outs]}")
@@ -47,7 +47,7 @@ for name, k, n in (("qkv", 2048, 5120), ("o_proj", 4096, 2048)):
             g_t._w4a16_small_kernel[(triton.cdiv(n, bn), k_tiles)](
                 x, w.qweight, w.qzeros, w.scales, w.qweight, out, out, part,
                 workspace.counters(DEV, "gemm", n // bn), m, n, k, w.group_size, w.num_groups, 1,
-                x.stride(0), 0, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K8=bk8, PER_ROW=False, BLOCK_S=16, PDL=False,
+                x.stride(0), 0, out, out, out, part, 0, 0, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K8=bk8, PER_ROW=False, BLOCK_S=16, PDL=False,
                 num_warps=warps, num_stages=stages)
             print(f"  raw splits={k_tiles} warps={warps}: err {err(part):.1e}")
 

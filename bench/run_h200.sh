@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU facts, kernel checks, tiny-checkpoint engine checks, the full-size benchmark.
 # Usage (repo root, on the H200): OUT=/some/dir bash bench/run_h200.sh [parts...]
-# parts: ab decode12 slicestrace3 decode11 slicestrace decode10 ctxgraphs ctxtests slices slicestests resttests specverify apimem probe kernels checks full asyncab kvdtype capab capbisect hosttier loadab nopdl pdl16 emu70 longctx attnsweep gputests startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
+# parts: fold foldfull ab decode12 slicestrace3 decode11 slicestrace decode10 ctxgraphs ctxtests slices slicestests resttests specverify apimem probe kernels checks full asyncab kvdtype capab capbisect hosttier loadab nopdl pdl16 emu70 longctx attnsweep gputests startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
 #   emu70: the full-size bench with every kernel-path decision on sm70's branch (ONECARD_EMULATE_CC=70): run it
 #          beside `full` in one call for the relative figure (a functional check, not a V100 timing)
 #   specverify: issue 30: verify-step latency vs tokens per sequence (1..9) at batch 1 and 16 (the cost model's
@@ -136,6 +136,24 @@ for p in $parts; do
           bash "$0" slicestests
           log decode12-kernels
           timeout "${AB_KTIMEOUT:-60}" python3 bench/kernels_gpu.py --quick --only "norm_moe T=1" ;;
+    fold) log fold  # issue 25: the router folded into o_proj, no norm-route launch (paths.BATCH1_ROUTER_FOLD,
+          # fused_moe/router_fold.py), A/B'd in one engine at 1x512 and 1x32768 against the shipped path; then its
+          # GPU tests (the tiny coder's greedy tokens with it, graphs = eager = the two-launch stages, under
+          # emulated sm70 too) and the slices tests not run yet. ~7 min with the build
+          [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30 > /dev/null
+          log fold-ab
+          timeout "${AB_TIMEOUT:-200}" python3 bench/long_context.py /tmp/q30 "$OUT/switch_ab.json" \
+              --scenarios "${AB_SCENARIOS:-1x512,1x32768}" --policies "${SWITCH_POLICIES:-fill,fill+router_fold}" \
+              | tee "$OUT/switch_ab.log" | grep -v '^{'
+          python3 bench/ab_table.py "$OUT/switch_ab.log"
+          log fold-tests
+          timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_moe_slices_gpu.py \
+            -k "router-fold or emulated or routing-in-slices-one-ahead or routing-in-slices]" 2>&1 | tail -8 ;;
+    foldfull) log foldfull  # bench/full_size.py onecard: the shipped path, then with the router folded
+          # (BENCH_POLICY): decode, prefill, TTFT and the full-size logits against the reference backend (~5 min)
+          [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30 > /dev/null
+          timeout 280 python3 bench/full_size.py onecard /tmp/q30 "$OUT/onecard.json"
+          BENCH_POLICY=fill+router_fold timeout 280 python3 bench/full_size.py onecard /tmp/q30 "$OUT/onecard_fold.json" ;;
     slicestrace3) log slicestrace3  # bench/slices_trace.py on the shipped slices (the gate/up loop pipelined 3 deep),
           # then on the one-ahead loop (the pre-Ampere config), to compare the phases (~3 min with the build)
           [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30 > /dev/null

@@ -13,7 +13,8 @@ Ops (all tensors on one device; "T" = flattened tokens):
   moe_router(x[T,H], weight[E,H]) -> router_logits[T,E] in x.dtype  (= F.linear(x, weight))
   norm_moe(x[T,H], residual[T,H]|None, norm_weight[H], eps, gate[E,H], w_gate, w_up, w_down, top_k, renormalize)
       -> (out[T,H], residual_out[T,H]): rms_norm, then fused_moe(h, moe_router(h, gate), ...); out in the model
-      dtype or float32 (the Triton batch-1 path: the next rms_norm takes it as x)
+      dtype or float32 (the Triton batch-1 path: the next rms_norm takes it as x). folded=FoldedRoute|None (keyword,
+      last): attention_block's hand-over (fused_moe/router_fold.py); a path that cannot use it ignores it
   store_kv(k[T,Hkv,D], v[T,Hkv,D], k_cache[NB,BS,Hkv,D], v_cache, slot_mapping[T], k_scale=1.0, v_scale=1.0)
       -> None (in place; -1 skipped). The cache's dtype is its format: the model dtype, or torch.float8_e5m2 /
       float8_e4m3fn for an fp8 cache (stored = value / scale, see onecard/kv_dtype.py and attention/fp8.py)
@@ -35,7 +36,9 @@ Ops (all tensors on one device; "T" = flattened tokens):
       positions, cos_sin_cache, k_cache, v_cache, md, scale, w_o, b_o[H]|None, k_scale=1.0, v_scale=1.0)
       -> (out[T,H], residual_out[T,H]): norm_qkv_rope_store, paged_attention, the o projection w_o (attn_in/ref.py);
       out in the model dtype, or fp32 on the Triton batch-1 path with accumulating GEMVs (paths.batch1_accumulate;
-      the next rms_norm / norm_moe takes it as x)
+      the next rms_norm / norm_moe takes it as x). router_fold=RouterFold|None (keyword, last): given, the call
+      returns (out, residual_out, FoldedRoute | None): the folded router's sums for norm_moe where the Triton
+      batch-1 path computed them (paths.batch1_router_fold), else None
   silu_and_mul(x[T,2I]) -> [T,I]   (silu(x[:, :I]) * x[:, I:])
 """
 from __future__ import annotations
@@ -145,10 +148,11 @@ def fused_moe(x, router_logits, w_gate, w_up, w_down, top_k, renormalize):
     return _impl("fused_moe", x.device)(x, router_logits, w_gate, w_up, w_down, top_k, renormalize)
 
 
-def norm_moe(x, residual, norm_weight, eps, gate, w_gate, w_up, w_down, top_k, renormalize):
+def norm_moe(x, residual, norm_weight, eps, gate, w_gate, w_up, w_down, top_k, renormalize, folded=None):
     if x.shape[0] == 1 or backend_for(x.device) == "ref":
+        more = {"folded": folded} if folded is not None and backend_for(x.device) == "triton" else {}
         return _impl("norm_moe", x.device)(x, residual, norm_weight, eps, gate, w_gate, w_up, w_down, top_k,
-                                           renormalize)
+                                           renormalize, **more)
     h, residual = rms_norm(x, norm_weight, eps, residual)                 # the grouped prefill path lives here
     return fused_moe(h, moe_router(h, gate), w_gate, w_up, w_down, top_k, renormalize), residual
 
@@ -189,7 +193,7 @@ def norm_qkv_rope_store(x, residual, norm_weight, eps, w, bias, q_weight, k_weig
 
 
 def attention_block(x, residual, norm_weight, eps, w_qkv, b_qkv, q_weight, k_weight, positions, cos_sin_cache,
-                    k_cache, v_cache, md, scale, w_o, b_o, k_scale=1.0, v_scale=1.0):
+                    k_cache, v_cache, md, scale, w_o, b_o, k_scale=1.0, v_scale=1.0, router_fold=None):
     from onecard.kernels.attn_in import ref
 
     args = (x, residual, norm_weight, eps, w_qkv, b_qkv, q_weight, k_weight, positions, cos_sin_cache, k_cache,
@@ -198,8 +202,12 @@ def attention_block(x, residual, norm_weight, eps, w_qkv, b_qkv, q_weight, k_wei
         from onecard.kernels.attn_in import triton as tk
 
         if tk.accumulate_supported(x, residual, w_qkv, w_o, k_cache):
-            return tk.attention_block(*args)
-    return ref.attention_block(*args, ops=sys.modules[__name__])         # the three ops, each as dispatched
+            if router_fold is not None and b_o is None and paths.batch1_router_fold(x.shape[0]):
+                return tk.attention_block(*args, router_fold=router_fold)
+            out = tk.attention_block(*args)
+            return out if router_fold is None else (*out, None)
+    out = ref.attention_block(*args, ops=sys.modules[__name__])          # the three ops, each as dispatched
+    return out if router_fold is None else (*out, None)
 
 
 def silu_and_mul(x):

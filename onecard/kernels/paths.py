@@ -375,6 +375,24 @@ def batch1_slices_l2_prefetch() -> bool:
     return switch("batch1_slices_l2_prefetch")
 
 
+# The batch-1 MoE layer without its norm-route launch (fused_moe/router_fold.py): the router's logits are linear in
+# the post-attention norm's input up to one scalar, logits = rstd * (gate * nw) @ (residual + W_o a), so the o_proj
+# GEMV's programs add each split's share of them into a zeroed fp32 row (M = (gate * nw) @ W_o^T and F = gate * nw,
+# built once per layer: 1.5 MB fp16 at the served shape, 72 MB over 48 layers), and each MoE slices program normalises
+# the row itself (rstd, the normalised input into a row of its own, the new residual a share each) and routes from
+# rstd * those sums. One dependent launch fewer a layer (the norm-route's ~2.1 µs in the H100 profile of
+# 2026-12-07) for a little more work in o_proj and in the slices' prologue. Needs the accumulating attention block
+# (BATCH1_ACCUMULATE) and the slices routing themselves (BATCH1_MOE_SLICES, BATCH1_SLICES_ROUTE). OFF until the
+# full-model A/B (bench/run_h200.sh fold) has run.
+BATCH1_ROUTER_FOLD = _switch("batch1_router_fold", False)
+
+
+def batch1_router_fold(tokens: int) -> bool:
+    """Does a ``tokens``-token MoE layer fold its router into o_proj and its norm into the slices?"""
+    return (tokens == 1 and switch("batch1_router_fold") and batch1_accumulate(tokens) and batch1_moe_slices()
+            and batch1_slices_route())
+
+
 # Decode MoE at T > 1: silu(gate) * up as a launch of its own between the two stages, stage 2 then loading it as
 # stage 1 loads x. Without it every stage-2 program recomputes silu for its K tile (exp and a division per value,
 # each value once per column tile of the down projection: 16 times at the served shape). Identical values either

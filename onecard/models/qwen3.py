@@ -20,7 +20,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from onecard.kernels import dispatch as ops
+from onecard.kernels import paths
 from onecard.kernels.attention.metadata import AttentionMetadata
+from onecard.kernels.fused_moe import router_fold
+from onecard.kernels.fused_moe.router_fold import RouterFold
 from onecard.kernels.types import MoEWeight
 from onecard.layers.linear import Linear
 from onecard.layers.rotary import rope_cache
@@ -70,18 +73,21 @@ class Attention(nn.Module):
 
     def forward_residual(self, x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
                          positions: torch.Tensor, cos_sin: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor],
-                         md: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+                         md: AttentionMetadata, router_fold: RouterFold | None = None) -> tuple:
         """The layer's input RMSNorm (``norm_weight``, residual add), then ``forward`` -> (out [T, H],
-        residual_out [T, H]); with fused q/k/v one op (attention_block; out may be fp32 sums at batch 1)."""
+        residual_out [T, H]); with fused q/k/v one op (attention_block; out may be fp32 sums at batch 1).
+        ``router_fold`` given (fused q/k/v only): (out, residual_out, FoldedRoute | None), as attention_block."""
         if not self.fuse_qkv:
             h, residual = ops.rms_norm(x, norm_weight, self.eps, residual)
             return self.forward(h, positions, cos_sin, kv_cache, md), residual
         lin, o = self.qkv_proj, self.o_proj
         k_cache, v_cache = kv_cache
+        fold = {"router_fold": router_fold} if router_fold is not None else {}
         return ops.attention_block(x, residual, norm_weight, self.eps,
                                    lin.gptq if lin.gptq is not None else lin.weight, lin.bias, self.q_norm,
                                    self.k_norm, positions, cos_sin, k_cache, v_cache, md, self.scale,
-                                   o.gptq if o.gptq is not None else o.weight, o.bias, self.k_scale, self.v_scale)
+                                   o.gptq if o.gptq is not None else o.weight, o.bias, self.k_scale, self.v_scale,
+                                   **fold)
 
     def _attend(self, q: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor],
                 md: AttentionMetadata) -> torch.Tensor:
@@ -116,6 +122,7 @@ class SparseMoE(nn.Module):
         self.w_gate: MoEWeight | None = None     # [E, H, I] or GPTQ
         self.w_up: MoEWeight | None = None       # [E, H, I] or GPTQ
         self.w_down: MoEWeight | None = None     # [E, I, H] or GPTQ
+        self.router_fold: RouterFold | None = None   # batch 1: the router folded into o_proj (DecoderLayer)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         router_logits = ops.moe_router(x, self.gate)                      # [T, E]
@@ -136,6 +143,13 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm: torch.Tensor | None = None
 
     def forward(self, x, residual, positions, cos_sin, kv_cache, md):
+        fold = self._router_fold(x)
+        if fold is not None:                                              # the router inside o_proj's launch
+            h, residual, folded = self.self_attn.forward_residual(x, residual, self.input_layernorm, positions,
+                                                                  cos_sin, kv_cache, md, router_fold=fold)
+            m = self.mlp
+            return ops.norm_moe(h, residual, self.post_attention_layernorm, self.eps, m.gate, m.w_gate, m.w_up,
+                                m.w_down, m.top_k, m.renormalize, folded=folded)
         h, residual = self.self_attn.forward_residual(x, residual, self.input_layernorm, positions, cos_sin,
                                                       kv_cache, md)
         if self.is_moe:                                                   # norm + router + experts: one op
@@ -144,6 +158,22 @@ class DecoderLayer(nn.Module):
                                 m.w_down, m.top_k, m.renormalize)
         h, residual = ops.rms_norm(h, self.post_attention_layernorm, self.eps, residual)
         return self.mlp(h), residual
+
+
+    def _router_fold(self, x: torch.Tensor) -> RouterFold | None:
+        """This MoE layer's folded router (fused_moe/router_fold.py) where this step may use it
+        (paths.batch1_router_fold, the Triton backend, fused q/k/v, a GPTQ o_proj without bias); built on first
+        use, outside a CUDA-graph capture (the capture's warm-up forwards run first)."""
+        a = self.self_attn
+        if not (self.is_moe and paths.batch1_router_fold(x.shape[0]) and a.fuse_qkv and a.o_proj.gptq is not None
+                and a.o_proj.bias is None and ops.backend_for(x.device) == "triton"):
+            return None
+        m = self.mlp
+        if m.router_fold is None:
+            if x.is_cuda and torch.cuda.is_current_stream_capturing():
+                return None
+            m.router_fold = router_fold.build(m.gate, self.post_attention_layernorm, a.o_proj.gptq)
+        return m.router_fold
 
 
 def is_moe_layer(c: dict[str, Any], i: int) -> bool:

@@ -3,7 +3,8 @@
 With the switch on, the bundled tiny coder (GPTQ g128, fp16) decodes at batch 1 through the slices kernel in every
 MoE layer: its greedy tokens from CUDA graphs must equal eager's, and both must equal the tokens of the
 two-launch stages (the same sums in another fp32 order); also with the slices routing themselves from the
-logits (paths.BATCH1_SLICES_ROUTE), and under ONECARD_EMULATE_CC=70. The kernel against its reference at the real shapes is
+logits (paths.BATCH1_SLICES_ROUTE), with the router folded into o_proj and no norm-route launch
+(paths.BATCH1_ROUTER_FOLD), and under ONECARD_EMULATE_CC=70. The kernel against its reference at the real shapes is
 bench/kernels_gpu.py's "norm_moe T=1 slices" rows (tests/gpu/test_kernels_gpu.py)."""
 from __future__ import annotations
 
@@ -20,9 +21,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def _greedy(eager: bool, slices_on: bool, route: bool = False, n_prompt: int = 40,
-            new: int = 32, l2: bool = False, config: tuple | None = None) -> tuple[list[int], int]:
+            new: int = 32, l2: bool = False, config: tuple | None = None, fold: bool = False) -> tuple[list[int], int]:
     """-> (greedy tokens of one request, slices launches seen while the engine ran). ``config``: replaces
-    slices.SLICES_CONFIG (the sm80+ one) while the engine runs."""
+    slices.SLICES_CONFIG (the sm80+ one) while the engine runs. ``fold``: the router folded into o_proj
+    (paths.BATCH1_ROUTER_FOLD); then only launches without the norm-route launch count (slices' NORM)."""
     from bench.gpu_checks import CODER
     from onecard.config import EngineArgs
     from onecard.core.engine_core import EngineCore
@@ -35,12 +37,13 @@ def _greedy(eager: bool, slices_on: bool, route: bool = False, n_prompt: int = 4
     real = slices.moe_slices
 
     def counted(*a, **k):
-        launches[0] += 1
+        launches[0] += 1 if not fold or k.get("norm") is not None else 0
         return real(*a, **k)
 
     paths.set_switch("batch1_moe_slices", slices_on)
     paths.set_switch("batch1_slices_route", route)
     paths.set_switch("batch1_slices_l2_prefetch", l2)
+    paths.set_switch("batch1_router_fold", fold)
     slices.moe_slices = counted
     shipped = slices.SLICES_CONFIG
     if config is not None:
@@ -63,6 +66,7 @@ def _greedy(eager: bool, slices_on: bool, route: bool = False, n_prompt: int = 4
         paths.set_switch("batch1_moe_slices", None)
         paths.set_switch("batch1_slices_route", None)
         paths.set_switch("batch1_slices_l2_prefetch", None)
+        paths.set_switch("batch1_router_fold", None)
 
 
 @functools.cache
@@ -71,25 +75,28 @@ def _two_launch_stages() -> tuple[list[int], int]:
     return _greedy(True, False)
 
 
-@pytest.mark.parametrize("route, l2, config", [
-    (False, False, None), (True, False, None), (True, True, None), (True, False, (32, 32, 1024, 8, 1)),
-    (True, True, (32, 32, 1024, 8, 1)), (True, False, (32, 32, 1024, 8, 8)), (True, False, (16, 32, 512, 4, 3)),
-    (True, False, (16, 64, 512, 4, 3))],
+@pytest.mark.parametrize("route, l2, config, fold", [
+    (False, False, None, False), (True, False, None, False), (True, True, None, False),
+    (True, False, (32, 32, 1024, 8, 1), False), (True, True, (32, 32, 1024, 8, 1), False),
+    (True, False, (32, 32, 1024, 8, 8), False), (True, False, (16, 32, 512, 4, 3), False),
+    (True, False, (16, 64, 512, 4, 3), False), (True, False, None, True), (True, False, (32, 32, 1024, 8, 1), True)],
     ids=["routing", "routing-in-slices", "routing-in-slices-l2", "routing-in-slices-one-ahead",
          "routing-in-slices-l2-one-ahead", "routing-in-slices-stages8", "routing-in-slices-16w4-stages3",
-         "routing-in-slices-16w4k64-stages3"])
-def test_slices_decode_equals_the_two_launch_stages_in_graphs_and_eager(route, l2, config):
+         "routing-in-slices-16w4k64-stages3", "router-fold", "router-fold-one-ahead"])
+def test_slices_decode_equals_the_two_launch_stages_in_graphs_and_eager(route, l2, config, fold):
     """``routing-in-slices``: the slices find the top-k themselves (paths.BATCH1_SLICES_ROUTE) and the norm-route
     launch has no last arriver; the router's arrival counter must stay zero. ``-l2``: with their L2 prefetch
     (paths.BATCH1_SLICES_L2_PREFETCH: hints only, the same tokens). The shipped sm80+ config pipelines the gate/up
     loop by Triton (stages 3); ``-one-ahead``: the pre-Ampere loop (the next tile in registers) on this card,
     ``-stages8``: 8 deep (the same arithmetic in the same order, so the same tokens); ``16w4``: BLOCK_I 16 on 4
-    warps (``k64``: BLOCK_K8 64), the decode12 A/B's balanced configs."""
+    warps (``k64``: BLOCK_K8 64), the decode12 A/B's balanced configs. ``router-fold``: no norm-route launch
+    (paths.BATCH1_ROUTER_FOLD: the router's sums from o_proj, the slices normalising their input), the same tokens
+    (the logits agree within one fp16 rounding; the tiny coder's greedy steps route clear of such ties)."""
     from onecard.kernels import workspace
 
     stages, n_off = _two_launch_stages()
-    eager, n_eager = _greedy(True, True, route, l2=l2, config=config)
-    graphed, n_graphed = _greedy(False, True, route, l2=l2, config=config)
+    eager, n_eager = _greedy(True, True, route, l2=l2, config=config, fold=fold)
+    graphed, n_graphed = _greedy(False, True, route, l2=l2, config=config, fold=fold)
     assert n_off == 0 and n_eager > 0 and n_graphed > 0                # the path ran (captured, in graphs)
     assert eager == stages
     assert graphed == eager
@@ -106,10 +113,12 @@ def test_slices_under_emulated_sm70():
 
     root = Path(__file__).resolve().parents[2]
     code = ("import json; from tests.gpu.test_moe_slices_gpu import _greedy; "
-            "print(json.dumps([_greedy(True, False), _greedy(True, True), _greedy(False, True, True)]))")
+            "print(json.dumps([_greedy(True, False), _greedy(True, True), _greedy(False, True, True), "
+            "_greedy(False, True, True, fold=True)]))")
     r = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=600,
                        env=dict(os.environ, ONECARD_EMULATE_CC="70", PYTHONPATH=str(root)), check=False)
     assert r.returncode == 0, r.stderr[-3000:]
-    (stages, n_off), (eager, n_eager), (graphed, n_graphed) = json.loads(r.stdout.strip().splitlines()[-1])
-    assert n_off == 0 and n_eager > 0 and n_graphed > 0
-    assert eager == stages and graphed == eager
+    (stages, n_off), (eager, n_eager), (graphed, n_graphed), (folded, n_folded) = json.loads(
+        r.stdout.strip().splitlines()[-1])
+    assert n_off == 0 and n_eager > 0 and n_graphed > 0 and n_folded > 0
+    assert eager == stages and graphed == eager and folded == eager

@@ -260,3 +260,18 @@ def test_slices_pipelined_gate_up_streams_by_cp_async(compiled):
     assert all(r[9] for r in piped), [(r[1], r[2]) for r in piped if not r[9]]
     assert all(r[6] == 0 for r in piped if r[2].endswith("(JIT-aligned)"))
     assert not any(r[9] for r in rows if ",stages" not in r[2])
+
+
+def test_folded_router_compiles_with_no_sm70_spill(compiled):
+    """paths.batch1_router_fold's kernels (fused_moe/router_fold.py): the o_proj GEMV adding the router's folded
+    sums (ROUTER) and the slices normalising their input and routing from those sums (NORM, both configs) compile
+    for their targets and, as the JIT compiles them for sm70, with no stack frame."""
+    names = ("w4a16[gemv,accum,router,fp16]", "moe_slices[g128,route,norm,fp16]",
+             "moe_slices[g128,route,norm,sm80+,stages3,fp16]")
+    for name in names:
+        ok = {r[1] for r in compiled if r[2].removesuffix(" (JIT-aligned)") == name and r[3] is None}
+        assert ok == {cc for cc in TARGETS if cc >= (80 if "sm80+" in name else 70)}, (name, ok)
+    spills = [(r[2], r[6]) for r in compiled if r[2].removesuffix(" (JIT-aligned)") in names
+              and r[2].endswith("(JIT-aligned)")]
+    assert spills and all(s == 0 for _, s in spills), spills
+

@@ -30,6 +30,7 @@ import triton.language as tl
 from onecard.kernels import paths, workspace
 from onecard.kernels.fused_moe import slices
 from onecard.kernels.fused_moe.decode import topk_of, topk_rank_of
+from onecard.kernels.fused_moe.router_fold import FoldedRoute
 from onecard.kernels.fused_moe.stages import moe_inter_size, moe_stages
 from onecard.kernels.norm.triton import inv_rms, residual_add
 from onecard.kernels.triton_common import (
@@ -109,14 +110,23 @@ def _norm_route_kernel(x_ptr, res_ptr, nw_ptr, gate_ptr, h_ptr, res_out_ptr, log
 
 def norm_moe(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
              gate: torch.Tensor, w_gate: MoEWeight, w_up: MoEWeight, w_down: MoEWeight, top_k: int,
-             renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [1, H] (model dtype or fp32), residual [1, H] | None -> (moe out [1, H] fp32, residual_out [1, H])."""
+             renormalize: bool, folded: FoldedRoute | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [1, H] (model dtype or fp32), residual [1, H] | None -> (moe out [1, H] fp32, residual_out [1, H]).
+    ``folded`` (the attention block's, paths.batch1_router_fold; x fp32, a residual): where the slices route
+    themselves, no norm-route launch: the slices normalise x and route from folded.raw, adding into folded.out32
+    (router_fold.py); elsewhere it is not used."""
     assert supported(x, gate, top_k, residual), (x.shape, gate.shape, top_k)
     if x.stride(-1) != 1:
         x = x.contiguous()
     dev, h = x.device, x.shape[1]
     e = gate.shape[0]
     dt = residual.dtype if residual is not None else x.dtype
+    if (folded is not None and residual is not None and x.dtype == torch.float32 and paths.batch1_moe_slices()
+            and paths.batch1_slices_route() and slices.supported(w_gate, w_up, w_down)):
+        res_out = torch.empty(1, h, dtype=dt, device=dev)
+        slices.moe_slices(x, folded.out32, w_gate, w_up, w_down, folded.raw, folded.raw, top_k, pdl(dev, 1),
+                          logits=folded.raw, renormalize=renormalize, norm=(residual, norm_weight, eps, res_out))
+        return folded.out32, res_out
     hn = torch.empty(1, h, dtype=dt, device=dev)
     res_out = torch.empty(1, h, dtype=dt, device=dev) if residual is not None else x
     logits = torch.empty(1, e, dtype=gate.dtype, device=dev)

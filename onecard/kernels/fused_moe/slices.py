@@ -40,6 +40,7 @@ from onecard.kernels.gptq_gemm.int4 import (
     unit_combine,
     unit_sums,
 )
+from onecard.kernels.norm.triton import inv_rms, residual_add
 from onecard.kernels.triton_common import (
     AotConfig,
     l2_prefetch,
@@ -231,11 +232,13 @@ def _down_load(q_ptr, s_ptr, z_ptr, g, n0, offs_p, p_mask, H, live, BLOCK_H: tl.
 @triton.jit
 def _moe_slices_kernel(x_ptr, out_ptr, qg_ptr, zg_ptr, sg_ptr, qu_ptr, zu_ptr, su_ptr, qd_ptr, zd_ptr, sd_ptr,
                        ids_ptr, topk_w_ptr, logits_ptr, trace_ptr, H, I, ng1, gs2, ng2, E,
+                       res_ptr, nw_ptr, xs_ptr, res_out_ptr, eps,
                        BLOCK_I: tl.constexpr, BLOCK_K8: tl.constexpr, BLOCK_H: tl.constexpr,
                        GROUP_K8: tl.constexpr, PDL: tl.constexpr, ROUTE: tl.constexpr = False,
                        TOP_K: tl.constexpr = 8, BLOCK_E: tl.constexpr = 128,
                        RENORM: tl.constexpr = True, TRACE: tl.constexpr = False, NUM_WARPS: tl.constexpr = 8,
-                       L2_AHEAD: tl.constexpr = 0, STAGES: tl.constexpr = 1, DOWN_EARLY: tl.constexpr = False):
+                       L2_AHEAD: tl.constexpr = 0, STAGES: tl.constexpr = 1, DOWN_EARLY: tl.constexpr = False,
+                       NORM: tl.constexpr = False, BLOCK_HN: tl.constexpr = 1):
     """Program (slice, slot): out[n] += w * sum_i h[i] Wd[e][i, n] over the slice's rows i, h = silu(x @ Wg[e][:, i])
     * (x @ Wu[e][:, i]), e = ids[slot], w = topk_w[slot]. x [1, H] model dtype; out [1, H] fp32. GROUP_K8: packed
     rows per gate/up group (a power of two; the input size or more: one group). ROUTE (paths.batch1_slices_route):
@@ -254,7 +257,12 @@ def _moe_slices_kernel(x_ptr, out_ptr, qg_ptr, zg_ptr, sg_ptr, qu_ptr, zu_ptr, s
     the tile L2_AHEAD + 1 ahead (int4's loads then wait on L2 rather than HBM; bench/slices_trace.py found each
     8 KB step ~1 µs, one tile in flight). TRACE (bench/slices_trace.py only): the program's phase boundaries into
     trace_ptr [programs, TRACE_SLOTS] int64 (TRACE_FIELDS: %clock64 cycles, then %globaltimer ns and the SM after
-    the wait and at the end)."""
+    the wait and at the end).
+    NORM (with ROUTE; paths.batch1_router_fold, router_fold.py): x_ptr holds the post-attention norm's input sums
+    (fp32 [H]) and logits_ptr the folded router's sums (fp32 [E]); each program adds the residual (res_ptr),
+    normalises (nw_ptr, eps) into its own row of xs_ptr [programs, H] (model dtype) that its gate/up then read,
+    stores its share of the new residual (res_out_ptr) and routes from rstd * those sums rounded to the model
+    dtype (the logits the norm-route launch would have stored)."""
     pid_i = tl.program_id(0)
     slot = tl.program_id(1)
     BI8: tl.constexpr = BLOCK_I // 8
@@ -262,16 +270,37 @@ def _moe_slices_kernel(x_ptr, out_ptr, qg_ptr, zg_ptr, sg_ptr, qu_ptr, zu_ptr, s
     if TRACE:
         tr = trace_ptr + (slot * tl.num_programs(0) + pid_i) * _TRACE_ROW
         stamp(tr, pid_i)                                                  # 0: started (before the PDL wait)
+    if NORM:
+        tl.static_assert(ROUTE, "NORM routes from the folded sums")
+        offs_hn = tl.arange(0, BLOCK_HN)
+        m_hn = offs_hn < H
+        nw = tl.load(nw_ptr + offs_hn, mask=m_hn, other=0.0).to(tl.float32)   # a weight: before the wait
     pdl_enter(PDL)
     if TRACE:
         stamp(tr + 1, pid_i)                                              # 1: the previous launch complete
         stamp_where(tr + 7, pid_i)
+    if NORM:
+        # the norm of the token's row (every program: 2 rows of 4-8 KB from L2), into this program's own x row
+        RDT: tl.constexpr = res_out_ptr.dtype.element_ty
+        r = residual_add(x_ptr, res_ptr, 0, H, H, offs_hn, m_hn, RDT, True)   # [BHN] model dtype
+        hf = r.to(tl.float32)
+        rstd = inv_rms(hf, H, eps)
+        prog = slot * tl.num_programs(0) + pid_i
+        x_in = xs_ptr + prog.to(tl.int64) * H
+        tl.store(x_in + offs_hn, (hf * rstd * nw).to(RDT), mask=m_hn)
+        share = tl.cdiv(H, tl.num_programs(0) * tl.num_programs(1))
+        tl.store(res_out_ptr + offs_hn, r, mask=m_hn & (offs_hn >= prog * share) & (offs_hn < prog * share + share))
+        tl.debug_barrier()                                                # the row, stored, before any load of it
+    else:
+        x_in = x_ptr
     if ROUTE:
         # the logits once per warp (topk_slot_of: every reduction inside a warp), this slot's expert and weight
         offs_e = tl.arange(0, BLOCK_E)
         reps = tl.arange(0, NUM_WARPS)
         lg = tl.load(logits_ptr + reps[:, None] * 0 + offs_e[None, :], mask=(offs_e < E)[None, :],
                      other=-float("inf"), cache_modifier=".cg")            # [NUM_WARPS, BE]
+        if NORM:                                                          # the logits as norm-route stores them
+            lg = (lg * rstd).to(res_out_ptr.dtype.element_ty)
         e, w_e = topk_slot_of(lg.to(tl.float32), offs_e, E, slot, TOP_K, BLOCK_E, RENORM)
         e = e.to(tl.int64)
     else:
@@ -327,7 +356,7 @@ def _moe_slices_kernel(x_ptr, out_ptr, qg_ptr, zg_ptr, sg_ptr, qu_ptr, zu_ptr, s
         for r0 in tl.range(0, k8, BLOCK_K8, num_stages=STAGES):
             q_g, s_g, z_g = _gate_up_load(qg, sg, zg, r0, k8, offs_r, offs_i, i_mask, I, ng1, GROUP_K8, TG)
             q_u, s_u, z_u = _gate_up_load(qu, su, zu, r0, k8, offs_r, offs_i, i_mask, I, ng1, GROUP_K8, TG)
-            xj = _x_columns(x_ptr, r0, k8, offs_r, BLOCK_K8)              # 8 x [BK8]: gate's and up's inputs
+            xj = _x_columns(x_in, r0, k8, offs_r, BLOCK_K8)               # 8 x [BK8]: gate's and up's inputs
             acc_g = _gate_up_mac(acc_g, q_g, s_g, z_g, xj, _slice_input, r0 + hide, k8, offs_r, zs_i, BLOCK_K8,
                                  BLOCK_I, GROUP_K8, TG)
             acc_u = _gate_up_mac(acc_u, q_u, s_u, z_u, xj, _slice_input, r0 + hide, k8, offs_r, zs_i, BLOCK_K8,
@@ -338,9 +367,9 @@ def _moe_slices_kernel(x_ptr, out_ptr, qg_ptr, zg_ptr, sg_ptr, qu_ptr, zu_ptr, s
                                              AHEAD_ROWS)
             nq_u, ns_u, nz_u = _gate_up_load(qu, su, zu, r0 + BLOCK_K8, k8, offs_r, offs_i, i_mask, I, ng1, GROUP_K8, TG,
                                              AHEAD_ROWS)
-            acc_g = _gate_up_mac(acc_g, q_g, s_g, z_g, x_ptr, row_input, r0 + hide, k8, offs_r, zs_i, BLOCK_K8,
+            acc_g = _gate_up_mac(acc_g, q_g, s_g, z_g, x_in, row_input, r0 + hide, k8, offs_r, zs_i, BLOCK_K8,
                                  BLOCK_I, GROUP_K8, TG)
-            acc_u = _gate_up_mac(acc_u, q_u, s_u, z_u, x_ptr, row_input, r0 + hide, k8, offs_r, zs_i, BLOCK_K8,
+            acc_u = _gate_up_mac(acc_u, q_u, s_u, z_u, x_in, row_input, r0 + hide, k8, offs_r, zs_i, BLOCK_K8,
                                  BLOCK_I, GROUP_K8, TG)
             q_g, s_g, z_g, q_u, s_u, z_u = nq_g, ns_g, nz_g, nq_u, ns_u, nz_u
     if TRACE:                                                             # 3: the gate/up loop done
@@ -411,12 +440,16 @@ def supported(w_gate: MoEWeight, w_up: MoEWeight, w_down: MoEWeight) -> bool:
 def moe_slices(x: torch.Tensor, out32: torch.Tensor, w_gate: GPTQWeight, w_up: GPTQWeight, w_down: GPTQWeight,
                topk_ids: torch.Tensor, topk_w: torch.Tensor, top_k: int, use_pdl: bool,
                logits: torch.Tensor | None = None, renormalize: bool = True,
-               trace: torch.Tensor | None = None) -> None:
+               trace: torch.Tensor | None = None,
+               norm: tuple[torch.Tensor, torch.Tensor, float, torch.Tensor] | None = None) -> None:
     """out32 [1, H] fp32 += the k experts' outputs; x [1, H] model dtype; topk_ids int32 / topk_w fp32 [1, k] (or
     [k]) written by the previous launch, or, given ``logits`` [1, E] (the router's, written by the previous
     launch; ``renormalize`` as the model's), the kernel routes itself and the two are not read. The config is
     ``config``'s at the call. ``trace``: int64 [programs, TRACE_SLOTS] (``grid``), filled with the kernel's TRACE
-    stamps (bench/slices_trace.py)."""
+    stamps (bench/slices_trace.py). ``norm`` = (residual [1, H], norm weight [H], eps, residual_out [1, H]), with
+    ``logits`` (the kernel's NORM; paths.batch1_router_fold): x is the norm's fp32 input sums and ``logits`` the
+    folded router's fp32 sums (router_fold.FoldedRoute.raw); the programs add the residual, store the new one
+    into residual_out and normalise x themselves."""
     assert supported(w_gate, w_up, w_down) and x.shape[0] == 1, x.shape
     cc = paths.capability(x.device)
     bi, bk8, bh, warps, stages = config(cc)
@@ -431,11 +464,21 @@ def moe_slices(x: torch.Tensor, out32: torch.Tensor, w_gate: GPTQWeight, w_up: G
         if logits is not None else {}
     if trace is not None:
         assert trace.dtype == torch.int64 and trace.shape == (grid(w_gate, w_down, top_k, cc), TRACE_SLOTS)
+    programs = triton.cdiv(inter, bi) * top_k
+    if norm is not None:
+        residual, nw, eps, res_out = norm
+        assert logits is not None and logits.dtype == torch.float32 and x.dtype == torch.float32, (logits, x.dtype)
+        assert residual.is_contiguous() and res_out.is_contiguous() and res_out.dtype == residual.dtype
+        xs = torch.empty(programs, h, dtype=residual.dtype, device=x.device)   # each program's normalised row
+        nargs = (residual, nw, xs, res_out, float(eps))
+        route.update(NORM=True, BLOCK_HN=next_pow2(h))
+    else:
+        nargs = (out32, out32, out32, out32, 0.0)                         # unused without NORM
     _moe_slices_kernel[(triton.cdiv(inter, bi), top_k)](
         x, out32, w_gate.qweight, w_gate.qzeros, w_gate.scales, w_up.qweight, w_up.qzeros, w_up.scales,
         w_down.qweight, w_down.qzeros, w_down.scales, topk_ids, topk_w, logits if logits is not None else topk_w,
         trace if trace is not None else topk_w, h, inter, w_gate.num_groups, w_down.group_size,
-        w_down.num_groups, e, BLOCK_I=bi, BLOCK_K8=bk8, BLOCK_H=bh, GROUP_K8=group_k8(w_gate), PDL=use_pdl,
+        w_down.num_groups, e, *nargs, BLOCK_I=bi, BLOCK_K8=bk8, BLOCK_H=bh, GROUP_K8=group_k8(w_gate), PDL=use_pdl,
         TRACE=trace is not None, NUM_WARPS=warps, L2_AHEAD=SLICES_L2_AHEAD if paths.batch1_slices_l2_prefetch() else 0,
         STAGES=stages, DOWN_EARLY=stages > 1 and SLICES_DOWN_EARLY, num_warps=warps, num_stages=stages,
         launch_pdl=use_pdl, **route)
@@ -449,23 +492,29 @@ def grid(w_gate: GPTQWeight, w_down: GPTQWeight, top_k: int, cc: int) -> int:
 def slices_aot_configs(act: str, min_cc: int) -> list[AotConfig]:
     """The pre-Ampere config (every target) with the served g128 weights (GROUP_K8 16) and with groups of 32
     (GROUP_K8 4), g128 routing itself from the logits (paths.batch1_slices_route; E 128, k 8, renormalised), with
-    its L2 prefetch; the sm80+ config (named "sm80+", from sm80) routing itself, with and without the L2 prefetch."""
+    its L2 prefetch; the sm80+ config (named "sm80+", from sm80) routing itself, with and without the L2 prefetch;
+    both configs routing from the folded router's sums and normalising their input (NORM, paths.batch1_router_fold;
+    H 2048)."""
     out: list[AotConfig] = []
     pre, amp = SLICES_CONFIG_PRE_AMPERE, SLICES_CONFIG
-    for cfg, g8, route, ahead in ((pre, 16, False, 0), (pre, 4, False, 0), (pre, 16, True, 0),
-                                  (pre, 16, True, SLICES_L2_AHEAD), (amp, 16, True, 0), (amp, 16, True, SLICES_L2_AHEAD)):
+    for cfg, g8, route, ahead, norm in ((pre, 16, False, 0, False), (pre, 4, False, 0, False), (pre, 16, True, 0, False),
+                                        (pre, 16, True, SLICES_L2_AHEAD, False), (amp, 16, True, 0, False),
+                                        (amp, 16, True, SLICES_L2_AHEAD, False), (pre, 16, True, 0, True),
+                                        (amp, 16, True, 0, True)):
         bi, bk8, bh, warps, st = cfg
         cx = dict(BLOCK_I=bi, BLOCK_K8=bk8, BLOCK_H=bh, GROUP_K8=g8, PDL=False, ROUTE=route, TOP_K=8, BLOCK_E=128,
                   RENORM=True, TRACE=False, NUM_WARPS=warps, L2_AHEAD=ahead, STAGES=st,
-                  DOWN_EARLY=st > 1 and SLICES_DOWN_EARLY)
-        args = dict(x_ptr=f"*{act}", out_ptr="*fp32", qg_ptr="*i32", zg_ptr="*i32", sg_ptr="*fp16", qu_ptr="*i32",
+                  DOWN_EARLY=st > 1 and SLICES_DOWN_EARLY, NORM=norm, BLOCK_HN=2048 if norm else 1)
+        args = dict(x_ptr="*fp32" if norm else f"*{act}", out_ptr="*fp32", qg_ptr="*i32", zg_ptr="*i32",
+                    sg_ptr="*fp16", qu_ptr="*i32",
                     zu_ptr="*i32", su_ptr="*fp16", qd_ptr="*i32", zd_ptr="*i32", sd_ptr="*fp16", ids_ptr="*i32",
-                    topk_w_ptr="*fp32", logits_ptr=f"*{act}" if route else "*fp32", trace_ptr="*fp32", H="i32",
-                    I="i32", ng1="i32",
-                    gs2="i32", ng2="i32", E="i32")
+                    topk_w_ptr="*fp32", logits_ptr=f"*{act}" if route and not norm else "*fp32", trace_ptr="*fp32", H="i32",
+                    I="i32", ng1="i32", gs2="i32", ng2="i32", E="i32", res_ptr=f"*{act}", nw_ptr=f"*{act}",
+                    xs_ptr=f"*{act}", res_out_ptr=f"*{act}", eps="fp32")
         cc0 = max(min_cc, paths.PIPELINED_LOADS_MIN_CC) if cfg is amp else min_cc
         out.append(AotConfig(_moe_slices_kernel, signature(args, cx), cx, warps, st, cc0,
-                             f"moe_slices[g{8 * g8},{'route,' if route else ''}{'l2,' if ahead else ''}"
+                             f"moe_slices[g{8 * g8},{'route,' if route else ''}{'norm,' if norm else ''}"
+                             f"{'l2,' if ahead else ''}"
                              f"{'sm80+,' if cfg is amp else ''}{f'stages{st},' if st > 1 else ''}{act}]"))
     return out
 

@@ -29,6 +29,7 @@ from onecard.kernels.fused_moe.decode import (
     router_logits,
     softmax_topk,
 )
+from onecard.kernels.fused_moe.router_fold import FoldedRoute
 from onecard.kernels.fused_moe.stages import DECODE_CONFIGS, weight_args
 from onecard.kernels.gptq_gemm.int4 import _dequant_tile_j, _group_sz
 from onecard.kernels.triton_common import (
@@ -258,10 +259,12 @@ def fused_moe(x: torch.Tensor, router_logits: torch.Tensor, w_gate: MoEWeight, w
 
 def norm_moe(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
              gate: torch.Tensor, w_gate: MoEWeight, w_up: MoEWeight, w_down: MoEWeight, top_k: int,
-             renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Batch 1: batch1.norm_moe (three launches, fp32 out); otherwise RMSNorm, router and fused_moe here."""
+             renormalize: bool, folded: FoldedRoute | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Batch 1: batch1.norm_moe (three launches, fp32 out; one with ``folded``); otherwise RMSNorm, router and
+    fused_moe here (``folded`` unused)."""
     if batch1.supported(x, gate, top_k, residual):
-        return batch1.norm_moe(x, residual, norm_weight, eps, gate, w_gate, w_up, w_down, top_k, renormalize)
+        return batch1.norm_moe(x, residual, norm_weight, eps, gate, w_gate, w_up, w_down, top_k, renormalize,
+                               folded)
     from onecard.kernels.norm.triton import rms_norm
 
     h, residual_out = rms_norm(x, norm_weight, eps, residual)

@@ -79,9 +79,11 @@ def _small_tile_mac(acc, q, s_u, z_u, t, t_end, x_ptr, sc_ptr, qz_ptr, gidx_ptr,
 @triton.jit(do_not_specialize=["M"])  # runtime-varying: one compile serves all
 def _w4a16_small_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_ptr, part_ptr, cnt_ptr,
                         M, N, K, group_size, num_groups, tiles_per_split, stride_xm, has_bias,
+                        rm_ptr, rf_ptr, rr_ptr, raw_ptr, E, rn_chunk,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K8: tl.constexpr,
                         PER_ROW: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
-                        INT_DOT: tl.constexpr = False, ACCUM: tl.constexpr = False):
+                        INT_DOT: tl.constexpr = False, ACCUM: tl.constexpr = False, ROUTER: tl.constexpr = False,
+                        BLOCK_RE: tl.constexpr = 1, BLOCK_RK: tl.constexpr = 1, BLOCK_RN: tl.constexpr = 1):
     """Decode GEMM, M <= 16, one launch. BLOCK_M == 1: GEMV with a [BK8, BN] fp32 accumulator whose row sum is
     deferred past the K loop; the scale and zero are applied once per tile (int4.gemv_tile_mac), so the inner
     loop is a shift, a LOP3 and an FMA per weight. Else tl.dot on a 16-row block with
@@ -94,7 +96,11 @@ def _w4a16_small_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_p
     through int4.int_dot_tile (exact n - z in a tensor-core dot, the scale once per tile) into a transposed
     [BN, 16] accumulator of 16 input rows (M == 1: rows 1-15 masked, so their columns stay exact zeros).
     ACCUM (M == 1; paths.batch1_accumulate): out_ptr is an fp32 row that an earlier launch zeroed; every split
-    adds its partial sums (and split 0 the bias) with fp32 atomics: no partials, no counter, no last arriver."""
+    adds its partial sums (and split 0 the bias) with fp32 atomics: no partials, no counter, no last arriver.
+    ROUTER (with ACCUM, no bias; paths.batch1_router_fold, fused_moe/router_fold.py): the program also adds into
+    the zeroed fp32 raw_ptr [E] its share of the folded router, rows pid_n * BLOCK_RE + [0, BLOCK_RE): M[rows, its
+    split's K range] @ x[that range] + F[rows, pid_k's rn_chunk of N] @ residual[that chunk] (rm_ptr M [E, K],
+    rf_ptr F [E, N], rr_ptr the residual [N]; M and F load before the PDL wait: weights)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)                      # [BN]
@@ -120,6 +126,10 @@ def _w4a16_small_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_p
                                       N, group_size, num_groups, BLOCK_K8)
         q1, s1, z1 = _small_tile_load(qw_ptr, sc_ptr, qz_ptr, t_begin + 1, t_end, offs_r, offs_n, n_mask, z_shift,
                                       k8, N, group_size, num_groups, BLOCK_K8)
+        if ROUTER:
+            m_t, f_t, rk, rk_mask, rn, rn_mask, re, re_mask = _router_load(
+                rm_ptr, rf_ptr, pid_n, pid_k, t_begin, t_end, E, N, K, rn_chunk, BLOCK_K8, BLOCK_RE, BLOCK_RK,
+                BLOCK_RN)
         pdl_enter(PDL)
         acc = _small_tile_mac(acc, q0, s0, z0, t_begin, t_end, x_ptr, sc_ptr, qz_ptr, gidx_ptr, offs_r, offs_m,
                               m_mask, offs_n, n_mask, z_shift, k8, N, stride_xm, DT, BLOCK_M, BLOCK_N, BLOCK_K8,
@@ -154,6 +164,11 @@ def _w4a16_small_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_p
         if has_bias != 0:                                                 # once: split 0 adds the bias
             res += tl.load(bias_ptr + offs_n, mask=n_mask & (pid_k == 0), other=0.0).to(tl.float32)[None, :]
         tl.atomic_add(out_ptr + o_off, res, mask=o_mask, sem="relaxed")
+        if ROUTER:
+            av = tl.load(x_ptr + rk, mask=rk_mask, other=0.0).to(tl.float32)       # [BRK] this split's inputs
+            rv = tl.load(rr_ptr + rn, mask=rn_mask, other=0.0).to(tl.float32)      # [BRN] the residual's chunk
+            raw = tl.sum(m_t.to(tl.float32) * av[None, :], axis=1) + tl.sum(f_t.to(tl.float32) * rv[None, :], axis=1)
+            tl.atomic_add(raw_ptr + re, raw, mask=re_mask, sem="relaxed")
     elif splits > 1 and BLOCK_M == 1:
         tl.store(part_ptr + pid_k * N + o_off, res, mask=o_mask)
         if last_arrival(cnt_ptr + pid_n, splits):
@@ -165,6 +180,22 @@ def _w4a16_small_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_p
         tl.atomic_add(part_ptr + o_off, res, mask=o_mask, sem="relaxed")
     else:
         _store_out(out_ptr, o_off, o_mask, res, bias_ptr, offs_n, n_mask, has_bias)
+
+
+@triton.jit
+def _router_load(rm_ptr, rf_ptr, pid_n, pid_k, t_begin, t_end, E, N, K, rn_chunk, BLOCK_K8: tl.constexpr,
+                 BLOCK_RE: tl.constexpr, BLOCK_RK: tl.constexpr, BLOCK_RN: tl.constexpr):
+    """The ROUTER share of program (pid_n, pid_k): (M tile [BRE, BRK], F tile [BRE, BRN], their input offsets and
+    masks (K: the split's tiles t_begin..t_end; N: chunk pid_k of rn_chunk), their rows and row mask)."""
+    re = pid_n * BLOCK_RE + tl.arange(0, BLOCK_RE)                        # [BRE] router rows (experts)
+    re_mask = re < E
+    rk = t_begin * BLOCK_K8 * 8 + tl.arange(0, BLOCK_RK)                  # [BRK] this split's inputs
+    rk_mask = rk < tl.minimum(t_end * BLOCK_K8 * 8, K)
+    rn = pid_k * rn_chunk + tl.arange(0, BLOCK_RN)                        # [BRN] a chunk of the residual
+    rn_mask = (rn < (pid_k + 1) * rn_chunk) & (rn < N)
+    m_t = tl.load(rm_ptr + re[:, None] * K + rk[None, :], mask=re_mask[:, None] & rk_mask[None, :], other=0.0)
+    f_t = tl.load(rf_ptr + re[:, None] * N + rn[None, :], mask=re_mask[:, None] & rn_mask[None, :], other=0.0)
+    return m_t, f_t, rk, rk_mask, rn, rn_mask, re, re_mask
 
 
 @triton.jit

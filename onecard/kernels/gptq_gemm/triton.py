@@ -222,12 +222,15 @@ def small_grid(m: int, n: int, k: int, device: torch.device,
 
 def small_m_gemm(x: torch.Tensor, w: GPTQWeight, bias: torch.Tensor | None = None,
                  tuning: tuple[int, int, int, int, int] | None = None,
-                 accumulate: torch.Tensor | None = None) -> torch.Tensor:
+                 accumulate: torch.Tensor | None = None,
+                 router: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """M <= SMALL_M_MAX (``small_grid``). M == 1: one launch (the last split finishes); M > 1: memset,
     atomics, reduce. CUDA-graph safe (the arrival counters are persistent, kernels/workspace.py).
     ``tuning``: see small_grid. ``accumulate`` (M == 1): an fp32 [1, N] row (unit stride) that an earlier
     launch on this stream zeroed; the splits add into it with atomics (no counter, no last arriver) and it is
-    returned."""
+    returned. ``router`` (with ``accumulate``, no bias; paths.batch1_router_fold): (M [E, K], F [E, N], residual
+    [1, N], raw fp32 [1, E] zeroed like ``accumulate``): the programs also add M @ x + F @ residual into raw
+    (the kernel's ROUTER; fused_moe/router_fold.py says why)."""
     m, k = x.shape
     n = w.out_features
     dev = x.device
@@ -252,11 +255,24 @@ def small_m_gemm(x: torch.Tensor, w: GPTQWeight, bias: torch.Tensor | None = Non
     else:
         part = torch.zeros(m, n, dtype=torch.float32, device=dev)
     use_pdl = pdl(dev, m)
+    rt: dict = {}
+    if router is not None:
+        rm, rf, rres, raw = router
+        e = rm.shape[0]
+        assert accum and bias is None and rm.shape == (e, k) and rf.shape == (e, n), (rm.shape, rf.shape, k, n)
+        assert raw.dtype == torch.float32 and raw.numel() == e and rres.numel() == n and rm.is_contiguous()
+        assert rf.is_contiguous() and rres.is_contiguous() and raw.is_contiguous()
+        rn_chunk = triton.cdiv(n, splits)
+        rt = dict(ROUTER=True, BLOCK_RE=next_pow2(triton.cdiv(e, grid_n)), BLOCK_RK=next_pow2(tiles_per_split * bk8 * 8),
+                  BLOCK_RN=next_pow2(rn_chunk))
+        rargs = (rm, rf, rres, raw, e, rn_chunk)
+    else:
+        rargs = (out, out, out, out, 0, 0)                                # unused without ROUTER
     _w4a16_small_kernel[(grid_n, splits)](
         x, w.qweight, w.qzeros, w.scales, gidx, bias_arg, out, part, workspace.counters(dev, "gemm", grid_n),
-        m, n, k, w.group_size, w.num_groups, tiles_per_split, x.stride(0), int(bias is not None),
+        m, n, k, w.group_size, w.num_groups, tiles_per_split, x.stride(0), int(bias is not None), *rargs,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K8=bk8, PER_ROW=bool(per_row), BLOCK_S=GEMV_MAX_SPLITS, PDL=use_pdl,
-        INT_DOT=int_dot, ACCUM=accum, num_warps=warps, num_stages=stages, launch_pdl=use_pdl)
+        INT_DOT=int_dot, ACCUM=accum, num_warps=warps, num_stages=stages, launch_pdl=use_pdl, **rt)
     if splits > 1 and m > 1:
         _splitk_reduce_kernel[(triton.cdiv(m * n, _REDUCE_BLOCK),)](
             part, bias_arg, out, m * n, n, 1, BLOCK=_REDUCE_BLOCK, HAS_BIAS=bias is not None, PDL=use_pdl,
@@ -322,12 +338,14 @@ def aot_configs() -> list[AotConfig]:
             if bm <= SMALL_M_MAX:
                 for per_row in ((False,) if name == INT_DOT_GEMV else (False, True)):
                     cx = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K8=bk8, PER_ROW=per_row, BLOCK_S=GEMV_MAX_SPLITS,
-                              PDL=False, INT_DOT=False, ACCUM=False)
+                              PDL=False, INT_DOT=False, ACCUM=False, ROUTER=False, BLOCK_RE=1, BLOCK_RK=1,
+                              BLOCK_RN=1)
                     args = dict(x_ptr=f"*{act}", qw_ptr="*i32", qz_ptr="*i32", sc_ptr="*fp16", gidx_ptr="*i32",
                                 bias_ptr=f"*{act}", out_ptr=f"*{act}", part_ptr="*fp32", cnt_ptr="*i32",
                                 M="i32", N="i32",
                                 K="i32", group_size="i32", num_groups="i32", tiles_per_split="i32",
-                                stride_xm="i32", has_bias="i32")
+                                stride_xm="i32", has_bias="i32", rm_ptr=f"*{act}", rf_ptr=f"*{act}",
+                                rr_ptr=f"*{act}", raw_ptr="*fp32", E="i32", rn_chunk="i32")
                     tag = "" if not per_row else ",per_row"
                     if name != INT_DOT_GEMV:
                         out.append(AotConfig(_w4a16_small_kernel, signature(args, cx), cx, warps, stages, min_cc,
@@ -337,6 +355,11 @@ def aot_configs() -> list[AotConfig]:
                                              signature(dict(args, out_ptr="*fp32"), dict(cx, ACCUM=True)),
                                              dict(cx, ACCUM=True), warps, stages, min_cc,
                                              f"w4a16[{name}{tag},accum,{act}]"))
+                    if name == "gemv" and not per_row:    # + the folded router (paths.batch1_router_fold): the
+                        # served o_proj (K 4096, 16 splits of 2 tiles; N 2048 in 32 column tiles; E 128)
+                        rx = dict(cx, ACCUM=True, ROUTER=True, BLOCK_RE=4, BLOCK_RK=256, BLOCK_RN=128)
+                        out.append(AotConfig(_w4a16_small_kernel, signature(dict(args, out_ptr="*fp32"), rx), rx,
+                                             warps, stages, min_cc, f"w4a16[{name},accum,router,{act}]"))
                     if name != "gemv" and not per_row and act == "fp16":      # the exact-integer dot
                         out.append(AotConfig(_w4a16_small_kernel, signature(args, dict(cx, INT_DOT=True)),
                                              dict(cx, INT_DOT=True), warps, stages, max(min_cc, 80),

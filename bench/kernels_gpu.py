@@ -127,6 +127,7 @@ def cases(quick: bool):
     from onecard.kernels.attention import ref as at_r
     from onecard.kernels.attention import triton as at_t
     from onecard.kernels.fused_moe import ref as moe_r
+    from onecard.kernels.fused_moe import router_fold
     from onecard.kernels.fused_moe import triton as moe_t
     from onecard.kernels.gptq_gemm import ref as g_r
     from onecard.kernels.gptq_gemm import triton as g_t
@@ -229,6 +230,16 @@ def cases(quick: bool):
                            moe_t.norm_moe(xs.next(), r, nw, 1e-6, wr, wg, wu, wd, TOPK, True))),
                        lambda r=r, xs=xs: torch.cat(moe_r.norm_moe(xs.last, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True)),
                        TOPK * per_expert + E * H * 2)
+            # no norm-route launch (paths.batch1_router_fold): the slices normalise x (fp32 sums, as the attention
+            # block leaves them) and route from the folded router's sums, (gate * nw) @ (x + r) here
+            x32 = x.float()
+            raw = (x32 + r.float()) @ (wr.float() * nw.float()[None, :]).t()
+            yield ("norm_moe T=1 slices, router folded",
+                   lambda x32=x32, r=r, raw=raw: torch.cat(moe_t.norm_moe(
+                       x32, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True,
+                       folded=router_fold.FoldedRoute(raw, torch.zeros(1, H, device=DEV)))),
+                   lambda x32=x32, r=r: torch.cat(moe_r.norm_moe(x32, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True)),
+                   TOPK * per_expert)
             yield ("norm_moe T=1 slices, routed by norm-route",         # "batch1_slices_route" off
                    lambda x=x, r=r: _switched("batch1_slices_route", lambda: _slices(None, lambda: torch.cat(
                        moe_t.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True))), on=False),
@@ -329,6 +340,7 @@ def _attn_block_cases():
     from onecard.kernels import dispatch, paths
     from onecard.kernels.attention.metadata import AttentionMetadata
     from onecard.kernels.attn_in import ref as ai_r
+    from onecard.kernels.fused_moe import router_fold
 
     wq, wo = rand_gptq(H, (HQ + 2 * HKV) * D), rand_gptq(HQ * D, H)
     x, res = torch.randn(1, H, device=DEV), torch.randn(1, H, device=DEV).half()
@@ -342,7 +354,12 @@ def _attn_block_cases():
     pos, cache = torch.tensor([ctx], device=DEV), rope_cache()
     kc, vc = (torch.randn(64, bs, HKV, D, device=DEV).half() for _ in range(2))
 
-    def run(fn, acc: bool = False, qk: bool = False, bound: int = 65536, fused: bool = False):
+    # the MoE router folded into o_proj (paths.batch1_router_fold): its sums against F @ (out + residual_out)
+    gate, nw2 = (torch.randn(E, H, device=DEV) / H ** 0.5).half(), (1 + 0.1 * torch.randn(H, device=DEV)).half()
+    fold = router_fold.build(gate, nw2, wo)
+    f32 = gate.float() * nw2.float()[None, :]
+
+    def run(fn, acc: bool = False, qk: bool = False, bound: int = 65536, fused: bool = False, folded: bool = False):
         m = dataclasses.replace(md, max_seq_len=bound)                   # the switches set either way
 
         def call():
@@ -350,13 +367,22 @@ def _attn_block_cases():
             paths.set_switch("batch1_attn_qk", qk)
             paths.set_switch("attention_fused_reduce", fused)
             try:
-                o, r = fn(x, res, nw, 1e-6, wq, None, qn, kn, pos, cache, kc, vc, m, D ** -0.5, wo, None)
+                if folded and fn is ai_r.attention_block:                 # the reference of the hand-over
+                    o, r = fn(x, res, nw, 1e-6, wq, None, qn, kn, pos, cache, kc, vc, m, D ** -0.5, wo, None)
+                    raw = [((o.float() + r.float()) @ f32.t()).flatten()]
+                elif folded:
+                    o, r, h = fn(x, res, nw, 1e-6, wq, None, qn, kn, pos, cache, kc, vc, m, D ** -0.5, wo, None,
+                                 router_fold=fold)
+                    raw = [h.raw.flatten()]
+                else:
+                    o, r = fn(x, res, nw, 1e-6, wq, None, qn, kn, pos, cache, kc, vc, m, D ** -0.5, wo, None)
+                    raw = []
             finally:
                 paths.set_switch("batch1_accumulate", None)
                 paths.set_switch("batch1_attn_qk", None)
                 paths.set_switch("attention_fused_reduce", None)
             return torch.cat([o.float().flatten(), r.float().flatten(), kc.view(-1, HKV * D)[slot].float(),
-                              vc.view(-1, HKV * D)[slot].float()])
+                              vc.view(-1, HKV * D)[slot].float(), *raw])
         return call
     nbytes = wq.nbytes() + wo.nbytes() + (ctx + 1) * HKV * D * 2 * 2
     ref = run(ai_r.attention_block)
@@ -370,6 +396,9 @@ def _attn_block_cases():
     yield ("attention block T=1 accumulate + attn qk, short graph, fused reduce",
            run(dispatch.attention_block, acc=True, qk=True, bound=paths.SPLIT_MIN_SEQ_LEN - 1, fused=True), ref,
            nbytes)
+    yield ("attention block T=1 accumulate + attn qk + router fold",
+           run(dispatch.attention_block, acc=True, qk=True, folded=True), run(ai_r.attention_block, folded=True),
+           nbytes + fold.f.nbytes + fold.m.nbytes)
 
 
 def main() -> None:

@@ -381,10 +381,14 @@ def batch1_slices_l2_prefetch() -> bool:
 # built once per layer: 1.5 MB fp16 at the served shape, 72 MB over 48 layers), and each MoE slices program normalises
 # the row itself (rstd, the normalised input into a row of its own, the new residual a share each) and routes from
 # rstd * those sums. One dependent launch fewer a layer (the norm-route's ~2.1 µs in the H100 profile of
-# 2026-12-07) for a little more work in o_proj and in the slices' prologue. Needs the accumulating attention block
-# (BATCH1_ACCUMULATE) and the slices routing themselves (BATCH1_MOE_SLICES, BATCH1_SLICES_ROUTE). OFF until the
-# full-model A/B (bench/run_h200.sh fold) has run.
-BATCH1_ROUTER_FOLD = _switch("batch1_router_fold", False)
+# 2026-12-07) for a little more work in o_proj (sm90: 96 -> 128 registers, still 4 programs an SM) and in the
+# slices' prologue. Needs the accumulating attention block (BATCH1_ACCUMULATE) and the slices routing themselves
+# (BATCH1_MOE_SLICES, BATCH1_SLICES_ROUTE). ON from 2026-12-07 (H100, bench/run_h200.sh fold: one engine,
+# alternating, medians of 3): batch 1 at 512 tokens 473.1 -> 480.5 tok/s, at 32k 315.2 -> 317.0, the same greedy
+# tokens; full_size (two runs each, either order) 475.3 / 474.7 -> 480.3 / 480.3, batch 16, prefill and TTFT
+# within their spread, full-size logits rel. err 4e-4, argmax 1.00. ``set_switch("batch1_router_fold", False)``
+# turns it off in a process (the runner then builds no folds).
+BATCH1_ROUTER_FOLD = _switch("batch1_router_fold", True)
 
 
 def batch1_router_fold(tokens: int) -> bool:

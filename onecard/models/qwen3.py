@@ -160,20 +160,29 @@ class DecoderLayer(nn.Module):
         return self.mlp(h), residual
 
 
-    def _router_fold(self, x: torch.Tensor) -> RouterFold | None:
-        """This MoE layer's folded router (fused_moe/router_fold.py) where this step may use it
-        (paths.batch1_router_fold, the Triton backend, fused q/k/v, a GPTQ o_proj without bias); built on first
-        use, outside a CUDA-graph capture (the capture's warm-up forwards run first)."""
+    def folds_router(self, tokens: int, device: torch.device) -> bool:
+        """Does a ``tokens``-token forward on ``device`` fold this layer's router into o_proj
+        (fused_moe/router_fold.py): an MoE layer, paths.batch1_router_fold, the Triton backend, fused q/k/v, a GPTQ
+        o_proj without bias?"""
         a = self.self_attn
-        if not (self.is_moe and paths.batch1_router_fold(x.shape[0]) and a.fuse_qkv and a.o_proj.gptq is not None
-                and a.o_proj.bias is None and ops.backend_for(x.device) == "triton"):
-            return None
+        return (self.is_moe and paths.batch1_router_fold(tokens) and a.fuse_qkv and a.o_proj.gptq is not None
+                and a.o_proj.bias is None and ops.backend_for(device) == "triton")
+
+    def build_router_fold(self) -> RouterFold:
         m = self.mlp
         if m.router_fold is None:
-            if x.is_cuda and torch.cuda.is_current_stream_capturing():
-                return None
-            m.router_fold = router_fold.build(m.gate, self.post_attention_layernorm, a.o_proj.gptq)
+            m.router_fold = router_fold.build(m.gate, self.post_attention_layernorm, self.self_attn.o_proj.gptq)
         return m.router_fold
+
+    def _router_fold(self, x: torch.Tensor) -> RouterFold | None:
+        """This MoE layer's folded router where this step may use it (``folds_router``): the runner builds them
+        after loading (Qwen3ForCausalLM.build_router_folds); a process that turns the switch on later builds them
+        on first use, outside a CUDA-graph capture (the capture's warm-up forwards run first)."""
+        if not self.folds_router(x.shape[0], x.device):
+            return None
+        if self.mlp.router_fold is None and x.is_cuda and torch.cuda.is_current_stream_capturing():
+            return None
+        return self.build_router_fold()
 
 
 def is_moe_layer(c: dict[str, Any], i: int) -> bool:
@@ -228,6 +237,17 @@ class Qwen3ForCausalLM(nn.Module):
             x, residual = layer(x, residual, positions, self.cos_sin, kv, md)
         x, _ = ops.rms_norm(x, self.norm, self.eps, residual)
         return x
+
+    def build_router_folds(self, device: torch.device) -> int:
+        """Build the folded router of every layer that batch 1 on ``device`` folds (DecoderLayer.folds_router), now:
+        the runner calls this after loading, before its memory profile sizes the KV cache, so that it counts
+        their bytes (72 MB at the served shape). -> their bytes."""
+        n = 0
+        for layer in self.layers:
+            if layer.folds_router(1, device):
+                f = layer.build_router_fold()
+                n += f.f.numel() * f.f.element_size() + f.m.numel() * f.m.element_size()
+        return n
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()                                # [B, V]

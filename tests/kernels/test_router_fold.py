@@ -10,10 +10,10 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kernels_testlib import random_gptq  # noqa: E402
+from kernels_testlib import random_gptq
 
-from onecard.kernels.fused_moe import router_fold  # noqa: E402
-from onecard.kernels.norm import ref as norm_ref  # noqa: E402
+from onecard.kernels.fused_moe import router_fold
+from onecard.kernels.norm import ref as norm_ref
 
 
 def _layer(dtype: torch.dtype, seed: int = 0):

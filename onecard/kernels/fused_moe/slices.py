@@ -279,6 +279,13 @@ def _moe_slices_kernel(x_ptr, out_ptr, qg_ptr, zg_ptr, sg_ptr, qu_ptr, zu_ptr, s
     if TRACE:
         stamp(tr + 1, pid_i)                                              # 1: the previous launch complete
         stamp_where(tr + 7, pid_i)
+    if ROUTE:
+        # the logits once per warp (topk_slot_of: every reduction inside a warp), loaded first: with NORM their L2
+        # round trip overlaps the norm's
+        offs_e = tl.arange(0, BLOCK_E)
+        reps = tl.arange(0, NUM_WARPS)
+        lg = tl.load(logits_ptr + reps[:, None] * 0 + offs_e[None, :], mask=(offs_e < E)[None, :],
+                     other=-float("inf"), cache_modifier=".cg")            # [NUM_WARPS, BE]
     if NORM:
         # the norm of the token's row (every program: 2 rows of 4-8 KB from L2), into this program's own x row
         RDT: tl.constexpr = res_out_ptr.dtype.element_ty
@@ -293,12 +300,7 @@ def _moe_slices_kernel(x_ptr, out_ptr, qg_ptr, zg_ptr, sg_ptr, qu_ptr, zu_ptr, s
         tl.debug_barrier()                                                # the row, stored, before any load of it
     else:
         x_in = x_ptr
-    if ROUTE:
-        # the logits once per warp (topk_slot_of: every reduction inside a warp), this slot's expert and weight
-        offs_e = tl.arange(0, BLOCK_E)
-        reps = tl.arange(0, NUM_WARPS)
-        lg = tl.load(logits_ptr + reps[:, None] * 0 + offs_e[None, :], mask=(offs_e < E)[None, :],
-                     other=-float("inf"), cache_modifier=".cg")            # [NUM_WARPS, BE]
+    if ROUTE:                                                             # this slot's expert and weight
         if NORM:                                                          # the logits as norm-route stores them
             lg = (lg * rstd).to(res_out_ptr.dtype.element_ty)
         e, w_e = topk_slot_of(lg.to(tl.float32), offs_e, E, slot, TOP_K, BLOCK_E, RENORM)

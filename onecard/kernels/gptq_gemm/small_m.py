@@ -131,6 +131,11 @@ def _w4a16_small_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_p
                 rm_ptr, rf_ptr, pid_n, pid_k, t_begin, t_end, E, N, K, rn_chunk, BLOCK_K8, BLOCK_RE, BLOCK_RK,
                 BLOCK_RN)
         pdl_enter(PDL)
+        if ROUTER:                      # the router's inputs now: their round trips overlap the K loop's
+            # loaded in the tiles' shape (each row its copy, from L1) so that no layout conversion goes through
+            # shared memory: [BRE, BRK] this split's inputs, [BRE, BRN] the residual's chunk
+            av = tl.load(x_ptr + re[:, None] * 0 + rk[None, :], mask=rk_mask[None, :], other=0.0).to(tl.float32)
+            rv = tl.load(rr_ptr + re[:, None] * 0 + rn[None, :], mask=rn_mask[None, :], other=0.0).to(tl.float32)
         acc = _small_tile_mac(acc, q0, s0, z0, t_begin, t_end, x_ptr, sc_ptr, qz_ptr, gidx_ptr, offs_r, offs_m,
                               m_mask, offs_n, n_mask, z_shift, k8, N, stride_xm, DT, BLOCK_M, BLOCK_N, BLOCK_K8,
                               PER_ROW, INT_DOT)
@@ -165,9 +170,8 @@ def _w4a16_small_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_p
             res += tl.load(bias_ptr + offs_n, mask=n_mask & (pid_k == 0), other=0.0).to(tl.float32)[None, :]
         tl.atomic_add(out_ptr + o_off, res, mask=o_mask, sem="relaxed")
         if ROUTER:
-            av = tl.load(x_ptr + rk, mask=rk_mask, other=0.0).to(tl.float32)       # [BRK] this split's inputs
-            rv = tl.load(rr_ptr + rn, mask=rn_mask, other=0.0).to(tl.float32)      # [BRN] the residual's chunk
-            raw = tl.sum(m_t.to(tl.float32) * av[None, :], axis=1) + tl.sum(f_t.to(tl.float32) * rv[None, :], axis=1)
+            tl.static_assert(BLOCK_RK == BLOCK_RN, "one tile shape: one reduction, no layout conversion")
+            raw = tl.sum(m_t.to(tl.float32) * av + f_t.to(tl.float32) * rv, axis=1)   # [BRE]
             tl.atomic_add(raw_ptr + re, raw, mask=re_mask, sem="relaxed")
     elif splits > 1 and BLOCK_M == 1:
         tl.store(part_ptr + pid_k * N + o_off, res, mask=o_mask)

@@ -263,8 +263,8 @@ def small_m_gemm(x: torch.Tensor, w: GPTQWeight, bias: torch.Tensor | None = Non
         assert raw.dtype == torch.float32 and raw.numel() == e and rres.numel() == n and rm.is_contiguous()
         assert rf.is_contiguous() and rres.is_contiguous() and raw.is_contiguous()
         rn_chunk = triton.cdiv(n, splits)
-        rt = dict(ROUTER=True, BLOCK_RE=next_pow2(triton.cdiv(e, grid_n)), BLOCK_RK=next_pow2(tiles_per_split * bk8 * 8),
-                  BLOCK_RN=next_pow2(rn_chunk))
+        width = max(next_pow2(tiles_per_split * bk8 * 8), next_pow2(rn_chunk))   # both tiles: one shape
+        rt = dict(ROUTER=True, BLOCK_RE=next_pow2(triton.cdiv(e, grid_n)), BLOCK_RK=width, BLOCK_RN=width)
         rargs = (rm, rf, rres, raw, e, rn_chunk)
     else:
         rargs = (out, out, out, out, 0, 0)                                # unused without ROUTER
@@ -357,7 +357,7 @@ def aot_configs() -> list[AotConfig]:
                                              f"w4a16[{name}{tag},accum,{act}]"))
                     if name == "gemv" and not per_row:    # + the folded router (paths.batch1_router_fold): the
                         # served o_proj (K 4096, 16 splits of 2 tiles; N 2048 in 32 column tiles; E 128)
-                        rx = dict(cx, ACCUM=True, ROUTER=True, BLOCK_RE=4, BLOCK_RK=256, BLOCK_RN=128)
+                        rx = dict(cx, ACCUM=True, ROUTER=True, BLOCK_RE=4, BLOCK_RK=256, BLOCK_RN=256)
                         out.append(AotConfig(_w4a16_small_kernel, signature(dict(args, out_ptr="*fp32"), rx), rx,
                                              warps, stages, min_cc, f"w4a16[{name},accum,router,{act}]"))
                     if name != "gemv" and not per_row and act == "fp16":      # the exact-integer dot

@@ -14,6 +14,8 @@ Here it is three:
   2, 3. stages.moe_stages: gate/up into gu, down (times the routed weight, top-k summed) into out32. With
      paths.batch1_moe_slices (where slices.supported): slices.moe_slices, both stages in ONE launch (no gu);
      and with paths.batch1_slices_route the slices find the top-k themselves from the logits (no last arriver).
+Given the attention block's ``folded`` hand-over (paths.batch1_router_fold, router_fold.py) there is no launch 1:
+the slices normalise the input and route from the router's sums that the o_proj launch added up; ONE launch.
 The finish kernel (cast to the model dtype) is gone: out32 is returned and the next RMSNorm reads fp32
 (norm/ref.py: its outputs follow the residual's dtype). Nothing persists between calls but the arrival
 counter, which its last arriver resets (kernels/workspace.py). Under PDL the stages' rule holds as in

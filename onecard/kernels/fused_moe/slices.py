@@ -5,7 +5,8 @@ weights of the token's k experts; out32 [1, H] fp32 zeroed by that launch): out3
 w_e * (silu(x @ Wg[e]) * (x @ Wu[e])) @ Wd[e]. Nothing else is read or written (no gu, no active list). With
 ROUTE (paths.batch1_slices_route) each program routes the token itself from that launch's router logits, as its
 last program would have (decode.topk_slot_of: topk_of's choice, its own slot only), and the ids and weights are
-neither written nor read.
+neither written nor read. With NORM (paths.batch1_router_fold) there is no norm-route launch: x is the norm's fp32
+input, each program normalises it itself and routes from the folded router's sums (router_fold.py).
 
 Why: at batch 1 stages.py is two launches, gate/up into gu (fp32 atomics), then down (which needs every K
 split of gu complete, so it waits for the whole first launch). That boundary is one more dependent step on the

@@ -80,6 +80,9 @@ def switch_setters() -> dict:
             # BLOCK_K8 64 pipelined: 4 gate/up steps of 16 KB (128 registers with the down's chunk loaded late, 205
             # early; 35 KB shared; unpipelined it took 254)
             "slices_k64_st3": _attr_override(slices, "SLICES_CONFIG", (32, 64, 1024, 8, 3), SLICES_DOWN_EARLY=False),
+            # 3 (4) tiles in flight instead of 2: the shipped tile 4 deep (26 KB shared), BLOCK_K8 64 4 deep (52 KB)
+            "slices_st4": _attr_override(slices, "SLICES_CONFIG", (32, 32, 1024, 8, 4), SLICES_DOWN_EARLY=False),
+            "slices_k64_st4": _attr_override(slices, "SLICES_CONFIG", (32, 64, 1024, 8, 4), SLICES_DOWN_EARLY=False),
             "gemv4": _table_override(gemm.SMALL_PROGRAMS_PER_SM, "gemv", 4),
             "moe1pps8": _table_override(stages.DECODE_CONFIGS, "decode1",
                                         stages.DECODE_CONFIGS["decode1"][:5] + (8,)),

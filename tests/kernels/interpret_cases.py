@@ -66,13 +66,15 @@ NORM_MOE = [(1, 64, 32, 8, 2, True, True), (1, 200, 48, 6, 3, False, True), (1, 
 # g128 at the shipped config (4 groups per gate/up tile), 4 slices; groups of 32 / 16 (per-row groups, BLOCK_I cut to
 # the down's 16, I = 40 ending inside a slice, H = 200 inside an output chunk); BLOCK_I 64 asked and cut to 32,
 # 4-packed-row tiles in one group of 32, two output chunks; channelwise gate/up, one-packed-row slices, k = E;
-# g128 with one group per gate/up tile (BLOCK_K8 16: the GEMV step); groups of 64 over 2 tiles each
+# g128 with one group per gate/up tile (BLOCK_K8 16: the GEMV step); groups of 64 over 2 tiles each; g128 over H
+# 1,024 (the shipped sm80+ config's loop: 2 steps of 64 packed rows; case 0 has one, partly masked)
 MOE_SLICES = [(256, 128, 8, 3, 128, 128, None), (200, 40, 6, 2, 32, 16, None),
               (128, 96, 16, 4, 32, 32, (64, 4, 64, 2, 2)), (256, 64, 8, 8, 256, 64, (8, 8, 128, 4, 2)),
-              (256, 128, 8, 3, 128, 128, (32, 16, 128, 4, 1)), (256, 64, 8, 2, 64, 64, (16, 4, 128, 4, 1))]
+              (256, 128, 8, 3, 128, 128, (32, 16, 128, 4, 1)), (256, 64, 8, 2, 64, 64, (16, 4, 128, 4, 1)),
+              (1024, 64, 4, 2, 128, 64, None)]
 # MOE_SLICES cases again with the slices routing themselves from the logits (switch "batch1_slices_route"): the
 # norm-route launch has no last arriver; case 1 without renormalisation (E 6, not a power of two), case 3 with k = E
-MOE_SLICES_ROUTE = (0, 1, 3)
+MOE_SLICES_ROUTE = (0, 1, 3, 6)
 # (H, Hq, Hkv, D, input, slot, T): a layer's attention input (attn_in: RMSNorm + qkv + q/k norm + RoPE + KV
 # store), g128 weights, through dispatch's composition of the three Triton ops
 ATTN_IN = [(256, 2, 1, 64, "res", 2, 3)]

@@ -57,9 +57,9 @@ from onecard.kernels.types import GPTQWeight, MoEWeight
 # (BLOCK_I, BLOCK_K8, BLOCK_H, num_warps, stages) on sm80+ (SLICES_CONFIG) and below (SLICES_CONFIG_PRE_AMPERE;
 # ``config(cc)`` picks, paths.pipelined_loads); stages: the gate/up loop's depth (kernel STAGES: 1, the next tile
 # in registers; >= 2, Triton's cp.async pipeline, sm80+ only). BLOCK_I 32: 128-byte rows of gate/up tiles, 24
-# slices x 8 experts = 192 programs at the served shape; BLOCK_K8 32: a program's gate/up is 8 K tiles of 2 g128
-# groups, 8 KB a tile for gate and up together, the next one loading while one is multiplied; its down 2 chunks
-# of 16 KB, likewise. sm90 (JIT-aligned compile): 128 registers at 8 warps, so two programs per SM and the 192 in one wave;
+# slices x 8 experts = 192 programs at the served shape; BLOCK_K8 32 (pre-Ampere): a program's gate/up is 8 K
+# tiles of 2 g128 groups, 8 KB a tile for gate and up together, the next one loading while one is multiplied
+# (sm80+: 64, 4 tiles of 16 KB); its down 2 chunks of 16 KB, likewise. sm90 (JIT-aligned compile): 128 registers at 8 warps, so two programs per SM and the 192 in one wave;
 # at BLOCK_H 1,024 the down tile's layout (outputs first, 8 warps along them) keeps a column's 4 packed rows in
 # one thread: no CTA barrier in the down loop and 16-byte atomics (BLOCK_H 512: 9 barriers a chunk, 8-byte
 # atomics). BLOCK_K8 64 needs 254 registers. Timed (H100, 2026-12-07, bench/run_h200.sh decode10; the figures are
@@ -74,7 +74,12 @@ from onecard.kernels.types import GPTQWeight, MoEWeight
 # +2.8%; the down's first chunk before the loop, SLICES_DOWN_EARLY: 467.8 / 313.1; with the L2 prefetch 458.2 /
 # 308.6); BLOCK_I 16 on 4 warps (384 programs, 3 an SM: the busiest SM issues ~20% fewer instructions by the SASS
 # counts) 466.4 / 303.3, with BLOCK_K8 64 467.0 / 308.8: balance did not pay. The same greedy tokens throughout.
-SLICES_CONFIG = (32, 32, 1024, 8, 3)
+# BLOCK_K8 64 on sm80+ since 2026-12-07 (after the router fold): 4 gate/up steps of 16 KB, two in flight through
+# shared memory (sm90 128 registers, 37 KB shared: still two programs an SM). bench/run_h200.sh decode14 (H100, one
+# engine, alternating, medians of 3), batch 1 at 512 / 32k tokens: BLOCK_K8 32 476.9 / 314.9 tok/s, 64 481.9 /
+# 316.8 (+1.1% / +0.6%); in the other order 479.7 / 315.6 against 482.4 / 316.9; the shipped tile 4 deep 476.3 /
+# 314.0, BLOCK_K8 64 4 deep 474.2 / 314.0. The same greedy tokens.
+SLICES_CONFIG = (32, 64, 1024, 8, 3)
 SLICES_CONFIG_PRE_AMPERE = (32, 32, 1024, 8, 1)      # no cp.async: stages 1 (sm70: 128 registers, no spill)
 # The TRACE variant's stamps (bench/slices_trace.py): a program's row of TRACE_SLOTS int64, fields in this order:
 # %clock64 at each phase boundary, then (%globaltimer, SM) after the wait and at the end

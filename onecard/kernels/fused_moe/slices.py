@@ -59,10 +59,11 @@ from onecard.kernels.types import GPTQWeight, MoEWeight
 # in registers; >= 2, Triton's cp.async pipeline, sm80+ only). BLOCK_I 32: 128-byte rows of gate/up tiles, 24
 # slices x 8 experts = 192 programs at the served shape; BLOCK_K8 32 (pre-Ampere): a program's gate/up is 8 K
 # tiles of 2 g128 groups, 8 KB a tile for gate and up together, the next one loading while one is multiplied
-# (sm80+: 64, 4 tiles of 16 KB); its down 2 chunks of 16 KB, likewise. sm90 (JIT-aligned compile): 128 registers at 8 warps, so two programs per SM and the 192 in one wave;
-# at BLOCK_H 1,024 the down tile's layout (outputs first, 8 warps along them) keeps a column's 4 packed rows in
-# one thread: no CTA barrier in the down loop and 16-byte atomics (BLOCK_H 512: 9 barriers a chunk, 8-byte
-# atomics). BLOCK_K8 64 needs 254 registers. Timed (H100, 2026-12-07, bench/run_h200.sh decode10; the figures are
+# (sm80+: 64, 4 tiles of 16 KB); its down 2 chunks of 16 KB, likewise. sm90 (JIT-aligned compile): 128 registers
+# at 8 warps, so two programs per SM and the 192 in one wave; at BLOCK_H 1,024 the down tile's layout (outputs
+# first, 8 warps along them) keeps a column's 4 packed rows in one thread: no CTA barrier in the down loop and
+# 16-byte atomics (BLOCK_H 512: 9 barriers a chunk, 8-byte atomics). BLOCK_K8 64 in registers (stages 1) needs 254
+# registers; through Triton's pipeline 128. Timed (H100, 2026-12-07, bench/run_h200.sh decode10; the figures are
 # in paths.BATCH1_MOE_SLICES's comment and BENCHMARKS.md): BLOCK_I 16 on 4 warps ("slices16": 384 programs, twice
 # the atomics) lost in the full model; of the other configs the "norm_moe T=1 slices" rows of bench/kernels_gpu.py
 # try, only (16, 64, 1024, 8, 1) was faster alone (23.4 against 24.5 µs), and it lost in the model ("slices1664":

@@ -108,6 +108,7 @@ def decode(bs: int, h200: dict[str, float], ctx: int = CTX) -> list[Kernel]:
     act = bs * H * 2
     kv = bs * ctx * 2 * NKV * D * 2
     split = split_launch(bs, ctx, V100_SMS, cc)
+    fold = paths.batch1_router_fold(bs) and paths.batch1_moe_slices()
     ks = [
         Kernel("rms_norm (input; bs16 also post-attention)", L * (1 if bs == 1 else 2), 3 * act + H * 2, 0, "fma",
                h200_us=h200.get("rms")),
@@ -119,13 +120,18 @@ def decode(bs: int, h200: dict[str, float], ctx: int = CTX) -> list[Kernel]:
                4.0 * bs * ctx * D * NQ, "fma", h200_us=h200.get("attn")),
         Kernel(f"segment reduce ({split['filled']} filled segments)", L, split["reduce_mb"] * 1e6, 0, "fma",
                h200_us=h200.get("reduce")),
-        Kernel("o_proj GEMV / skinny", L, gptq_bytes(NQ * D, H) + act, gemm(bs, NQ * D, H), "fma",
+        # batch 1 with the router folded into o_proj (fused_moe/router_fold.py; no cc condition): o_proj also reads
+        # F [E, H] and M [E, K_o] and there is no router launch; the slices normalise and route themselves
+        Kernel("o_proj GEMV / skinny" + (" + the folded router (M @ a + F @ r)" if fold else ""), L,
+               gptq_bytes(NQ * D, H) + act + (E * (NQ * D + H) * 2 if fold else 0),
+               gemm(bs, NQ * D, H) + (gemm(1, NQ * D + H, E) if fold else 0), "fma",
                dequant=NQ * D * H, h200_us=h200.get("o")),
-        Kernel("router GEMV + routing (bs1: with the norm, one launch)", L, E * H * 2 + act, gemm(bs, H, E), "fma",
-               h200_us=h200.get("route")),
+        *([] if fold else [Kernel("router GEMV + routing (bs1: with the norm, one launch)", L, E * H * 2 + act,
+                                  gemm(bs, H, E), "fma", h200_us=h200.get("route"))]),
         # batch 1: both stages in one launch of intermediate slices (fused_moe/slices.py, no cc condition: sm70
         # runs it too); the bytes are the stages' (+ the down's scales once per slice: ~5%, not counted here)
-        Kernel(f"decode MoE, {'one launch of slices' if bs == 1 and paths.batch1_moe_slices() else '2 stages'} "
+        Kernel(f"decode MoE, {'one launch of slices' if bs == 1 and paths.batch1_moe_slices() else '2 stages'}"
+               f"{' (normalising and routing themselves)' if fold else ''} "
                f"({distinct:.0f} distinct experts)", L,
                distinct * (2 * gptq_bytes(H, I) + gptq_bytes(I, H)), bs * TOPK * (gemm(1, H, 2 * I) + gemm(1, I, H)),
                "fma", dequant=distinct * 3 * H * I, h200_us=h200.get("moe")),

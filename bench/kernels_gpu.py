@@ -232,7 +232,7 @@ def cases(quick: bool):
                        TOPK * per_expert + E * H * 2)
             # no norm-route launch (paths.batch1_router_fold): the slices normalise x (fp32 sums, as the attention
             # block leaves them) and route from the folded router's sums, (gate * nw) @ (x + r) here
-            x32 = x.float()
+            x32 = _clear_routing(r, nw, wr)
             raw = (x32 + r.float()) @ (wr.float() * nw.float()[None, :]).t()
             yield ("norm_moe T=1 slices, router folded",
                    lambda x32=x32, r=r, raw=raw: torch.cat(moe_t.norm_moe(
@@ -329,6 +329,22 @@ def rope_cache(positions: int = 4096) -> torch.Tensor:
     ang = torch.outer(torch.arange(positions, device=DEV).float(),
                       1.0 / (1e7 ** (torch.arange(0, D, 2, device=DEV).float() / D)))
     return torch.cat([ang.cos(), ang.sin()], -1)
+
+
+def _clear_routing(r: torch.Tensor, nw: torch.Tensor, wr: torch.Tensor, margin: float = 1e-2) -> torch.Tensor:
+    """x fp32 [1, H] (seeded draws) whose top-k routing after rms_norm(x + r) * nw is clear of ties: the k-th and
+    (k+1)-th expert probabilities at least ``margin`` apart, relative to the k-th. Where two paths round the logits
+    differently (the router fold: fp32 sums times rstd, against the reference's fp16 matmul), a near-tie would
+    route them to different experts and differ by a whole expert, not by rounding."""
+    g = torch.Generator(device=DEV).manual_seed(11)
+    for _ in range(64):
+        x = torch.randn(1, H, device=DEV, generator=g)
+        h = (x + r.float()).half().float()
+        hn = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * nw.float()).half()
+        p = torch.sort(torch.softmax((hn @ wr.t()).float(), dim=-1), descending=True).values[0]
+        if float((p[TOPK - 1] - p[TOPK]) / p[TOPK - 1]) >= margin:
+            return x
+    raise AssertionError("no draw routes clear of ties")
 
 
 def _attn_block_cases():

@@ -82,12 +82,11 @@ class Attention(nn.Module):
             return self.forward(h, positions, cos_sin, kv_cache, md), residual
         lin, o = self.qkv_proj, self.o_proj
         k_cache, v_cache = kv_cache
-        fold = {"router_fold": router_fold} if router_fold is not None else {}
         return ops.attention_block(x, residual, norm_weight, self.eps,
                                    lin.gptq if lin.gptq is not None else lin.weight, lin.bias, self.q_norm,
                                    self.k_norm, positions, cos_sin, k_cache, v_cache, md, self.scale,
                                    o.gptq if o.gptq is not None else o.weight, o.bias, self.k_scale, self.v_scale,
-                                   **fold)
+                                   router_fold=router_fold)
 
     def _attend(self, q: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor],
                 md: AttentionMetadata) -> torch.Tensor:
@@ -143,22 +142,15 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm: torch.Tensor | None = None
 
     def forward(self, x, residual, positions, cos_sin, kv_cache, md):
-        fold = self._router_fold(x)
-        if fold is not None:                                              # the router inside o_proj's launch
-            h, residual, folded = self.self_attn.forward_residual(x, residual, self.input_layernorm, positions,
-                                                                  cos_sin, kv_cache, md, router_fold=fold)
-            m = self.mlp
-            return ops.norm_moe(h, residual, self.post_attention_layernorm, self.eps, m.gate, m.w_gate, m.w_up,
-                                m.w_down, m.top_k, m.renormalize, folded=folded)
-        h, residual = self.self_attn.forward_residual(x, residual, self.input_layernorm, positions, cos_sin,
-                                                      kv_cache, md)
+        fold = self._router_fold(x)                                       # the router inside o_proj's launch
+        h, residual, *handed = self.self_attn.forward_residual(x, residual, self.input_layernorm, positions, cos_sin,
+                                                               kv_cache, md, router_fold=fold)
         if self.is_moe:                                                   # norm + router + experts: one op
             m = self.mlp
             return ops.norm_moe(h, residual, self.post_attention_layernorm, self.eps, m.gate, m.w_gate, m.w_up,
-                                m.w_down, m.top_k, m.renormalize)
+                                m.w_down, m.top_k, m.renormalize, folded=handed[0] if handed else None)
         h, residual = ops.rms_norm(h, self.post_attention_layernorm, self.eps, residual)
         return self.mlp(h), residual
-
 
     def folds_router(self, tokens: int, device: torch.device) -> bool:
         """Does a ``tokens``-token forward on ``device`` fold this layer's router into o_proj

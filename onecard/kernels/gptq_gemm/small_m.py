@@ -83,7 +83,7 @@ def _w4a16_small_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_p
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K8: tl.constexpr,
                         PER_ROW: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
                         INT_DOT: tl.constexpr = False, ACCUM: tl.constexpr = False, ROUTER: tl.constexpr = False,
-                        BLOCK_RE: tl.constexpr = 1, BLOCK_RK: tl.constexpr = 1, BLOCK_RN: tl.constexpr = 1):
+                        BLOCK_RE: tl.constexpr = 1, BLOCK_R: tl.constexpr = 1):
     """Decode GEMM, M <= 16, one launch. BLOCK_M == 1: GEMV with a [BK8, BN] fp32 accumulator whose row sum is
     deferred past the K loop; the scale and zero are applied once per tile (int4.gemv_tile_mac), so the inner
     loop is a shift, a LOP3 and an FMA per weight. Else tl.dot on a 16-row block with
@@ -100,7 +100,8 @@ def _w4a16_small_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_p
     ROUTER (with ACCUM, no bias; paths.batch1_router_fold, fused_moe/router_fold.py): the program also adds into
     the zeroed fp32 raw_ptr [E] its share of the folded router, rows pid_n * BLOCK_RE + [0, BLOCK_RE): M[rows, its
     split's K range] @ x[that range] + F[rows, pid_k's rn_chunk of N] @ residual[that chunk] (rm_ptr M [E, K],
-    rf_ptr F [E, N], rr_ptr the residual [N]; M and F load before the PDL wait: weights)."""
+    rf_ptr F [E, N], rr_ptr the residual [N]; M and F load before the PDL wait: weights), both as [BLOCK_RE,
+    BLOCK_R] tiles (BLOCK_R covers either range), so that one reduction sums them."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)                      # [BN]
@@ -128,12 +129,11 @@ def _w4a16_small_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_p
                                       k8, N, group_size, num_groups, BLOCK_K8)
         if ROUTER:
             m_t, f_t, rk, rk_mask, rn, rn_mask, re, re_mask = _router_load(
-                rm_ptr, rf_ptr, pid_n, pid_k, t_begin, t_end, E, N, K, rn_chunk, BLOCK_K8, BLOCK_RE, BLOCK_RK,
-                BLOCK_RN)
+                rm_ptr, rf_ptr, pid_n, pid_k, t_begin, t_end, E, N, K, rn_chunk, BLOCK_K8, BLOCK_RE, BLOCK_R)
         pdl_enter(PDL)
         if ROUTER:                      # the router's inputs now: their round trips overlap the K loop's
             # loaded in the tiles' shape (each row its copy, from L1) so that no layout conversion goes through
-            # shared memory: [BRE, BRK] this split's inputs, [BRE, BRN] the residual's chunk
+            # shared memory: [BRE, BR] this split's inputs, [BRE, BR] the residual's chunk
             av = tl.load(x_ptr + re[:, None] * 0 + rk[None, :], mask=rk_mask[None, :], other=0.0).to(tl.float32)
             rv = tl.load(rr_ptr + re[:, None] * 0 + rn[None, :], mask=rn_mask[None, :], other=0.0).to(tl.float32)
         acc = _small_tile_mac(acc, q0, s0, z0, t_begin, t_end, x_ptr, sc_ptr, qz_ptr, gidx_ptr, offs_r, offs_m,
@@ -170,7 +170,6 @@ def _w4a16_small_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_p
             res += tl.load(bias_ptr + offs_n, mask=n_mask & (pid_k == 0), other=0.0).to(tl.float32)[None, :]
         tl.atomic_add(out_ptr + o_off, res, mask=o_mask, sem="relaxed")
         if ROUTER:
-            tl.static_assert(BLOCK_RK == BLOCK_RN, "one tile shape: one reduction, no layout conversion")
             raw = tl.sum(m_t.to(tl.float32) * av + f_t.to(tl.float32) * rv, axis=1)   # [BRE]
             tl.atomic_add(raw_ptr + re, raw, mask=re_mask, sem="relaxed")
     elif splits > 1 and BLOCK_M == 1:
@@ -188,14 +187,14 @@ def _w4a16_small_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_p
 
 @triton.jit
 def _router_load(rm_ptr, rf_ptr, pid_n, pid_k, t_begin, t_end, E, N, K, rn_chunk, BLOCK_K8: tl.constexpr,
-                 BLOCK_RE: tl.constexpr, BLOCK_RK: tl.constexpr, BLOCK_RN: tl.constexpr):
-    """The ROUTER share of program (pid_n, pid_k): (M tile [BRE, BRK], F tile [BRE, BRN], their input offsets and
+                 BLOCK_RE: tl.constexpr, BLOCK_R: tl.constexpr):
+    """The ROUTER share of program (pid_n, pid_k): (M tile [BRE, BR], F tile [BRE, BR], their input offsets and
     masks (K: the split's tiles t_begin..t_end; N: chunk pid_k of rn_chunk), their rows and row mask)."""
     re = pid_n * BLOCK_RE + tl.arange(0, BLOCK_RE)                        # [BRE] router rows (experts)
     re_mask = re < E
-    rk = t_begin * BLOCK_K8 * 8 + tl.arange(0, BLOCK_RK)                  # [BRK] this split's inputs
+    rk = t_begin * BLOCK_K8 * 8 + tl.arange(0, BLOCK_R)                   # [BR] this split's inputs
     rk_mask = rk < tl.minimum(t_end * BLOCK_K8 * 8, K)
-    rn = pid_k * rn_chunk + tl.arange(0, BLOCK_RN)                        # [BRN] a chunk of the residual
+    rn = pid_k * rn_chunk + tl.arange(0, BLOCK_R)                         # [BR] a chunk of the residual
     rn_mask = (rn < (pid_k + 1) * rn_chunk) & (rn < N)
     m_t = tl.load(rm_ptr + re[:, None] * K + rk[None, :], mask=re_mask[:, None] & rk_mask[None, :], other=0.0)
     f_t = tl.load(rf_ptr + re[:, None] * N + rn[None, :], mask=re_mask[:, None] & rn_mask[None, :], other=0.0)

@@ -264,7 +264,7 @@ def small_m_gemm(x: torch.Tensor, w: GPTQWeight, bias: torch.Tensor | None = Non
         assert rf.is_contiguous() and rres.is_contiguous() and raw.is_contiguous()
         rn_chunk = triton.cdiv(n, splits)
         width = max(next_pow2(tiles_per_split * bk8 * 8), next_pow2(rn_chunk))   # both tiles: one shape
-        rt = dict(ROUTER=True, BLOCK_RE=next_pow2(triton.cdiv(e, grid_n)), BLOCK_RK=width, BLOCK_RN=width)
+        rt = dict(ROUTER=True, BLOCK_RE=next_pow2(triton.cdiv(e, grid_n)), BLOCK_R=width)
         rargs = (rm, rf, rres, raw, e, rn_chunk)
     else:
         rargs = (out, out, out, out, 0, 0)                                # unused without ROUTER
@@ -338,8 +338,7 @@ def aot_configs() -> list[AotConfig]:
             if bm <= SMALL_M_MAX:
                 for per_row in ((False,) if name == INT_DOT_GEMV else (False, True)):
                     cx = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K8=bk8, PER_ROW=per_row, BLOCK_S=GEMV_MAX_SPLITS,
-                              PDL=False, INT_DOT=False, ACCUM=False, ROUTER=False, BLOCK_RE=1, BLOCK_RK=1,
-                              BLOCK_RN=1)
+                              PDL=False, INT_DOT=False, ACCUM=False, ROUTER=False, BLOCK_RE=1, BLOCK_R=1)
                     args = dict(x_ptr=f"*{act}", qw_ptr="*i32", qz_ptr="*i32", sc_ptr="*fp16", gidx_ptr="*i32",
                                 bias_ptr=f"*{act}", out_ptr=f"*{act}", part_ptr="*fp32", cnt_ptr="*i32",
                                 M="i32", N="i32",
@@ -357,7 +356,7 @@ def aot_configs() -> list[AotConfig]:
                                              f"w4a16[{name}{tag},accum,{act}]"))
                     if name == "gemv" and not per_row:    # + the folded router (paths.batch1_router_fold): the
                         # served o_proj (K 4096, 16 splits of 2 tiles; N 2048 in 32 column tiles; E 128)
-                        rx = dict(cx, ACCUM=True, ROUTER=True, BLOCK_RE=4, BLOCK_RK=256, BLOCK_RN=256)
+                        rx = dict(cx, ACCUM=True, ROUTER=True, BLOCK_RE=4, BLOCK_R=256)
                         out.append(AotConfig(_w4a16_small_kernel, signature(dict(args, out_ptr="*fp32"), rx), rx,
                                              warps, stages, min_cc, f"w4a16[{name},accum,router,{act}]"))
                     if name != "gemv" and not per_row and act == "fp16":      # the exact-integer dot

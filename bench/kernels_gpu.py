@@ -20,7 +20,7 @@ import triton
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "kernels"))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from kernels_testlib import make_paged_batch
+from kernels_testlib import make_paged_batch, route_gap
 
 from onecard.kernels.types import GPTQWeight
 
@@ -332,17 +332,17 @@ def rope_cache(positions: int = 4096) -> torch.Tensor:
 
 
 def _clear_routing(r: torch.Tensor, nw: torch.Tensor, wr: torch.Tensor, margin: float = 1e-2) -> torch.Tensor:
-    """x fp32 [1, H] (seeded draws) whose top-k routing after rms_norm(x + r) * nw is clear of ties: the k-th and
-    (k+1)-th expert probabilities at least ``margin`` apart, relative to the k-th. Where two paths round the logits
+    """x fp32 [1, H] (seeded draws) whose top-k routing after rms_norm(x + r) * nw is clear of ties (route_gap at
+    least ``margin``). Where two paths round the logits
     differently (the router fold: fp32 sums times rstd, against the reference's fp16 matmul), a near-tie would
     route them to different experts and differ by a whole expert, not by rounding."""
+    from onecard.kernels.norm import ref as norm_ref
+
     g = torch.Generator(device=DEV).manual_seed(11)
     for _ in range(64):
         x = torch.randn(1, H, device=DEV, generator=g)
-        h = (x + r.float()).half().float()
-        hn = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * nw.float()).half()
-        p = torch.sort(torch.softmax((hn @ wr.t()).float(), dim=-1), descending=True).values[0]
-        if float((p[TOPK - 1] - p[TOPK]) / p[TOPK - 1]) >= margin:
+        hn, _ = norm_ref.rms_norm(x, nw, 1e-6, r)                         # as the reference MoE block routes
+        if route_gap(hn @ wr.t(), TOPK) >= margin:
             return x
     raise AssertionError("no draw routes clear of ties")
 
@@ -382,21 +382,18 @@ def _attn_block_cases():
             paths.set_switch("batch1_accumulate", acc)
             paths.set_switch("batch1_attn_qk", qk)
             paths.set_switch("attention_fused_reduce", fused)
+            # with the fold, the dispatched op hands its sums over; the reference's are F @ (out + residual_out)
+            kw = {"router_fold": fold} if folded and fn is not ai_r.attention_block else {}
             try:
-                if folded and fn is ai_r.attention_block:                 # the reference of the hand-over
-                    o, r = fn(x, res, nw, 1e-6, wq, None, qn, kn, pos, cache, kc, vc, m, D ** -0.5, wo, None)
-                    raw = [((o.float() + r.float()) @ f32.t()).flatten()]
-                elif folded:
-                    o, r, h = fn(x, res, nw, 1e-6, wq, None, qn, kn, pos, cache, kc, vc, m, D ** -0.5, wo, None,
-                                 router_fold=fold)
-                    raw = [h.raw.flatten()]
-                else:
-                    o, r = fn(x, res, nw, 1e-6, wq, None, qn, kn, pos, cache, kc, vc, m, D ** -0.5, wo, None)
-                    raw = []
+                o, r, *handed = fn(x, res, nw, 1e-6, wq, None, qn, kn, pos, cache, kc, vc, m, D ** -0.5, wo, None,
+                                   **kw)
             finally:
                 paths.set_switch("batch1_accumulate", None)
                 paths.set_switch("batch1_attn_qk", None)
                 paths.set_switch("attention_fused_reduce", None)
+            raw = []
+            if folded:                                                    # [1, E]
+                raw = [(handed[0].raw if handed else (o.float() + r.float()) @ f32.t()).flatten()]
             return torch.cat([o.float().flatten(), r.float().flatten(), kc.view(-1, HKV * D)[slot].float(),
                               vc.view(-1, HKV * D)[slot].float(), *raw])
         return call

@@ -471,16 +471,15 @@ ROUTE_MARGIN = 1e-2
 @contextlib.contextmanager
 def _route_gaps(gaps: list[float]):
     """Record, for every call of the reference router (fused_moe/ref.route) inside, the smallest relative gap between
-    a token's k-th and (k+1)-th expert probability."""
-    import torch
+    a token's k-th and (k+1)-th expert probability (kernels_testlib.route_gap)."""
+    from kernels_testlib import route_gap
 
     from onecard.kernels.fused_moe import ref
 
     spec = ref.route
 
     def recorded(logits, top_k, renormalize):
-        p = torch.sort(torch.softmax(logits.float(), dim=-1), dim=-1, descending=True).values    # [T, E]
-        gaps.append(float(((p[:, top_k - 1] - p[:, top_k]) / p[:, top_k - 1]).min()) if top_k < p.shape[1] else 1.0)
+        gaps.append(route_gap(logits, top_k))
         return spec(logits, top_k, renormalize)
     ref.route = recorded
     try:
@@ -632,11 +631,12 @@ def _moe_slices_fold_case(i: int, dt, seed: int, pre_ampere: bool = False) -> fl
     while the reference's k-th and (k+1)-th expert probabilities lie within ROUTE_MARGIN (the two round their
     logits differently). ``pre_ampere``: slices.SLICES_CONFIG_PRE_AMPERE's loop."""
     import torch
-    from kernels_testlib import random_gptq
+    from kernels_testlib import random_gptq, route_gap
 
     from onecard.kernels import paths
     from onecard.kernels.fused_moe import ref, router_fold, slices
     from onecard.kernels.fused_moe import triton as tk
+    from onecard.kernels.norm import ref as norm_ref
     h, inter, e, top_k, gs1, gs2, tuning = MOE_SLICES[i]
     renorm = i != 1
     ws = [random_gptq(h, inter, gs1, experts=e, seed=seed + 1)[0], random_gptq(h, inter, gs1, experts=e, seed=seed + 2)[0],
@@ -644,9 +644,8 @@ def _moe_slices_fold_case(i: int, dt, seed: int, pre_ampere: bool = False) -> fl
     for _ in range(32):
         x, res = torch.randn(1, h), torch.randn(1, h).to(dt)
         nw, gate = (1 + 0.1 * torch.randn(h)).to(dt), (torch.randn(e, h) / math.sqrt(h)).to(dt)
-        hn, _ = ref_rms_norm(x, nw, 1e-6, res)
-        p = torch.sort(torch.softmax((hn @ gate.t()).float(), dim=-1), descending=True).values[0]
-        if top_k == e or (p[top_k - 1] - p[top_k]) / p[top_k - 1] >= ROUTE_MARGIN:
+        hn, _ = norm_ref.rms_norm(x, nw, 1e-6, res)
+        if route_gap(hn @ gate.t(), top_k) >= ROUTE_MARGIN:
             break
     else:
         raise AssertionError(f"seed {seed}: no draw routes clear of ties")
@@ -666,11 +665,6 @@ def _moe_slices_fold_case(i: int, dt, seed: int, pre_ampere: bool = False) -> fl
             paths.set_switch(sw, None)
     assert o1.data_ptr() == folded.out32.data_ptr(), "the slices add into the hand-over's row"
     return max(_rel(o1, o2), _rel(r1, r2))
-
-
-def ref_rms_norm(x, w, eps, residual):
-    from onecard.kernels.norm import ref
-    return ref.rms_norm(x, w, eps, residual)
 
 
 def run_case(name: str, seed: int) -> float:

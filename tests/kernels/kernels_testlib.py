@@ -16,6 +16,14 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
 
 
+def route_gap(logits: torch.Tensor, top_k: int) -> float:
+    """The smallest relative gap, over the rows of router logits [T, E], between a token's k-th and (k+1)-th expert
+    probability (1.0 when k = E): under ROUTE_MARGIN-like bounds two paths that round the logits differently may
+    route to different experts (tests that compare such paths draw data clear of it)."""
+    p = torch.sort(torch.softmax(logits.float(), dim=-1), dim=-1, descending=True).values    # [T, E]
+    return float(((p[:, top_k - 1] - p[:, top_k]) / p[:, top_k - 1]).min()) if top_k < p.shape[1] else 1.0
+
+
 def random_gptq(k: int, n: int, group_size: int, experts: int | None = None, desc_act: bool = False,
                 seed: int = 0, scale_dtype=torch.float16):
     """-> (GPTQWeight, dense float32 [(E,) K, N]) built from random ints with an independent formula."""

@@ -86,10 +86,9 @@ class ModelRunner:
                 self.compile_pool.close()
             raise
         # derived weights of the batch-1 paths (the folded routers), before the memory profile counts them
-        self.derived_bytes = int(self.model.build_router_folds(self.device)) \
-            if hasattr(self.model, "build_router_folds") else 0
-        if self.derived_bytes:
-            logger.info("batch-1 folded routers: %.1f MiB (paths.BATCH1_ROUTER_FOLD)", self.derived_bytes / 2**20)
+        folds = self.model.build_router_folds(self.device) if hasattr(self.model, "build_router_folds") else 0
+        if folds:
+            logger.info("batch-1 folded routers: %.1f MiB (paths.BATCH1_ROUTER_FOLD)", folds / 2**20)
         self.load_seconds = time.perf_counter() - t0
         self.weights_bytes = int(getattr(self.model, "weights_bytes", 0))
         self.block_size = config.cache.block_size

@@ -128,6 +128,7 @@ def cases(quick: bool):
     from onecard.kernels.attention import triton as at_t
     from onecard.kernels.fused_moe import ref as moe_r
     from onecard.kernels.fused_moe import router_fold
+    from onecard.kernels.fused_moe import slices as slices_mod
     from onecard.kernels.fused_moe import triton as moe_t
     from onecard.kernels.gptq_gemm import ref as g_r
     from onecard.kernels.gptq_gemm import triton as g_t
@@ -223,6 +224,7 @@ def cases(quick: bool):
                     for cfg in (None, (32, 32, 1024, 8, 1), (32, 16, 1024, 4, 1), (32, 32, 1024, 8, 8),
                                 (16, 32, 512, 8, 3), (16, 32, 512, 4, 3), (16, 64, 512, 4, 3))]
             cold += [("slices, L2 prefetch", partial(_switched, "batch1_slices_l2_prefetch")),
+                     ("slices, half2", lambda fn: _switched("batch1_slices_half2", lambda: _slices(None, fn))),
                      ("two-launch stages", _stages)]
             for label, path in cold:
                 yield (f"norm_moe T=1 {label}, cold experts",
@@ -240,6 +242,15 @@ def cases(quick: bool):
                        folded=router_fold.FoldedRoute(raw, torch.zeros(1, H, device=DEV)))),
                    lambda x32=x32, r=r: torch.cat(moe_r.norm_moe(x32, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True)),
                    TOPK * per_expert)
+            # the same with the dots in packed fp16 (paths.batch1_slices_half2), then on the pre-Ampere loop
+            for label, cfg in (("", None), (" one-ahead", slices_mod.SLICES_CONFIG_PRE_AMPERE)):
+                yield (f"norm_moe T=1 slices, router folded, half2{label}",
+                       lambda x32=x32, r=r, raw=raw, cfg=cfg: _switched("batch1_slices_half2", lambda: _slices(
+                           cfg, lambda: torch.cat(moe_t.norm_moe(
+                               x32, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True,
+                               folded=router_fold.FoldedRoute(raw, torch.zeros(1, H, device=DEV)))))),
+                       lambda x32=x32, r=r: torch.cat(moe_r.norm_moe(x32, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True)),
+                       TOPK * per_expert)
             yield ("norm_moe T=1 slices, routed by norm-route",         # "batch1_slices_route" off
                    lambda x=x, r=r: _switched("batch1_slices_route", lambda: _slices(None, lambda: torch.cat(
                        moe_t.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True))), on=False),

@@ -375,6 +375,21 @@ def batch1_slices_l2_prefetch() -> bool:
     return switch("batch1_slices_l2_prefetch")
 
 
+# The batch-1 MoE slices' gate/up dot in packed fp16 (fused_moe/slices.py HALF2, gptq_gemm/int4.half2_dot8): a word's
+# 8 nibbles become four f16x2 pairs of exact n - z (a shift, a lop3 and a sub.f16x2 a pair) multiplied and added
+# with the inputs in pairs, four products a half in fp16, the halves and the group's scale in fp32. Why: the
+# loop is bound by instructions where two programs share an SM (sm90 SASS of the shipped loop: 712 instructions
+# for a thread's 128 weights a step, ~5.6 a weight, the issue slots of two programs ~ the phase's measured time);
+# this takes it to ~2.4 a weight plus the loads. The products are rounded to fp16 (4 to a sum) where the shipped
+# loop rounds nothing but fp32 sums. OFF until measured in the model (bench/run_h200.sh decode15).
+BATCH1_SLICES_HALF2 = _switch("batch1_slices_half2", False)
+
+
+def batch1_slices_half2() -> bool:
+    """Do the batch-1 MoE slices (fp16) multiply their gate/up tiles in packed fp16?"""
+    return switch("batch1_slices_half2")
+
+
 # The batch-1 MoE layer without its norm-route launch (fused_moe/router_fold.py): the router's logits are linear in
 # the post-attention norm's input up to one scalar, logits = rstd * (gate * nw) @ (residual + W_o a), so the o_proj
 # GEMV's programs add each split's share of them into a zeroed fp32 row (M = (gate * nw) @ W_o^T and F = gate * nw,

@@ -115,3 +115,92 @@ def test_the_evaluator_fails_a_wrong_selector():
     a = run_ptx(good, {4: q, 5: q[::-1].copy(), 6: zz, 7: _U32(0x5400 * 0x10001)})
     c = run_ptx(bad, {4: q, 5: q[::-1].copy(), 6: zz, 7: _U32(0x5400 * 0x10001)})
     assert not np.array_equal(a[1], c[1])
+
+
+def _halves(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return ((x & _U32(0xFFFF)).astype(np.uint16).view(np.float16),
+            (x >> _U32(16)).astype(np.uint16).view(np.float16))
+
+
+def _pack(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    return (lo.astype(np.float16).view(np.uint16).astype(_U32)
+            | (hi.astype(np.float16).view(np.uint16).astype(_U32) << _U32(16)))
+
+
+def run_dot_ptx(text: str, args: dict[int, np.ndarray]) -> np.ndarray:
+    """Evaluate int4.HALF2_DOT8_PTX (shr.b32, lop3.b32, the f16x2 sub / mul.rn / fma.rn, mov.b32 unpack,
+    cvt.f32.f16, add.f32) on $1-$6 (uint32 arrays); returns $0 (float32). f16x2 arithmetic: the exact float64
+    result of each half, rounded once to fp16 (the products of fp16 values and the sums here are exact in float64)."""
+    regs: dict[str, np.ndarray] = {f"${i}": v for i, v in args.items()}
+    for line in text.splitlines():
+        line = line.strip().rstrip(";")
+        if line in ("{", "}") or line.startswith(".reg"):
+            continue
+        op, rest = line.split(None, 1)
+        if op == "mov.b32":
+            m = re.fullmatch(r"\{(\w+), (\w+)\}, (\w+)", rest)
+            assert m, line
+            regs[m.group(1)], regs[m.group(2)] = _halves(regs[m.group(3)])
+            continue
+        d, *src = [t.strip() for t in rest.split(",")]
+
+        def val(t):
+            return regs[t] if (t in regs) else _imm(t)
+        if op == "shr.b32":
+            regs[d] = val(src[0]) >> _U32(int(src[1], 0))
+        elif op == "lop3.b32":
+            regs[d] = _lop3(val(src[0]), val(src[1]), val(src[2]), int(src[3], 0))
+        elif op == "sub.f16x2":
+            regs[d] = _sub_f16x2(val(src[0]), val(src[1]))
+        elif op in ("mul.rn.f16x2", "fma.rn.f16x2"):
+            (alo, ahi), (blo, bhi) = _halves(val(src[0])), _halves(val(src[1]))
+            lo, hi = alo.astype(np.float64) * blo, ahi.astype(np.float64) * bhi
+            if op == "fma.rn.f16x2":
+                clo, chi = _halves(val(src[2]))
+                lo, hi = lo + clo, hi + chi
+            regs[d] = _pack(lo, hi)
+        elif op == "cvt.f32.f16":
+            regs[d] = val(src[0]).astype(np.float32)
+        elif op == "add.f32":
+            regs[d] = val(src[0]) + val(src[1])
+        else:
+            raise AssertionError(f"the evaluator does not know {op!r}: {line}")
+    return regs["$0"]
+
+
+def _dot_case(seed: int, n: int = 4096):
+    """Random packed words q, fp16 inputs x [n, 8] (x_j is input 8r + j), true zeros z: the PTX's operands
+    (int4.half2_pairs' pairs, half2_zeros' word) and the exact sum_j (n_j - z) x_j with its scale sum_j |.|."""
+    rng = np.random.default_rng(seed)
+    q = rng.integers(0, 2**32, size=n, dtype=np.uint64).astype(_U32)
+    x = (rng.standard_normal((n, 8)) * 2).astype(np.float16)
+    z = rng.integers(0, 16, size=n).astype(_U32)
+    terms = np.stack([((q.astype(np.int64) >> (4 * j)) & 0xF) - z.astype(np.int64) for j in range(8)], 1) \
+        * x.astype(np.float64)                                            # [n, 8]
+    args = {1: q, 6: (_U32(0x6400) + z) * _U32(0x10001)}
+    for k in range(4):
+        args[2 + k] = _pack(x[:, k], x[:, k + 4])                        # (x_k, x_k+4)
+    return args, terms.sum(1), np.abs(terms).sum(1)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_half2_dot8_ptx_sums_the_eight_products(seed):
+    """$0 = sum_j (n_j - z) x_j within the four fp16 roundings of each half's chain (2**-9 of sum |terms|)."""
+    from onecard.kernels.gptq_gemm.int4 import HALF2_DOT8_PTX
+
+    args, exact, scale = _dot_case(seed)
+    out = run_dot_ptx(HALF2_DOT8_PTX.value, args).astype(np.float64)
+    assert np.all(np.abs(out - exact) <= 2.0**-9 * scale + 1e-6), np.max(np.abs(out - exact) / (scale + 1e-9))
+
+
+def test_the_dot_check_fails_a_wrong_pairing():
+    """The check can fail: nibbles 1 and 5 multiplied by the inputs of 2 and 6 (the shifts 4 and 8 swapped)."""
+    from onecard.kernels.gptq_gemm.int4 import HALF2_DOT8_PTX
+
+    good = HALF2_DOT8_PTX.value
+    bad = good.replace("shr.b32 u, $1, 4;", "shr.b32 u, $1, @;").replace("shr.b32 u, $1, 8;", "shr.b32 u, $1, 4;") \
+        .replace("shr.b32 u, $1, @;", "shr.b32 u, $1, 8;")
+    assert bad != good
+    args, exact, scale = _dot_case(7)
+    out = run_dot_ptx(bad, args).astype(np.float64)
+    assert not np.all(np.abs(out - exact) <= 2.0**-9 * scale + 1e-6)

@@ -37,6 +37,9 @@ from onecard.kernels.activation.triton import silu_mul
 from onecard.kernels.fused_moe.decode import topk_slot_of
 from onecard.kernels.gptq_gemm.int4 import (
     gemv_tile_mac,
+    half2_dot8,
+    half2_pairs,
+    half2_zeros,
     row_input,
     unit_combine,
     unit_sums,
@@ -222,6 +225,51 @@ def _x_columns(x_ptr, r0, k8, offs_r, BLOCK_K8: tl.constexpr):
 
 
 @triton.jit
+def _x_pairs(x_ptr, r0, k8, offs_r, BLOCK_K8: tl.constexpr):
+    """The tile's fp16 inputs x[8r + j], r = r0 + [0, BK8), as half2_dot8's four int32 pairs (x_k, x_k+4) [BK8]
+    (int4.half2_pairs; rows past k8 are zeros) from ONE load of its 16-byte rows (as _x_columns)."""
+    r = r0 + offs_r
+    pairs = tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + r[:, None] * 4 + tl.arange(0, 4)[None, :],
+                    mask=(r < k8)[:, None], other=0)                      # [BK8, 4]: (x[8r + 2c], x[8r + 2c + 1])
+    even, odd = tl.split(tl.reshape(pairs, (BLOCK_K8, 2, 2)))            # c = 0, 2 | c = 1, 3
+    x01, x45 = tl.split(even)
+    x23, x67 = tl.split(odd)
+    return half2_pairs(x01, x23, x45, x67)
+
+
+@triton.jit
+def _h_pairs(h, BI8: tl.constexpr):
+    """h fp32 [8 * BI8] (the slice's rows; zeros past I) rounded to fp16 -> the down's inputs as half2_dot8's pairs
+    (h[8p + k], h[8p + k + 4]), k = 0..3, int32 [BI8] each."""
+    b = h.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF   # [8 BI8]: the fp16 bits
+    lo, hi = tl.split(tl.permute(tl.reshape(b, (BI8, 2, 4)), (0, 2, 1)))   # [BI8, 4] each: 8p + k, 8p + k + 4
+    even, odd = tl.split(tl.reshape(lo | (hi << 16), (BI8, 2, 2)))        # k = 0, 2 | k = 1, 3
+    p0, p2 = tl.split(even)
+    p1, p3 = tl.split(odd)
+    return p0, p1, p2, p3
+
+
+@triton.jit
+def _gate_up_h2(acc, q, s, zp, xp, z_shift, BLOCK_K8: tl.constexpr, BLOCK_I: tl.constexpr, GROUP_K8: tl.constexpr,
+                TILE_GROUPS: tl.constexpr):
+    """_gate_up_mac in packed fp16 (kernel HALF2): acc (its shapes) += s * sum_j (n_j - z) x_j per packed row and
+    column, the sum by int4.half2_dot8 (four products a half in fp16, exact n - z), the scale once per packed row
+    in fp32; xp: _x_pairs of the tile's rows."""
+    if TILE_GROUPS == 1:
+        zz = half2_zeros((zp >> z_shift) & 0xF)                           # [BI]
+        d = half2_dot8(q, xp[0][:, None], xp[1][:, None], xp[2][:, None], xp[3][:, None], zz[None, :])
+        acc += d * s.to(tl.float32)[None, :]                              # [BK8, BI]
+    else:
+        zz = half2_zeros((zp >> z_shift[None, :]) & 0xF)                  # [TG, BI]
+        q3 = tl.reshape(q, (TILE_GROUPS, GROUP_K8, BLOCK_I))
+        G3: tl.constexpr = (TILE_GROUPS, GROUP_K8)                       # the tile's rows by group
+        d = half2_dot8(q3, tl.reshape(xp[0], G3)[:, :, None], tl.reshape(xp[1], G3)[:, :, None],
+                       tl.reshape(xp[2], G3)[:, :, None], tl.reshape(xp[3], G3)[:, :, None], zz[:, None, :])
+        acc += d * s.to(tl.float32)[:, None, :]                           # [TG, GROUP_K8, BI]
+    return acc
+
+
+@triton.jit
 def _down_load(q_ptr, s_ptr, z_ptr, g, n0, offs_p, p_mask, H, live, BLOCK_H: tl.constexpr):
     """The slice's down chunk at output columns n0 + [0, BH) (nothing past H, nothing at all unless live): (q [BI8,
     BH] int32, scales [BH], packed zeros [BH] of group g)."""
@@ -245,7 +293,7 @@ def _moe_slices_kernel(x_ptr, out_ptr, qg_ptr, zg_ptr, sg_ptr, qu_ptr, zu_ptr, s
                        TOP_K: tl.constexpr = 8, BLOCK_E: tl.constexpr = 128,
                        RENORM: tl.constexpr = True, TRACE: tl.constexpr = False, NUM_WARPS: tl.constexpr = 8,
                        L2_AHEAD: tl.constexpr = 0, STAGES: tl.constexpr = 1, DOWN_EARLY: tl.constexpr = False,
-                       NORM: tl.constexpr = False, BLOCK_HN: tl.constexpr = 1):
+                       NORM: tl.constexpr = False, BLOCK_HN: tl.constexpr = 1, HALF2: tl.constexpr = False):
     """Program (slice, slot): out[n] += w * sum_i h[i] Wd[e][i, n] over the slice's rows i, h = silu(x @ Wg[e][:, i])
     * (x @ Wu[e][:, i]), e = ids[slot], w = topk_w[slot]. x [1, H] model dtype; out [1, H] fp32. GROUP_K8: packed
     rows per gate/up group (a power of two; the input size or more: one group). ROUTE (paths.batch1_slices_route):
@@ -269,7 +317,9 @@ def _moe_slices_kernel(x_ptr, out_ptr, qg_ptr, zg_ptr, sg_ptr, qu_ptr, zu_ptr, s
     (fp32 [H]) and logits_ptr the folded router's sums (fp32 [E]); each program adds the residual (res_ptr),
     normalises (nw_ptr, eps) into its own row of xs_ptr [programs, H] (model dtype) that its gate/up then read,
     stores its share of the new residual (res_out_ptr) and routes from rstd * those sums rounded to the model
-    dtype (the logits the norm-route launch would have stored)."""
+    dtype (the logits the norm-route launch would have stored).
+    HALF2 (paths.batch1_slices_half2; fp16 inputs): the gate/up tiles' and the down's dots in packed fp16
+    (int4.half2_dot8: _gate_up_h2 in either loop on _x_pairs' inputs; the down on h rounded to fp16, _h_pairs)."""
     pid_i = tl.program_id(0)
     slot = tl.program_id(1)
     BI8: tl.constexpr = BLOCK_I // 8
@@ -365,21 +415,31 @@ def _moe_slices_kernel(x_ptr, out_ptr, qg_ptr, zg_ptr, sg_ptr, qu_ptr, zu_ptr, s
         for r0 in tl.range(0, k8, BLOCK_K8, num_stages=STAGES):
             q_g, s_g, z_g = _gate_up_load(qg, sg, zg, r0, k8, offs_r, offs_i, i_mask, I, ng1, GROUP_K8, TG)
             q_u, s_u, z_u = _gate_up_load(qu, su, zu, r0, k8, offs_r, offs_i, i_mask, I, ng1, GROUP_K8, TG)
-            xj = _x_columns(x_in, r0, k8, offs_r, BLOCK_K8)               # 8 x [BK8]: gate's and up's inputs
-            acc_g = _gate_up_mac(acc_g, q_g, s_g, z_g, xj, _slice_input, r0 + hide, k8, offs_r, zs_i, BLOCK_K8,
-                                 BLOCK_I, GROUP_K8, TG)
-            acc_u = _gate_up_mac(acc_u, q_u, s_u, z_u, xj, _slice_input, r0 + hide, k8, offs_r, zs_i, BLOCK_K8,
-                                 BLOCK_I, GROUP_K8, TG)
+            if HALF2:
+                xp = _x_pairs(x_in, r0, k8, offs_r, BLOCK_K8)             # 4 x [BK8] int32: the tile's inputs
+                acc_g = _gate_up_h2(acc_g, q_g, s_g, z_g, xp, zs_i, BLOCK_K8, BLOCK_I, GROUP_K8, TG)
+                acc_u = _gate_up_h2(acc_u, q_u, s_u, z_u, xp, zs_i, BLOCK_K8, BLOCK_I, GROUP_K8, TG)
+            else:
+                xj = _x_columns(x_in, r0, k8, offs_r, BLOCK_K8)           # 8 x [BK8]: gate's and up's inputs
+                acc_g = _gate_up_mac(acc_g, q_g, s_g, z_g, xj, _slice_input, r0 + hide, k8, offs_r, zs_i, BLOCK_K8,
+                                     BLOCK_I, GROUP_K8, TG)
+                acc_u = _gate_up_mac(acc_u, q_u, s_u, z_u, xj, _slice_input, r0 + hide, k8, offs_r, zs_i, BLOCK_K8,
+                                     BLOCK_I, GROUP_K8, TG)
     else:                                                                 # the next tile in registers
         for r0 in range(0, k8, BLOCK_K8):
             nq_g, ns_g, nz_g = _gate_up_load(qg, sg, zg, r0 + BLOCK_K8, k8, offs_r, offs_i, i_mask, I, ng1, GROUP_K8, TG,
                                              AHEAD_ROWS)
             nq_u, ns_u, nz_u = _gate_up_load(qu, su, zu, r0 + BLOCK_K8, k8, offs_r, offs_i, i_mask, I, ng1, GROUP_K8, TG,
                                              AHEAD_ROWS)
-            acc_g = _gate_up_mac(acc_g, q_g, s_g, z_g, x_in, row_input, r0 + hide, k8, offs_r, zs_i, BLOCK_K8,
-                                 BLOCK_I, GROUP_K8, TG)
-            acc_u = _gate_up_mac(acc_u, q_u, s_u, z_u, x_in, row_input, r0 + hide, k8, offs_r, zs_i, BLOCK_K8,
-                                 BLOCK_I, GROUP_K8, TG)
+            if HALF2:
+                xp = _x_pairs(x_in, r0, k8, offs_r, BLOCK_K8)
+                acc_g = _gate_up_h2(acc_g, q_g, s_g, z_g, xp, zs_i, BLOCK_K8, BLOCK_I, GROUP_K8, TG)
+                acc_u = _gate_up_h2(acc_u, q_u, s_u, z_u, xp, zs_i, BLOCK_K8, BLOCK_I, GROUP_K8, TG)
+            else:
+                acc_g = _gate_up_mac(acc_g, q_g, s_g, z_g, x_in, row_input, r0 + hide, k8, offs_r, zs_i, BLOCK_K8,
+                                     BLOCK_I, GROUP_K8, TG)
+                acc_u = _gate_up_mac(acc_u, q_u, s_u, z_u, x_in, row_input, r0 + hide, k8, offs_r, zs_i, BLOCK_K8,
+                                     BLOCK_I, GROUP_K8, TG)
             q_g, s_g, z_g, q_u, s_u, z_u = nq_g, ns_g, nz_g, nq_u, ns_u, nz_u
     if TRACE:                                                             # 3: the gate/up loop done
         stamp(tr + 3, tl.max(tl.reshape(acc_u, (BLOCK_K8 * BLOCK_I,)), axis=0).to(tl.int32))
@@ -391,7 +451,10 @@ def _moe_slices_kernel(x_ptr, out_ptr, qg_ptr, zg_ptr, sg_ptr, qu_ptr, zu_ptr, s
     gate, up = tl.split(tl.sum(tl.join(tl.reshape(acc_g, (BLOCK_K8, BLOCK_I)), tl.reshape(acc_u, (BLOCK_K8, BLOCK_I))),
                                axis=0))
     h = silu_mul(gate, up)                                                # [BI] fp32
-    hj = _columns_of(tl.where(i_mask, h, 0.0), BI8)                       # 8 x [BI8]: input 8p + j of the down
+    if HALF2:
+        hj = _h_pairs(tl.where(i_mask, h, 0.0), BI8)                      # 4 x [BI8] int32: fp16 input pairs
+    else:
+        hj = _columns_of(tl.where(i_mask, h, 0.0), BI8)                   # 8 x [BI8]: input 8p + j of the down
     if TRACE:                                                             # 4: h in the down's layout
         stamp(tr + 4, tl.max(hj[0], axis=0).to(tl.int32))
     # 2. down: the slice's BI8 packed rows of Wd[e], every output column, times w_e, into out (fp32 atomics)
@@ -400,10 +463,15 @@ def _moe_slices_kernel(x_ptr, out_ptr, qg_ptr, zg_ptr, sg_ptr, qu_ptr, zu_ptr, s
         nq_d, ns_d, nz_d = _down_load(qd, sd, zd, g2, ((c0 + c + 1) % n_ch) * BLOCK_H, offs_p, p_mask, H,
                                       c + 1 < n_ch, BLOCK_H)
         offs_n = n0 + tl.arange(0, BLOCK_H)
-        z = ((z_d >> ((offs_n % 8) * 4)) & 0xF).to(tl.float32)
-        acc = gemv_tile_mac(tl.zeros((BI8, BLOCK_H), dtype=tl.float32), q_d, s_d.to(tl.float32), z, hj, offs_p,
-                            p_mask, _slice_input, BI8, BLOCK_H)
-        part = tl.sum(acc, axis=0) * w_e
+        if HALF2:                                                         # [BI8, BH] of sum_j (n_j - z) h_j
+            d = half2_dot8(q_d, hj[0][:, None], hj[1][:, None], hj[2][:, None], hj[3][:, None],
+                           half2_zeros((z_d >> ((offs_n % 8) * 4)) & 0xF)[None, :])
+            part = tl.sum(d, axis=0) * (s_d.to(tl.float32) * w_e)
+        else:
+            z = ((z_d >> ((offs_n % 8) * 4)) & 0xF).to(tl.float32)
+            acc = gemv_tile_mac(tl.zeros((BI8, BLOCK_H), dtype=tl.float32), q_d, s_d.to(tl.float32), z, hj, offs_p,
+                                p_mask, _slice_input, BI8, BLOCK_H)
+            part = tl.sum(acc, axis=0) * w_e
         tl.atomic_add(out_ptr + offs_n, part, mask=offs_n < H, sem="relaxed")
         q_d, s_d, z_d = nq_d, ns_d, nz_d
         if TRACE:  # noqa: SIM102  (a compile-time branch around a runtime one)
@@ -483,6 +551,8 @@ def moe_slices(x: torch.Tensor, out32: torch.Tensor, w_gate: GPTQWeight, w_up: G
         route.update(NORM=True, BLOCK_HN=next_pow2(h))
     else:
         nargs = (out32, out32, out32, out32, 0.0)                         # unused without NORM
+    # the gate/up dot in packed fp16 needs fp16 inputs: x, or with NORM the rows the programs normalise into
+    half2 = paths.batch1_slices_half2() and (norm[0] if norm is not None else x).dtype == torch.float16
     _moe_slices_kernel[(triton.cdiv(inter, bi), top_k)](
         x, out32, w_gate.qweight, w_gate.qzeros, w_gate.scales, w_up.qweight, w_up.qzeros, w_up.scales,
         w_down.qweight, w_down.qzeros, w_down.scales, topk_ids, topk_w, logits if logits is not None else topk_w,
@@ -490,7 +560,7 @@ def moe_slices(x: torch.Tensor, out32: torch.Tensor, w_gate: GPTQWeight, w_up: G
         w_down.num_groups, e, *nargs, BLOCK_I=bi, BLOCK_K8=bk8, BLOCK_H=bh, GROUP_K8=group_k8(w_gate), PDL=use_pdl,
         TRACE=trace is not None, NUM_WARPS=warps, L2_AHEAD=SLICES_L2_AHEAD if paths.batch1_slices_l2_prefetch() else 0,
         STAGES=stages, DOWN_EARLY=stages > 1 and SLICES_DOWN_EARLY, num_warps=warps, num_stages=stages,
-        launch_pdl=use_pdl, **route)
+        HALF2=half2, launch_pdl=use_pdl, **route)
 
 
 def grid(w_gate: GPTQWeight, w_down: GPTQWeight, top_k: int, cc: int) -> int:
@@ -503,17 +573,20 @@ def slices_aot_configs(act: str, min_cc: int) -> list[AotConfig]:
     (GROUP_K8 4), g128 routing itself from the logits (paths.batch1_slices_route; E 128, k 8, renormalised), with
     its L2 prefetch; the sm80+ config (named "sm80+", from sm80) routing itself, with and without the L2 prefetch;
     both configs routing from the folded router's sums and normalising their input (NORM, paths.batch1_router_fold;
-    H 2048)."""
+    H 2048), also with the gate/up dot in packed fp16 (HALF2, paths.batch1_slices_half2; fp16 only)."""
     out: list[AotConfig] = []
     pre, amp = SLICES_CONFIG_PRE_AMPERE, SLICES_CONFIG
-    for cfg, g8, route, ahead, norm in ((pre, 16, False, 0, False), (pre, 4, False, 0, False), (pre, 16, True, 0, False),
-                                        (pre, 16, True, SLICES_L2_AHEAD, False), (amp, 16, True, 0, False),
-                                        (amp, 16, True, SLICES_L2_AHEAD, False), (pre, 16, True, 0, True),
-                                        (amp, 16, True, 0, True)):
+    for cfg, g8, route, ahead, norm, h2 in (
+            (pre, 16, False, 0, False, False), (pre, 4, False, 0, False, False), (pre, 16, True, 0, False, False),
+            (pre, 16, True, SLICES_L2_AHEAD, False, False), (amp, 16, True, 0, False, False),
+            (amp, 16, True, SLICES_L2_AHEAD, False, False), (pre, 16, True, 0, True, False),
+            (amp, 16, True, 0, True, False), (pre, 16, True, 0, True, True), (amp, 16, True, 0, True, True)):
+        if h2 and act != "fp16":
+            continue
         bi, bk8, bh, warps, st = cfg
         cx = dict(BLOCK_I=bi, BLOCK_K8=bk8, BLOCK_H=bh, GROUP_K8=g8, PDL=False, ROUTE=route, TOP_K=8, BLOCK_E=128,
                   RENORM=True, TRACE=False, NUM_WARPS=warps, L2_AHEAD=ahead, STAGES=st,
-                  DOWN_EARLY=st > 1 and SLICES_DOWN_EARLY, NORM=norm, BLOCK_HN=2048 if norm else 1)
+                  DOWN_EARLY=st > 1 and SLICES_DOWN_EARLY, NORM=norm, BLOCK_HN=2048 if norm else 1, HALF2=h2)
         args = dict(x_ptr="*fp32" if norm else f"*{act}", out_ptr="*fp32", qg_ptr="*i32", zg_ptr="*i32",
                     sg_ptr="*fp16", qu_ptr="*i32",
                     zu_ptr="*i32", su_ptr="*fp16", qd_ptr="*i32", zd_ptr="*i32", sd_ptr="*fp16", ids_ptr="*i32",
@@ -523,6 +596,7 @@ def slices_aot_configs(act: str, min_cc: int) -> list[AotConfig]:
         cc0 = max(min_cc, paths.PIPELINED_LOADS_MIN_CC) if cfg is amp else min_cc
         out.append(AotConfig(_moe_slices_kernel, signature(args, cx), cx, warps, st, cc0,
                              f"moe_slices[g{8 * g8},{'route,' if route else ''}{'norm,' if norm else ''}"
+                             f"{'half2,' if h2 else ''}"
                              f"{'l2,' if ahead else ''}"
                              f"{'sm80+,' if cfg is amp else ''}{f'stages{st},' if st > 1 else ''}{act}]"))
     return out

@@ -187,6 +187,75 @@ def interleaved_cols(we, wo):
     return tl.reshape(tl.join(tl.permute(we, (1, 0)), tl.permute(wo, (1, 0))), (we.shape[1], 2 * we.shape[0]))
 
 
+def _half2_dot8_ptx() -> str:
+    """half2_dot8's PTX: $0 the fp32 result, $1 the packed int32 q, $2-$5 the input pairs (x_k, x_(k+4)) as f16x2,
+    $6 1024 + z in both halves (half2_zeros). Step k: (q >> 4k) & 0x000F000F puts nibbles k and k + 4 in the low
+    bits of the two halves, OR 0x6400 makes them the fp16 values 1024 + n (lop3 0xEA: (a & b) | c), sub.f16x2 takes
+    away 1024 + z (exact: n - z), then one packed multiply-add per two weights. The two halves' sums (nibbles 0-3,
+    4-7) are added in fp32."""
+    lines = ["{", ".reg .b32 t, u, a;", ".reg .f16 lo, hi;", ".reg .f32 flo, fhi;"]
+    for k in range(4):
+        src = "$1"
+        if k:
+            lines.append(f"shr.b32 u, $1, {4 * k};")
+            src = "u"
+        lines += [f"lop3.b32 t, {src}, 0x000f000f, 0x64006400, 0xea;", "sub.f16x2 t, t, $6;",
+                  f"mul.rn.f16x2 a, t, ${2 + k};" if k == 0 else f"fma.rn.f16x2 a, t, ${2 + k}, a;"]
+    lines += ["mov.b32 {lo, hi}, a;", "cvt.f32.f16 flo, lo;", "cvt.f32.f16 fhi, hi;", "add.f32 $0, flo, fhi;", "}"]
+    return "\n".join(lines)
+
+
+HALF2_DOT8_PTX = tl.constexpr(_half2_dot8_ptx())                         # tests/kernels/test_int4_ptx.py
+
+
+@triton.jit
+def half2_zeros(z):
+    """int32: the fp16 bits of 1024 + z in both halves, for true zeros z (int32 tensor, 0..15): half2_dot8's zz."""
+    return (0x6400 + z) * 0x10001
+
+
+@triton.jit
+def half2_pairs(x01, x23, x45, x67):
+    """A packed row's 8 fp16 inputs, given as int32 pairs (x_2c, x_2c+1) (c = 0..3, the low half first, as they
+    lie in memory) -> half2_dot8's pairs (x_k, x_k+4), k = 0..3, as int32 (x_k in the low half)."""
+    lo = 0xFFFF
+    hi = -65536                                                           # 0xFFFF0000 as int32
+    return ((x01 & lo) | (x45 << 16), ((x01 >> 16) & lo) | (x45 & hi),
+            (x23 & lo) | (x67 << 16), ((x23 >> 16) & lo) | (x67 & hi))
+
+
+@triton.jit
+def _f16_lo(v):
+    return (v & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def half2_dot8(q, x0, x1, x2, x3, zz):
+    """fp32 sum_j (n_j - z) x_j over the 8 nibbles n_j of every int32 in q (input row 8r + j of a packed row r),
+    in packed fp16 arithmetic: x0..x3 the inputs as half2_pairs, zz = half2_zeros(z); all broadcast to q's shape.
+    Each half of a word sums four products in fp16 (n - z exact; one rounding per multiply-add), the two halves
+    are added in fp32: 19 instructions for 8 weights (3 shifts, 4 lop3, 4 sub.f16x2, 4 packed multiply-adds, 2
+    conversions and an add) against a shift, an and-or and an fp32 FMA per weight plus the combine (unit_sums).
+    On a GPU (NATIVE): HALF2_DOT8_PTX (sm53+: every target). Under the interpreter: the same roundings with
+    Triton ops (the product of an fp16 and a small integer is exact in fp32; the sum is rounded to fp32, then
+    to fp16: a double rounding the PTX does not have, at most one fp16 unit apart in rare ties)."""
+    if NATIVE:
+        return tl.inline_asm_elementwise(asm=HALF2_DOT8_PTX, constraints="=f,r,r,r,r,r,r",
+                                         args=[q, x0, x1, x2, x3, zz], dtype=tl.float32, is_pure=True, pack=1)
+    else:
+        z = ((zz & 0xFFFF) - 0x6400).to(tl.float32)
+        lo = tl.zeros(q.shape, dtype=tl.float32)                          # q: the full shape
+        hi = lo
+        xs = (x0, x1, x2, x3)
+        for k in tl.static_range(4):
+            xk = xs[k]
+            d_lo = ((q >> (4 * k)) & 0xF).to(tl.float32) - z
+            d_hi = ((q >> (4 * k + 16)) & 0xF).to(tl.float32) - z
+            lo = (d_lo * _f16_lo(xk) + lo).to(tl.float16).to(tl.float32)
+            hi = (d_hi * _f16_lo(xk >> 16) + hi).to(tl.float16).to(tl.float32)
+        return lo + hi
+
+
 INT_DOT_ROWS: tl.constexpr = tl.constexpr(16)    # int_dot_tile's input rows BT: tl.dot's smallest size
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU facts, kernel checks, tiny-checkpoint engine checks, the full-size benchmark.
 # Usage (repo root, on the H200): OUT=/some/dir bash bench/run_h200.sh [parts...]
-# parts: decode15 decode14 fold foldfull ab decode12 slicestrace3 decode11 slicestrace decode10 ctxgraphs ctxtests slices slicestests resttests specverify apimem probe kernels checks full asyncab kvdtype capab capbisect hosttier loadab nopdl pdl16 emu70 longctx attnsweep gputests startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
+# parts: decode15 half2tests decode14 fold foldfull ab decode12 slicestrace3 decode11 slicestrace decode10 ctxgraphs ctxtests slices slicestests resttests specverify apimem probe kernels checks full asyncab kvdtype capab capbisect hosttier loadab nopdl pdl16 emu70 longctx attnsweep gputests startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
 #   emu70: the full-size bench with every kernel-path decision on sm70's branch (ONECARD_EMULATE_CC=70): run it
 #          beside `full` in one call for the relative figure (a functional check, not a V100 timing)
 #   specverify: issue 30: verify-step latency vs tokens per sequence (1..9) at batch 1 and 16 (the cost model's
@@ -149,21 +149,24 @@ for p in $parts; do
           log fold-tests
           timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_moe_slices_gpu.py \
             -k "router-fold or emulated or routing-in-slices-one-ahead or routing-in-slices]" 2>&1 | tail -8 ;;
-    decode15) log decode15  # issue 25 (2026-12-07): the slices' gate/up and down dots in packed fp16
-          # (paths.BATCH1_SLICES_HALF2, int4.half2_dot8) A/B'd in one engine at 1x512 and 1x32768, then under
-          # emulated sm70 (the pre-Ampere loop) at 1x512; then its GPU tests and kernel rows (~8 min with the build)
+    decode15) log decode15  # issue 25 (2026-12-07): the batch-1 dots in packed fp16 (int4.half2_dot8): the MoE
+          # slices' (paths.BATCH1_SLICES_HALF2), the dense GEMV's (BATCH1_GEMV_HALF2) and both, A/B'd in one
+          # engine at 1x512 and 1x32768, then both under emulated sm70 (the pre-Ampere loops) at 1x512 (~8 min)
           [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30 > /dev/null
-          timeout "${AB_TIMEOUT:-200}" python3 bench/long_context.py /tmp/q30 "$OUT/switch_ab.json" \
-              --scenarios "${AB_SCENARIOS:-1x512,1x32768}" --policies "${SWITCH_POLICIES:-fill,fill+slices_half2}" \
+          timeout "${AB_TIMEOUT:-330}" python3 bench/long_context.py /tmp/q30 "$OUT/switch_ab.json" \
+              --scenarios "${AB_SCENARIOS:-1x512,1x32768}" \
+              --policies "${SWITCH_POLICIES:-fill,fill+slices_half2,fill+gemv_half2,fill+slices_half2+gemv_half2}" \
               | tee "$OUT/switch_ab.log" | grep -v '^{'
           python3 bench/ab_table.py "$OUT/switch_ab.log"
           log decode15-emu70
-          ONECARD_EMULATE_CC=70 timeout 130 python3 bench/long_context.py /tmp/q30 "$OUT/switch_ab_emu70.json" \
-              --scenarios 1x512 --policies fill,fill+slices_half2 | tee "$OUT/switch_ab_emu70.log" | grep -v '^{'
-          python3 bench/ab_table.py "$OUT/switch_ab_emu70.log"
-          log decode15-tests
-          timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_moe_slices_gpu.py tests/gpu/test_kernels_gpu.py \
-            -k "half2 or emulated or router-fold]" 2>&1 | tail -8 ;;
+          ONECARD_EMULATE_CC=70 timeout "${AB_EMU_TIMEOUT:-150}" python3 bench/long_context.py /tmp/q30 \
+              "$OUT/switch_ab_emu70.json" --scenarios 1x512 --policies fill,fill+slices_half2+gemv_half2 \
+              | tee "$OUT/switch_ab_emu70.log" | grep -v '^{'
+          python3 bench/ab_table.py "$OUT/switch_ab_emu70.log" ;;
+    half2tests) log half2tests  # the packed-fp16 dots' GPU tests: the coder's greedy text with them, graphs = eager,
+          # under emulated sm70; every kernel row with half2 and the slices / router-fold rows (~4 min)
+          timeout 400 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_moe_slices_gpu.py tests/gpu/test_kernels_gpu.py \
+            -k "half2 or emulated or router-fold] or router folded or M=1" 2>&1 | tail -8 ;;
     decode14) log decode14  # issue 25 (2026-12-07, after the router fold): the slices' gate/up loop with more tiles
           # in flight, in one engine at 1x512 and 1x32768: fill (shipped), +slices_k64_st3 (BLOCK_K8 64: 4 steps of
           # 16 KB), +slices_st4 (4 deep), +slices_k64_st4 (~4 min with the build)

@@ -390,6 +390,18 @@ def batch1_slices_half2() -> bool:
     return switch("batch1_slices_half2")
 
 
+# The batch-1 dense GEMV (qkv, o_proj: gptq_gemm/small_m.py HALF2) with the same packed-fp16 dot as
+# BATCH1_SLICES_HALF2. Its programs hold their tiles' weights before the PDL wait, so what follows the wait (the
+# input's load, the dot, the sums, the atomics) is the chain's time: fewer instructions there shorten it. OFF
+# until measured in the model (bench/run_h200.sh decode15).
+BATCH1_GEMV_HALF2 = _switch("batch1_gemv_half2", False)
+
+
+def batch1_gemv_half2() -> bool:
+    """Does the batch-1 dense GEMV (fp16, one group per tile) multiply its tiles in packed fp16?"""
+    return switch("batch1_gemv_half2")
+
+
 # The batch-1 MoE layer without its norm-route launch (fused_moe/router_fold.py): the router's logits are linear in
 # the post-attention norm's input up to one scalar, logits = rstd * (gate * nw) @ (residual + W_o a), so the o_proj
 # GEMV's programs add each split's share of them into a zeroed fp32 row (M = (gate * nw) @ W_o^T and F = gate * nw,

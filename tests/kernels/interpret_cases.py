@@ -34,6 +34,10 @@ GEMM = [(1, 64, 40, 32, False, True), (1, 256, 16, 256, True, False), (3, 136, 4
 # with 8 K splits of one tile each and with 2 splits of 3 tiles (the loop past the two prefetched tiles)
 GEMM_INT = (2, 6, 7, 8, 10, 11)
 INT_CASES = ("gemmint", "g128moeint")
+# cases run again with every packed-fp16 dot on (HALF2_SWITCHES): "htwo" + the case's kind; GEMM cases 7 and 10
+# are M = 1 with one group per K tile (the GEMV's HALF2 applies), 7 over 8 splits of one tile, 10 over 2 of 3
+HALF2_CASES = ("gemm7", "gemm10", "gemmacc7", "gemmacc10", "attnblockfold0s0", "attnblockfold0s1", "coderb1fold")
+HALF2_SWITCHES = ("batch1_gemv_half2", "batch1_slices_half2")
 # (T, H, E): the decode router GEMV: one H chunk, several chunks (T > 1), H past one chunk at T = 1
 ROUTER = [(1, 64, 8), (3, 72, 6), (16, 256, 12), (5, 2048, 16), (1, 5000, 3)]
 # (T, H, I, E, top_k, renormalize, desc_act): decode1 (T = 1), decode16 (T <= 16; split-K, shared experts),
@@ -177,6 +181,9 @@ CASES = ([f"gemm{i}-{dt}" for i in range(len(GEMM)) for dt in (F32, F16)] + ["de
          + [f"moesliceshtwo{i}-{F16}" for i in range(len(MOE_SLICES))]
          + [f"moesliceshtwopre{i}-{F16}" for i in MOE_SLICES_ROUTE]
          + [f"moeslicesfoldhtwo{i}-{F16}" for i in MOE_SLICES_ROUTE] + [f"moeslicesfoldhtwopre{i}-{F16}" for i in (0, 6)]
+         # the batch-1 GEMV's dot in packed fp16 too (switches "batch1_gemv_half2" and "batch1_slices_half2"): the
+         # M = 1 GEMM cases with a group per tile, accumulating, the attention block with the router fold, the coder
+         + [f"htwo{c}-{F16}" for c in HALF2_CASES]
          + [f"attn{i}-{dt}" for i in range(len(ATTN)) for dt in (F32, F16)]
          + [f"attn{i}-sm70-{dt}" for i in range(len(ATTN)) for dt in (F32, F16)]   # the tiles used below sm80
          + [f"store_kv-{dt}" for dt in (F32, F16)]
@@ -691,6 +698,15 @@ def run_case(name: str, seed: int) -> float:
         return _fp8_case(name, seed)
     dt = torch.float16 if name.endswith(F16) else torch.float32
     kind, _, rest = name.partition("-")
+    if kind.startswith("htwo"):                                          # HALF2_CASES: every packed-fp16 dot on
+        from onecard.kernels import paths
+        for sw in HALF2_SWITCHES:
+            paths.set_switch(sw, True)
+        try:
+            return run_case(f"{kind[4:]}-{rest}", seed)
+        finally:
+            for sw in HALF2_SWITCHES:
+                paths.set_switch(sw, None)
     if kind.startswith("moeslicesfoldhtwopre"):
         return _moe_slices_fold_case(int(kind[20:]), dt, seed, pre_ampere=True, half2=True)
     if kind.startswith("moeslicesfoldhtwo"):
@@ -1027,7 +1043,7 @@ def assert_within_bound(err: float | str, case: str, seed: int) -> None:
     bound = 1e-2 if case.endswith(("fp16", "fp8e5m2")) else 1e-4
     if case.startswith(INT_CASES):
         bound = 2e-3
-    if case.startswith(("moesliceshtwo", "moeslicesfoldhtwo")):   # fp16 products, 4 to a sum: measured <= 9.6e-4
+    if case.startswith(("moesliceshtwo", "moeslicesfoldhtwo", "htwo")):   # fp16 products, 4 to a sum: <= 9.6e-4
         bound = 4e-3
     if case.startswith(("coderb1acc", "coderb1slices", "coderb1fold")):   # (and coderb1slicesroute) measured 8.2e-4-8.9e-4 (fp16, the whole tiny model); a 1% GEMV error: 8.7e-3
         bound = 4e-3

@@ -38,8 +38,8 @@ from onecard.kernels.fused_moe.decode import topk_slot_of
 from onecard.kernels.gptq_gemm.int4 import (
     gemv_tile_mac,
     half2_dot8,
-    half2_pairs,
     half2_zeros,
+    input_pairs,
     row_input,
     unit_combine,
     unit_sums,
@@ -225,19 +225,6 @@ def _x_columns(x_ptr, r0, k8, offs_r, BLOCK_K8: tl.constexpr):
 
 
 @triton.jit
-def _x_pairs(x_ptr, r0, k8, offs_r, BLOCK_K8: tl.constexpr):
-    """The tile's fp16 inputs x[8r + j], r = r0 + [0, BK8), as half2_dot8's four int32 pairs (x_k, x_k+4) [BK8]
-    (int4.half2_pairs; rows past k8 are zeros) from ONE load of its 16-byte rows (as _x_columns)."""
-    r = r0 + offs_r
-    pairs = tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + r[:, None] * 4 + tl.arange(0, 4)[None, :],
-                    mask=(r < k8)[:, None], other=0)                      # [BK8, 4]: (x[8r + 2c], x[8r + 2c + 1])
-    even, odd = tl.split(tl.reshape(pairs, (BLOCK_K8, 2, 2)))            # c = 0, 2 | c = 1, 3
-    x01, x45 = tl.split(even)
-    x23, x67 = tl.split(odd)
-    return half2_pairs(x01, x23, x45, x67)
-
-
-@triton.jit
 def _h_pairs(h, BI8: tl.constexpr):
     """h fp32 [8 * BI8] (the slice's rows; zeros past I) rounded to fp16 -> the down's inputs as half2_dot8's pairs
     (h[8p + k], h[8p + k + 4]), k = 0..3, int32 [BI8] each."""
@@ -254,7 +241,7 @@ def _gate_up_h2(acc, q, s, zp, xp, z_shift, BLOCK_K8: tl.constexpr, BLOCK_I: tl.
                 TILE_GROUPS: tl.constexpr):
     """_gate_up_mac in packed fp16 (kernel HALF2): acc (its shapes) += s * sum_j (n_j - z) x_j per packed row and
     column, the sum by int4.half2_dot8 (four products a half in fp16, exact n - z), the scale once per packed row
-    in fp32; xp: _x_pairs of the tile's rows."""
+    in fp32; xp: int4.input_pairs of the tile's rows."""
     if TILE_GROUPS == 1:
         zz = half2_zeros((zp >> z_shift) & 0xF)                           # [BI]
         d = half2_dot8(q, xp[0][:, None], xp[1][:, None], xp[2][:, None], xp[3][:, None], zz[None, :])
@@ -319,7 +306,7 @@ def _moe_slices_kernel(x_ptr, out_ptr, qg_ptr, zg_ptr, sg_ptr, qu_ptr, zu_ptr, s
     stores its share of the new residual (res_out_ptr) and routes from rstd * those sums rounded to the model
     dtype (the logits the norm-route launch would have stored).
     HALF2 (paths.batch1_slices_half2; fp16 inputs): the gate/up tiles' and the down's dots in packed fp16
-    (int4.half2_dot8: _gate_up_h2 in either loop on _x_pairs' inputs; the down on h rounded to fp16, _h_pairs)."""
+    (int4.half2_dot8: _gate_up_h2 in either loop on int4.input_pairs' inputs; the down on h rounded to fp16, _h_pairs)."""
     pid_i = tl.program_id(0)
     slot = tl.program_id(1)
     BI8: tl.constexpr = BLOCK_I // 8
@@ -416,7 +403,7 @@ def _moe_slices_kernel(x_ptr, out_ptr, qg_ptr, zg_ptr, sg_ptr, qu_ptr, zu_ptr, s
             q_g, s_g, z_g = _gate_up_load(qg, sg, zg, r0, k8, offs_r, offs_i, i_mask, I, ng1, GROUP_K8, TG)
             q_u, s_u, z_u = _gate_up_load(qu, su, zu, r0, k8, offs_r, offs_i, i_mask, I, ng1, GROUP_K8, TG)
             if HALF2:
-                xp = _x_pairs(x_in, r0, k8, offs_r, BLOCK_K8)             # 4 x [BK8] int32: the tile's inputs
+                xp = input_pairs(x_in, r0 + offs_r, r0 + offs_r < k8)     # 4 x [BK8] int32: the tile's inputs
                 acc_g = _gate_up_h2(acc_g, q_g, s_g, z_g, xp, zs_i, BLOCK_K8, BLOCK_I, GROUP_K8, TG)
                 acc_u = _gate_up_h2(acc_u, q_u, s_u, z_u, xp, zs_i, BLOCK_K8, BLOCK_I, GROUP_K8, TG)
             else:
@@ -432,7 +419,7 @@ def _moe_slices_kernel(x_ptr, out_ptr, qg_ptr, zg_ptr, sg_ptr, qu_ptr, zu_ptr, s
             nq_u, ns_u, nz_u = _gate_up_load(qu, su, zu, r0 + BLOCK_K8, k8, offs_r, offs_i, i_mask, I, ng1, GROUP_K8, TG,
                                              AHEAD_ROWS)
             if HALF2:
-                xp = _x_pairs(x_in, r0, k8, offs_r, BLOCK_K8)
+                xp = input_pairs(x_in, r0 + offs_r, r0 + offs_r < k8)
                 acc_g = _gate_up_h2(acc_g, q_g, s_g, z_g, xp, zs_i, BLOCK_K8, BLOCK_I, GROUP_K8, TG)
                 acc_u = _gate_up_h2(acc_u, q_u, s_u, z_u, xp, zs_i, BLOCK_K8, BLOCK_I, GROUP_K8, TG)
             else:

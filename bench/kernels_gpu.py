@@ -149,13 +149,6 @@ def cases(quick: bool):
                 yield (f"w4a16 {name} M=1 accumulate (+memset)",
                        lambda x=x, w=w, acc=acc: g_t.small_m_gemm(x, w, accumulate=acc.zero_()),
                        lambda x=x, w=w: g_r.w4a16_gemm(x, w), nbytes)
-            if m == 1:         # the dot in packed fp16 ("batch1_gemv_half2"), plain and accumulating
-                yield (f"w4a16 {name} M=1 half2", lambda x=x, w=w: _switched(
-                           "batch1_gemv_half2", lambda: g_t.w4a16_gemm(x, w)),
-                       lambda x=x, w=w: g_r.w4a16_gemm(x, w), nbytes)
-                yield (f"w4a16 {name} M=1 accumulate (+memset) half2", lambda x=x, w=w, acc=acc: _switched(
-                           "batch1_gemv_half2", lambda: g_t.small_m_gemm(x, w, accumulate=acc.zero_())),
-                       lambda x=x, w=w: g_r.w4a16_gemm(x, w), nbytes)
             if m in (1, 16):   # the exact-integer dot ("batch1_int_dot" / "decode_int_dot")
                 name_ = "batch1_int_dot" if m == 1 else "decode_int_dot"
                 yield (f"w4a16 {name} M={m} int dot",

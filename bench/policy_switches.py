@@ -45,8 +45,7 @@ def switch_setters() -> dict:
               "fast_silu": "decode_fast_silu",
               "slices_l2": "batch1_slices_l2_prefetch",                   # (with moe_slices only)
               "router_fold": "batch1_router_fold",                        # (with b1_acc, moe_slices, slices_route)
-              "slices_half2": "batch1_slices_half2",                      # (with moe_slices; fp16)
-              "gemv_half2": "batch1_gemv_half2"}                          # (fp16)
+              "slices_half2": "batch1_slices_half2"}                      # (with moe_slices; fp16)
     return {**{short: partial(paths.set_switch, name) for short, name in on_off.items()},
             # the slices at BLOCK_I 16, 4 warps: 384 programs, ~3 on every SM of 132 (the shipped 192 leave 72 SMs
             # with one and 60 with two), twice the atomics

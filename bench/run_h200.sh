@@ -149,24 +149,24 @@ for p in $parts; do
           log fold-tests
           timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_moe_slices_gpu.py \
             -k "router-fold or emulated or routing-in-slices-one-ahead or routing-in-slices]" 2>&1 | tail -8 ;;
-    decode15) log decode15  # issue 25 (2026-12-07): the batch-1 dots in packed fp16 (int4.half2_dot8): the MoE
-          # slices' (paths.BATCH1_SLICES_HALF2), the dense GEMV's (BATCH1_GEMV_HALF2) and both, A/B'd in one
-          # engine at 1x512 and 1x32768, then both under emulated sm70 (the pre-Ampere loops) at 1x512 (~8 min)
+    decode15) log decode15  # issue 25 (2026-12-07): the batch-1 MoE slices' dots in packed fp16 (int4.half2_dot8,
+          # paths.BATCH1_SLICES_HALF2, shipped on) against their fp32 dots, in one engine at 1x512 and 1x32768, then
+          # under emulated sm70 (the pre-Ampere loop) at 1x512 (~5 min with the build). As run on 2026-12-07 it
+          # also A/B'd the dense GEMV's packed dot (lost, removed; BENCHMARKS.md)
           [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30 > /dev/null
-          timeout "${AB_TIMEOUT:-330}" python3 bench/long_context.py /tmp/q30 "$OUT/switch_ab.json" \
-              --scenarios "${AB_SCENARIOS:-1x512,1x32768}" \
-              --policies "${SWITCH_POLICIES:-fill,fill+slices_half2,fill+gemv_half2,fill+slices_half2+gemv_half2}" \
+          timeout "${AB_TIMEOUT:-240}" python3 bench/long_context.py /tmp/q30 "$OUT/switch_ab.json" \
+              --scenarios "${AB_SCENARIOS:-1x512,1x32768}" --policies "${SWITCH_POLICIES:-fill+no_slices_half2,fill}" \
               | tee "$OUT/switch_ab.log" | grep -v '^{'
           python3 bench/ab_table.py "$OUT/switch_ab.log"
           log decode15-emu70
           ONECARD_EMULATE_CC=70 timeout "${AB_EMU_TIMEOUT:-150}" python3 bench/long_context.py /tmp/q30 \
-              "$OUT/switch_ab_emu70.json" --scenarios 1x512 --policies fill,fill+slices_half2+gemv_half2 \
+              "$OUT/switch_ab_emu70.json" --scenarios 1x512 --policies fill+no_slices_half2,fill \
               | tee "$OUT/switch_ab_emu70.log" | grep -v '^{'
           python3 bench/ab_table.py "$OUT/switch_ab_emu70.log" ;;
-    half2tests) log half2tests  # the packed-fp16 dots' GPU tests: the coder's greedy text with them, graphs = eager,
-          # under emulated sm70; every kernel row with half2 and the slices / router-fold rows (~4 min)
-          timeout 400 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_moe_slices_gpu.py tests/gpu/test_kernels_gpu.py \
-            -k "half2 or emulated or fold" 2>&1 | tail -8 ;;
+    half2tests) log half2tests  # the slices' GPU tests (their packed-fp16 dots as shipped, the fp32 dots, emulated
+          # sm70, the router fold) and the MoE kernel rows at the real shapes (~6 min)
+          timeout 500 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_moe_slices_gpu.py tests/gpu/test_kernels_gpu.py \
+            -k "slices or norm_moe" 2>&1 | tail -8 ;;
     decode14) log decode14  # issue 25 (2026-12-07, after the router fold): the slices' gate/up loop with more tiles
           # in flight, in one engine at 1x512 and 1x32768: fill (shipped), +slices_k64_st3 (BLOCK_K8 64: 4 steps of
           # 16 KB), +slices_st4 (4 deep), +slices_k64_st4 (~4 min with the build)

@@ -383,27 +383,17 @@ def batch1_slices_l2_prefetch() -> bool:
 # this takes it to ~2.4 a weight plus the loads. The products are rounded to fp16 (4 to a sum) where the shipped
 # loop rounds nothing but fp32 sums. ON from 2026-12-07 (H100, bench/run_h200.sh decode15, one engine, alternating,
 # medians of 3; BENCHMARKS.md): batch 1 at 512 tokens 484.2 -> 506.5 tok/s (+4.6%), at 32k 320.8 -> 330.3, the same
-# greedy tokens; under ONECARD_EMULATE_CC=70 (the pre-Ampere loop, with BATCH1_GEMV_HALF2) 440.5 -> 463.9; full-size
-# logits vs the reference backend rel. err 4.1e-4, argmax 1.00.
+# greedy tokens; under ONECARD_EMULATE_CC=70 (the pre-Ampere loop, with the GEMV's below) 440.5 -> 463.9; full-size
+# logits vs the reference backend rel. err 4.1e-4, argmax 1.00. The same dot in the dense batch-1 GEMV (qkv, o_proj;
+# its loop 390 -> 265 instructions a tile) lost in the same A/B (484.2 -> 479.6 alone, 506.5 -> 501.6 beside this
+# one: the GEMV holds its tiles before the PDL wait, and fewer instructions after it did not shorten the chain):
+# not kept (BENCHMARKS.md, 2026-12-07 16:15).
 BATCH1_SLICES_HALF2 = _switch("batch1_slices_half2", True)
 
 
 def batch1_slices_half2() -> bool:
     """Do the batch-1 MoE slices (fp16) multiply their gate/up tiles in packed fp16?"""
     return switch("batch1_slices_half2")
-
-
-# The batch-1 dense GEMV (qkv, o_proj: gptq_gemm/small_m.py HALF2) with the same packed-fp16 dot as
-# BATCH1_SLICES_HALF2. Its programs hold their tiles' weights before the PDL wait, so what follows the wait (the
-# input's load, the dot, the sums, the atomics) is the chain's time: fewer instructions there shorten it (sm90 SASS
-# of its loop 390 -> 265 instructions a tile). OFF: measured slower (H100, 2026-12-07, decode15): batch 1 at 512
-# tokens 484.2 -> 479.6 tok/s alone, 506.5 -> 501.6 beside BATCH1_SLICES_HALF2.
-BATCH1_GEMV_HALF2 = _switch("batch1_gemv_half2", False)
-
-
-def batch1_gemv_half2() -> bool:
-    """Does the batch-1 dense GEMV (fp16, one group per tile) multiply its tiles in packed fp16?"""
-    return switch("batch1_gemv_half2")
 
 
 # The batch-1 MoE layer without its norm-route launch (fused_moe/router_fold.py): the router's logits are linear in

@@ -22,6 +22,9 @@ The tile step is the batch-1 GEMV's (gptq_gemm/int4.gemv_tile_mac: scale and zer
 tile lies in one group; a tile of several whole groups (g128 at the shipped BLOCK_K8) applies each group's scale
 and zero once per packed row (int4.unit_sums / unit_combine on the tile's rows reshaped by group). int4 GPTQ
 weights without act order (g_idx) only: ``supported``.
+With fp16 inputs both dots run in packed fp16 (HALF2, paths.batch1_slices_half2, shipped on: int4.half2_dot8, two
+weights an instruction, four fp16 products to a sum, the halves and the group's scale in fp32; h rounded to fp16
+for the down), since the gate/up loop is bound by instructions where two programs share an SM.
 The gate/up loop streams its tiles through Triton's software pipeline (cp.async into shared memory, STAGES deep)
 on sm80+, and one tile ahead in registers below (``config(cc)``: one config per side of sm80).
 Under PDL the program waits before its first load: the routing (or the logits) is the previous launch's output.

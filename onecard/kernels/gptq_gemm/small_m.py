@@ -18,9 +18,6 @@ from onecard.kernels.gptq_gemm.int4 import (
     _dequant_tile_j,
     _group_sz,
     gemv_tile_mac,
-    half2_dot8,
-    half2_zeros,
-    input_pairs,
     int_dot_tile,
     magic_zero_scale,
     nibbles,
@@ -47,7 +44,7 @@ def _small_tile_load(qw_ptr, sc_ptr, qz_ptr, t, t_end, offs_r, offs_n, n_mask, z
 @triton.jit
 def _small_tile_mac(acc, q, s_u, z_u, t, t_end, x_ptr, sc_ptr, qz_ptr, gidx_ptr, offs_r, offs_m, m_mask, offs_n, n_mask,
                     z_shift, k8, N, stride_xm, DT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K8: tl.constexpr, PER_ROW: tl.constexpr, INT_DOT: tl.constexpr, HALF2: tl.constexpr):
+                    BLOCK_K8: tl.constexpr, PER_ROW: tl.constexpr, INT_DOT: tl.constexpr):
     """acc += x[:, rows of tile t] @ dequant(q) (nothing for t >= t_end); see _w4a16_small_kernel for the three
     accumulator forms."""
     r = t * BLOCK_K8 + offs_r                                             # [BK8] packed rows
@@ -58,10 +55,6 @@ def _small_tile_mac(acc, q, s_u, z_u, t, t_end, x_ptr, sc_ptr, qz_ptr, gidx_ptr,
             acc += int_dot_tile(q, s_u, z_u, (x_ptr, rows, rows < 1, stride_xm), r, r_mask, rows_input_t)
         else:
             acc += int_dot_tile(q, s_u, z_u, (x_ptr, offs_m, m_mask, stride_xm), r, r_mask, rows_input_t)
-    elif BLOCK_M == 1 and not PER_ROW and HALF2:                        # [BK8, BN] += s * sum_j (n_j - z) x_j
-        xp = input_pairs(x_ptr, r, r_mask)
-        zz = half2_zeros(z_u.to(tl.int32))[None, :]
-        acc += half2_dot8(q, xp[0][:, None], xp[1][:, None], xp[2][:, None], xp[3][:, None], zz) * s_u[None, :]
     elif BLOCK_M == 1 and not PER_ROW:
         acc = gemv_tile_mac(acc, q, s_u, z_u, x_ptr, r, r_mask, row_input, BLOCK_K8, BLOCK_N)
     else:
@@ -90,7 +83,7 @@ def _w4a16_small_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_p
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K8: tl.constexpr,
                         PER_ROW: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
                         INT_DOT: tl.constexpr = False, ACCUM: tl.constexpr = False, ROUTER: tl.constexpr = False,
-                        BLOCK_RE: tl.constexpr = 1, BLOCK_R: tl.constexpr = 1, HALF2: tl.constexpr = False):
+                        BLOCK_RE: tl.constexpr = 1, BLOCK_R: tl.constexpr = 1):
     """Decode GEMM, M <= 16, one launch. BLOCK_M == 1: GEMV with a [BK8, BN] fp32 accumulator whose row sum is
     deferred past the K loop; the scale and zero are applied once per tile (int4.gemv_tile_mac), so the inner
     loop is a shift, a LOP3 and an FMA per weight. Else tl.dot on a 16-row block with
@@ -108,10 +101,7 @@ def _w4a16_small_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_p
     the zeroed fp32 raw_ptr [E] its share of the folded router, rows pid_n * BLOCK_RE + [0, BLOCK_RE): M[rows, its
     split's K range] @ x[that range] + F[rows, pid_k's rn_chunk of N] @ residual[that chunk] (rm_ptr M [E, K],
     rf_ptr F [E, N], rr_ptr the residual [N]; M and F load before the PDL wait: weights), both as [BLOCK_RE,
-    BLOCK_R] tiles (BLOCK_R covers either range), so that one reduction sums them.
-    HALF2 (M == 1, fp16, not PER_ROW or INT_DOT; paths.batch1_gemv_half2): each tile's dot in packed fp16
-    (int4.half2_dot8 on int4.input_pairs' inputs: four fp16 products to a sum, the scale once per packed row in
-    fp32) instead of gemv_tile_mac."""
+    BLOCK_R] tiles (BLOCK_R covers either range), so that one reduction sums them."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)                      # [BN]
@@ -148,10 +138,10 @@ def _w4a16_small_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_p
             rv = tl.load(rr_ptr + re[:, None] * 0 + rn[None, :], mask=rn_mask[None, :], other=0.0).to(tl.float32)
         acc = _small_tile_mac(acc, q0, s0, z0, t_begin, t_end, x_ptr, sc_ptr, qz_ptr, gidx_ptr, offs_r, offs_m,
                               m_mask, offs_n, n_mask, z_shift, k8, N, stride_xm, DT, BLOCK_M, BLOCK_N, BLOCK_K8,
-                              PER_ROW, INT_DOT, HALF2)
+                              PER_ROW, INT_DOT)
         acc = _small_tile_mac(acc, q1, s1, z1, t_begin + 1, t_end, x_ptr, sc_ptr, qz_ptr, gidx_ptr, offs_r,
                               offs_m, m_mask, offs_n, n_mask, z_shift, k8, N, stride_xm, DT, BLOCK_M, BLOCK_N,
-                              BLOCK_K8, PER_ROW, INT_DOT, HALF2)
+                              BLOCK_K8, PER_ROW, INT_DOT)
         t_loop = t_begin + 2
     else:
         # M > 1: a plain pipelined loop (peeling the first tiles measured slower for tl.dot)
@@ -162,7 +152,7 @@ def _w4a16_small_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_p
                                        group_size, num_groups, BLOCK_K8)
         acc = _small_tile_mac(acc, q, s_u, z_u, t, t_end, x_ptr, sc_ptr, qz_ptr, gidx_ptr, offs_r, offs_m,
                               m_mask, offs_n, n_mask, z_shift, k8, N, stride_xm, DT, BLOCK_M, BLOCK_N, BLOCK_K8,
-                              PER_ROW, INT_DOT, HALF2)
+                              PER_ROW, INT_DOT)
     if INT_DOT and BLOCK_M == 1:
         res = tl.sum(acc, axis=1)[None, :]                                # [1, BN]: column 0 (the rest are 0)
     elif INT_DOT:

@@ -240,8 +240,6 @@ def small_m_gemm(x: torch.Tensor, w: GPTQWeight, bias: torch.Tensor | None = Non
     int_dot = (not per_row and x.dtype == torch.float16
                and paths.int_dot(m, cc))
     g = small_grid(m, n, k, dev, tuning, INT_DOT_GEMV if int_dot and m == 1 else None)
-    # the GEMV's dot in packed fp16 (int4.half2_dot8): fp16, one group per K tile, the paths switch
-    half2 = m == 1 and not per_row and not int_dot and x.dtype == torch.float16 and paths.batch1_gemv_half2()
     bm, bn, bk8, warps, stages = g.block_m, g.block_n, g.block_k8, g.num_warps, g.num_stages
     grid_n, splits, tiles_per_split = g.grid_n, g.splits, g.tiles_per_split
     accum = accumulate is not None
@@ -274,7 +272,7 @@ def small_m_gemm(x: torch.Tensor, w: GPTQWeight, bias: torch.Tensor | None = Non
         x, w.qweight, w.qzeros, w.scales, gidx, bias_arg, out, part, workspace.counters(dev, "gemm", grid_n),
         m, n, k, w.group_size, w.num_groups, tiles_per_split, x.stride(0), int(bias is not None), *rargs,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K8=bk8, PER_ROW=bool(per_row), BLOCK_S=GEMV_MAX_SPLITS, PDL=use_pdl,
-        INT_DOT=int_dot, ACCUM=accum, HALF2=half2, num_warps=warps, num_stages=stages, launch_pdl=use_pdl, **rt)
+        INT_DOT=int_dot, ACCUM=accum, num_warps=warps, num_stages=stages, launch_pdl=use_pdl, **rt)
     if splits > 1 and m > 1:
         _splitk_reduce_kernel[(triton.cdiv(m * n, _REDUCE_BLOCK),)](
             part, bias_arg, out, m * n, n, 1, BLOCK=_REDUCE_BLOCK, HAS_BIAS=bias is not None, PDL=use_pdl,
@@ -340,7 +338,7 @@ def aot_configs() -> list[AotConfig]:
             if bm <= SMALL_M_MAX:
                 for per_row in ((False,) if name == INT_DOT_GEMV else (False, True)):
                     cx = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K8=bk8, PER_ROW=per_row, BLOCK_S=GEMV_MAX_SPLITS,
-                              PDL=False, INT_DOT=False, ACCUM=False, ROUTER=False, BLOCK_RE=1, BLOCK_R=1, HALF2=False)
+                              PDL=False, INT_DOT=False, ACCUM=False, ROUTER=False, BLOCK_RE=1, BLOCK_R=1)
                     args = dict(x_ptr=f"*{act}", qw_ptr="*i32", qz_ptr="*i32", sc_ptr="*fp16", gidx_ptr="*i32",
                                 bias_ptr=f"*{act}", out_ptr=f"*{act}", part_ptr="*fp32", cnt_ptr="*i32",
                                 M="i32", N="i32",
@@ -361,14 +359,6 @@ def aot_configs() -> list[AotConfig]:
                         rx = dict(cx, ACCUM=True, ROUTER=True, BLOCK_RE=4, BLOCK_R=256)
                         out.append(AotConfig(_w4a16_small_kernel, signature(dict(args, out_ptr="*fp32"), rx), rx,
                                              warps, stages, min_cc, f"w4a16[{name},accum,router,{act}]"))
-                    if name == "gemv" and not per_row and act == "fp16":      # the packed-fp16 dot
-                        hx = dict(cx, HALF2=True)                                 # (paths.batch1_gemv_half2)
-                        for extra, tag2 in (({}, ""), (dict(ACCUM=True), ",accum"),
-                                            (dict(ACCUM=True, ROUTER=True, BLOCK_RE=4, BLOCK_R=256), ",accum,router")):
-                            hargs = dict(args, out_ptr="*fp32") if extra else args
-                            out.append(AotConfig(_w4a16_small_kernel, signature(hargs, dict(hx, **extra)),
-                                                 dict(hx, **extra), warps, stages, min_cc,
-                                                 f"w4a16[{name}{tag2},half2,{act}]"))
                     if name != "gemv" and not per_row and act == "fp16":      # the exact-integer dot
                         out.append(AotConfig(_w4a16_small_kernel, signature(args, dict(cx, INT_DOT=True)),
                                              dict(cx, INT_DOT=True), warps, stages, max(min_cc, 80),

@@ -90,8 +90,8 @@ class _Rotating:
         return self.items[self.i]
 
 
-def _switched(name: str, fn, on: bool = True):
-    """fn() with paths switch ``name`` on (or ``on=False``: off), back to its shipped value after."""
+def _switched(name: str, fn, on: bool | None = True):
+    """fn() with paths switch ``name`` on (or ``on=False``: off; None: as shipped), back to its shipped value after."""
     from onecard.kernels import paths
 
     paths.set_switch(name, on)
@@ -217,14 +217,13 @@ def cases(quick: bool):
                        lambda x=x, r=r: torch.cat(moe_r.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True)),
                        TOPK * per_expert + E * H * 2)
             # the MoE block with cold experts (_Rotating: 20 inputs routed to different experts): the slices at the
-            # shipped config, the one-ahead loop and five others, the shipped config with its L2 prefetch, the
-            # two-launch stages
+            # shipped config, the one-ahead loop and five others, the shipped config with fp32 dots (the switch
+            # "batch1_slices_half2" off), the two-launch stages
             xs = _Rotating([torch.randn(1, H, device=DEV).half() for _ in range(20)])
             cold = [(f"slices{'' if cfg is None else ' ' + ','.join(map(str, cfg))}", partial(_slices, cfg))
                     for cfg in (None, (32, 32, 1024, 8, 1), (32, 16, 1024, 4, 1), (32, 32, 1024, 8, 8),
                                 (16, 32, 512, 8, 3), (16, 32, 512, 4, 3), (16, 64, 512, 4, 3))]
-            cold += [("slices, L2 prefetch", partial(_switched, "batch1_slices_l2_prefetch")),
-                     ("slices, half2", lambda fn: _switched("batch1_slices_half2", lambda: _slices(None, fn))),
+            cold += [("slices, fp32 dots", lambda fn: _switched("batch1_slices_half2", lambda: _slices(None, fn), on=False)),
                      ("two-launch stages", _stages)]
             for label, path in cold:
                 yield (f"norm_moe T=1 {label}, cold experts",
@@ -242,13 +241,14 @@ def cases(quick: bool):
                        folded=router_fold.FoldedRoute(raw, torch.zeros(1, H, device=DEV)))),
                    lambda x32=x32, r=r: torch.cat(moe_r.norm_moe(x32, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True)),
                    TOPK * per_expert)
-            # the same with the dots in packed fp16 (paths.batch1_slices_half2), then on the pre-Ampere loop
-            for label, cfg in (("", None), (" one-ahead", slices_mod.SLICES_CONFIG_PRE_AMPERE)):
-                yield (f"norm_moe T=1 slices, router folded, half2{label}",
-                       lambda x32=x32, r=r, raw=raw, cfg=cfg: _switched("batch1_slices_half2", lambda: _slices(
+            # on the pre-Ampere loop, and with the dots in fp32 (paths.batch1_slices_half2 off) on both loops
+            for label, cfg, h2 in ((" one-ahead", slices_mod.SLICES_CONFIG_PRE_AMPERE, None), (", fp32 dots", None, False),
+                                   (", fp32 dots one-ahead", slices_mod.SLICES_CONFIG_PRE_AMPERE, False)):
+                yield (f"norm_moe T=1 slices, router folded{label}",
+                       lambda x32=x32, r=r, raw=raw, cfg=cfg, h2=h2: _switched("batch1_slices_half2", lambda: _slices(
                            cfg, lambda: torch.cat(moe_t.norm_moe(
                                x32, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True,
-                               folded=router_fold.FoldedRoute(raw, torch.zeros(1, H, device=DEV)))))),
+                               folded=router_fold.FoldedRoute(raw, torch.zeros(1, H, device=DEV))))), on=h2),
                        lambda x32=x32, r=r: torch.cat(moe_r.norm_moe(x32, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True)),
                        TOPK * per_expert)
             yield ("norm_moe T=1 slices, routed by norm-route",         # "batch1_slices_route" off

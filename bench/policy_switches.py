@@ -43,7 +43,6 @@ def switch_setters() -> dict:
               "moe_slices": "batch1_moe_slices",                          # batch 1 only
               "slices_route": "batch1_slices_route",                      # (with moe_slices only)
               "fast_silu": "decode_fast_silu",
-              "slices_l2": "batch1_slices_l2_prefetch",                   # (with moe_slices only)
               "router_fold": "batch1_router_fold",                        # (with b1_acc, moe_slices, slices_route)
               "slices_half2": "batch1_slices_half2"}                      # (with moe_slices; fp16)
     return {**{short: partial(paths.set_switch, name) for short, name in on_off.items()},
@@ -57,12 +56,12 @@ def switch_setters() -> dict:
             # against 23.5, L2-hot; its cold-experts row is in kernels_gpu.py)
             "slices3216": _attr_override(slices, "SLICES_CONFIG", (32, 16, 1024, 4, 1)),
             # the gate/up loop: one tile ahead in registers (the pre-Ampere loop; sm80+ until 2026-12-07), or
-            # pipelined by Triton (stages >= 2: cp.async into shared memory, sm80+; shipped: 3, the down's first
-            # chunk after the loop), with the down's first chunk before it (slices.SLICES_DOWN_EARLY; "slices_st3":
-            # lost, BENCHMARKS.md), 7 deep; BLOCK_H 512 (unmeasured)
+            # pipelined by Triton (stages >= 2: cp.async into shared memory, sm80+) at BLOCK_K8 32 (shipped until
+            # the BLOCK_K8 64 of 2026-12-07), 7 deep; BLOCK_H 512 (unmeasured). (As run on 2026-12-07, "slices_st3"
+            # also loaded the down's first chunk before the loop and "slices_st3_late" after it; the early load lost
+            # and is gone: BENCHMARKS.md.)
             "slices_one_ahead": _attr_override(slices, "SLICES_CONFIG", (32, 32, 1024, 8, 1)),
-            "slices_st3": _attr_override(slices, "SLICES_CONFIG", (32, 32, 1024, 8, 3), SLICES_DOWN_EARLY=True),
-            "slices_st3_late": _attr_override(slices, "SLICES_CONFIG", (32, 32, 1024, 8, 3), SLICES_DOWN_EARLY=False),
+            "slices_st3": _attr_override(slices, "SLICES_CONFIG", (32, 32, 1024, 8, 3)),
             "slices_st8": _attr_override(slices, "SLICES_CONFIG", (32, 32, 1024, 8, 8)),
             "slices_st3h512": _attr_override(slices, "SLICES_CONFIG", (32, 32, 512, 8, 3)),
             # BLOCK_I 16: 384 programs, 3 on 120 SMs and 2 on 12, where the 192 of BLOCK_I 32 leave 60 SMs with two
@@ -73,17 +72,17 @@ def switch_setters() -> dict:
             #   slices16_st3        (16, 32, 512, 8, 3)   8 x (8 x 258 + 4 x 270) = 25.2k, x 3 = 76k (76 registers)
             #   slices16w4_st3      (16, 32, 512, 4, 3)   4 x (8 x 378 + 4 x 366) = 18.0k, x 3 = 54k (96 registers)
             #   slices16w4k64_st3   (16, 64, 512, 4, 3)   4 x (4 x 714 + 4 x 365) = 17.3k, x 3 = 52k (128 registers)
-            # (each with the down's first chunk before the loop). Measured in the model (decode12): the two on 4 warps
+            # (each with the down's first chunk before the loop, as measured). In the model (decode12): the two on 4 warps
             # lost to the shipped config (BENCHMARKS.md); fewer instructions on the busiest SM did not pay
-            "slices16_st3": _attr_override(slices, "SLICES_CONFIG", (16, 32, 512, 8, 3), SLICES_DOWN_EARLY=True),
-            "slices16w4_st3": _attr_override(slices, "SLICES_CONFIG", (16, 32, 512, 4, 3), SLICES_DOWN_EARLY=True),
-            "slices16w4k64_st3": _attr_override(slices, "SLICES_CONFIG", (16, 64, 512, 4, 3), SLICES_DOWN_EARLY=True),
+            "slices16_st3": _attr_override(slices, "SLICES_CONFIG", (16, 32, 512, 8, 3)),
+            "slices16w4_st3": _attr_override(slices, "SLICES_CONFIG", (16, 32, 512, 4, 3)),
+            "slices16w4k64_st3": _attr_override(slices, "SLICES_CONFIG", (16, 64, 512, 4, 3)),
             # BLOCK_K8 64 pipelined: 4 gate/up steps of 16 KB (128 registers with the down's chunk loaded late, 205
             # early; 35 KB shared; unpipelined it took 254)
-            "slices_k64_st3": _attr_override(slices, "SLICES_CONFIG", (32, 64, 1024, 8, 3), SLICES_DOWN_EARLY=False),
+            "slices_k64_st3": _attr_override(slices, "SLICES_CONFIG", (32, 64, 1024, 8, 3)),
             # 3 (4) tiles in flight instead of 2: the shipped tile 4 deep (26 KB shared), BLOCK_K8 64 4 deep (52 KB)
-            "slices_st4": _attr_override(slices, "SLICES_CONFIG", (32, 32, 1024, 8, 4), SLICES_DOWN_EARLY=False),
-            "slices_k64_st4": _attr_override(slices, "SLICES_CONFIG", (32, 64, 1024, 8, 4), SLICES_DOWN_EARLY=False),
+            "slices_st4": _attr_override(slices, "SLICES_CONFIG", (32, 32, 1024, 8, 4)),
+            "slices_k64_st4": _attr_override(slices, "SLICES_CONFIG", (32, 64, 1024, 8, 4)),
             "gemv4": _table_override(gemm.SMALL_PROGRAMS_PER_SM, "gemv", 4),
             "moe1pps8": _table_override(stages.DECODE_CONFIGS, "decode1",
                                         stages.DECODE_CONFIGS["decode1"][:5] + (8,)),

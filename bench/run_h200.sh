@@ -114,12 +114,12 @@ for p in $parts; do
     decode11) log decode11  # issue 25, next (prepared 2026-12-07, not run): the MoE block alone with cold experts
           # (bench/kernels_gpu.py's "cold experts" rows), then in one engine at 1x512 and 1x32768: the shipped slices
           # routing per warp (fill), routed by norm-route instead (no_slices_route: the per-warp routing changed
-          # what that A/B measured), their L2 prefetch (slices_l2: paths.BATCH1_SLICES_L2_PREFETCH), BLOCK_I 16
+          # what that A/B measured), BLOCK_I 16 (as prepared it also had their L2 prefetch, removed since)
           # (slices16: 384 programs on 132 SMs, against 192 leaving 60 SMs with two) and BLOCK_K8 16 on 4 warps
-          # (slices3216); ~7 min with the build. Its GPU tests: part slicestests (the l2 variant's among them)
+          # (slices3216); ~7 min with the build. Its GPU tests: part slicestests
           AB_TESTS=0 AB_TIMEOUT="${AB_TIMEOUT:-280}" AB_KTIMEOUT=150 AB_KERNELS="norm_moe T=1" \
             AB_SCENARIOS="${AB_SCENARIOS:-1x512,1x32768}" \
-            SWITCH_POLICIES="${SWITCH_POLICIES:-fill,fill+slices_l2,fill+no_slices_route,fill+slices16,fill+slices3216}" \
+            SWITCH_POLICIES="${SWITCH_POLICIES:-fill,fill+no_slices_route,fill+slices16,fill+slices3216}" \
             bash "$0" switchab ;;
     decode12) log decode12  # issue 25 (ran 2026-12-07 13:07 with the policies of that day, BENCHMARKS.md): the
           # slices' gate/up loop pipelined by Triton (shipped since as "fill": stages 3). Now, in one engine at 1x512

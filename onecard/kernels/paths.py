@@ -359,22 +359,6 @@ def batch1_slices_route() -> bool:
     return switch("batch1_slices_route")
 
 
-# The batch-1 MoE slices asking L2 for what they will load (fused_moe/slices.py L2_AHEAD, SLICES_L2_AHEAD tiles
-# ahead; triton_common.l2_prefetch: prefetch.global.L2, from sm70): once routed, a program requests its next gate/up
-# tiles and its whole down projection, then one more tile each loop step. Why: inside the model each of a
-# program's 8 gate/up steps took ~1 µs, one 8 KB tile in flight per program (bench/slices_trace.py), and its 128
-# registers at 8 warps leave no room to load further ahead in registers at two programs per SM; a prefetch holds
-# no register. OFF: with the gate/up loop pipelined by Triton (fused_moe/slices.SLICES_CONFIG, stages 3) it asks L2
-# for the down projection only, and lost (H100, 2026-12-07, bench/run_h200.sh decode12: batch 1 at 512 tokens
-# 467.8 -> 458.2 tok/s beside the down's early load; the shipped late-load config 472.9).
-BATCH1_SLICES_L2_PREFETCH = _switch("batch1_slices_l2_prefetch", False)
-
-
-def batch1_slices_l2_prefetch() -> bool:
-    """Do the batch-1 MoE slices prefetch their next tiles into L2?"""
-    return switch("batch1_slices_l2_prefetch")
-
-
 # The batch-1 MoE slices' gate/up dot in packed fp16 (fused_moe/slices.py HALF2, gptq_gemm/int4.half2_dot8): a word's
 # 8 nibbles become four f16x2 pairs of exact n - z (a shift, a lop3 and a sub.f16x2 a pair) multiplied and added
 # with the inputs in pairs, four products a half in fp16, the halves and the group's scale in fp32. Why: the

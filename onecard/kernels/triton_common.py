@@ -104,16 +104,6 @@ def pdl_enter(PDL: tl.constexpr):
 
 
 @triton.jit
-def l2_prefetch(ptrs, mask):
-    """Ask L2 for the lines holding ``ptrs`` (a pointer tensor; where ``mask``) without waiting or holding a
-    register: ``prefetch.global.L2`` (every target from sm70). A hint: a later load of those lines then waits on
-    L2, not HBM, if the line arrived. No-op under the interpreter (no inline PTX)."""
-    if NATIVE:
-        tl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
-                                  "=r,l,r", [ptrs, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def stamp(ptr, after):
     """Diagnostics (benchmarks only, behind a kernel's TRACE constexpr): store this SM's cycle counter (%clock64)
     at ptr once ``after`` (any int scalar: the value whose computation the stamp must follow) is known, and

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def _greedy(eager: bool, slices_on: bool, route: bool = False, n_prompt: int = 40,
-            new: int = 32, l2: bool = False, config: tuple | None = None, fold: bool = False,
+            new: int = 32, config: tuple | None = None, fold: bool = False,
             half2: bool | None = None) -> tuple[list[int], int]:
     """-> (greedy tokens of one request, slices launches seen while the engine ran). ``config``: replaces
     slices.SLICES_CONFIG (the sm80+ one) while the engine runs. ``fold``: the router folded into o_proj
@@ -46,7 +46,6 @@ def _greedy(eager: bool, slices_on: bool, route: bool = False, n_prompt: int = 4
 
     paths.set_switch("batch1_moe_slices", slices_on)
     paths.set_switch("batch1_slices_route", route)
-    paths.set_switch("batch1_slices_l2_prefetch", l2)
     paths.set_switch("batch1_router_fold", fold)
     paths.set_switch("batch1_slices_half2", half2)
     slices.moe_slices = counted
@@ -70,7 +69,6 @@ def _greedy(eager: bool, slices_on: bool, route: bool = False, n_prompt: int = 4
         slices.moe_slices, slices.SLICES_CONFIG = real, shipped
         paths.set_switch("batch1_moe_slices", None)
         paths.set_switch("batch1_slices_route", None)
-        paths.set_switch("batch1_slices_l2_prefetch", None)
         paths.set_switch("batch1_router_fold", None)
         paths.set_switch("batch1_slices_half2", None)
 
@@ -81,18 +79,15 @@ def _two_launch_stages() -> tuple[list[int], int]:
     return _greedy(True, False)
 
 
-@pytest.mark.parametrize("route, l2, config, fold", [
-    (False, False, None, False), (True, False, None, False), (True, True, None, False),
-    (True, False, (32, 32, 1024, 8, 1), False), (True, True, (32, 32, 1024, 8, 1), False),
-    (True, False, (32, 32, 1024, 8, 8), False), (True, False, (16, 32, 512, 4, 3), False),
-    (True, False, (16, 64, 512, 4, 3), False), (True, False, None, True), (True, False, (32, 32, 1024, 8, 1), True)],
-    ids=["routing", "routing-in-slices", "routing-in-slices-l2", "routing-in-slices-one-ahead",
-         "routing-in-slices-l2-one-ahead", "routing-in-slices-stages8", "routing-in-slices-16w4-stages3",
-         "routing-in-slices-16w4k64-stages3", "router-fold", "router-fold-one-ahead"])
-def test_slices_decode_equals_the_two_launch_stages_in_graphs_and_eager(route, l2, config, fold):
+@pytest.mark.parametrize("route, config, fold", [
+    (False, None, False), (True, None, False), (True, (32, 32, 1024, 8, 1), False), (True, (32, 32, 1024, 8, 8), False),
+    (True, (16, 32, 512, 4, 3), False), (True, (16, 64, 512, 4, 3), False), (True, None, True),
+    (True, (32, 32, 1024, 8, 1), True)],
+    ids=["routing", "routing-in-slices", "routing-in-slices-one-ahead", "routing-in-slices-stages8",
+         "routing-in-slices-16w4-stages3", "routing-in-slices-16w4k64-stages3", "router-fold", "router-fold-one-ahead"])
+def test_slices_decode_equals_the_two_launch_stages_in_graphs_and_eager(route, config, fold):
     """``routing-in-slices``: the slices find the top-k themselves (paths.BATCH1_SLICES_ROUTE) and the norm-route
-    launch has no last arriver; the router's arrival counter must stay zero. ``-l2``: with their L2 prefetch
-    (paths.BATCH1_SLICES_L2_PREFETCH: hints only, the same tokens). The shipped sm80+ config pipelines the gate/up
+    launch has no last arriver; the router's arrival counter must stay zero. The shipped sm80+ config pipelines the gate/up
     loop by Triton (stages 3); ``-one-ahead``: the pre-Ampere loop (the next tile in registers) on this card,
     ``-stages8``: 8 deep (the same arithmetic in the same order, so the same tokens); ``16w4``: BLOCK_I 16 on 4
     warps (``k64``: BLOCK_K8 64), the decode12 A/B's balanced configs. ``router-fold``: no norm-route launch
@@ -101,8 +96,8 @@ def test_slices_decode_equals_the_two_launch_stages_in_graphs_and_eager(route, l
     from onecard.kernels import workspace
 
     stages, n_off = _two_launch_stages()
-    eager, n_eager = _greedy(True, True, route, l2=l2, config=config, fold=fold)
-    graphed, n_graphed = _greedy(False, True, route, l2=l2, config=config, fold=fold)
+    eager, n_eager = _greedy(True, True, route, config=config, fold=fold)
+    graphed, n_graphed = _greedy(False, True, route, config=config, fold=fold)
     assert n_off == 0 and n_eager > 0 and n_graphed > 0                # the path ran (captured, in graphs)
     assert eager == stages
     assert graphed == eager

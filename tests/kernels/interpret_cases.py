@@ -167,11 +167,9 @@ CASES = ([f"gemm{i}-{dt}" for i in range(len(GEMM)) for dt in (F32, F16)] + ["de
          + [f"moeslices{i}-{dt}" for i in range(len(MOE_SLICES)) for dt in (F32, F16)]
          + [f"moeslicesroute{i}-{dt}" for i in MOE_SLICES_ROUTE for dt in (F32, F16)]
          + [f"moeslicestrace0-{F16}"]                                    # bench/slices_trace.py's variant
-         # the L2 prefetch's code paths (its PTX is a no-op under the interpreter): tiles past K, other groups
-         + [f"moeslicesl2{i}-{F16}" for i in (0, 1, 3)]
          # the routed cases on the pre-Ampere config (the one-ahead gate/up loop the V100 runs; the shipped sm80+
-         # one, which the interpreter's capability takes, is pipelined by Triton), with the L2 prefetch on case 0
-         + [f"moeslicespre{i}-{F16}" for i in MOE_SLICES_ROUTE] + [f"moeslicesl2pre0-{F16}"]
+         # one, which the interpreter's capability takes, is pipelined by Triton)
+         + [f"moeslicespre{i}-{F16}" for i in MOE_SLICES_ROUTE]
          # the fp16 cases above take the slices' packed-fp16 dots (switch "batch1_slices_half2", shipped on); the
          # fp32 dots on 16-bit inputs (bf16 models take them) again with it off: routed on both configs, folded
          + [f"moeslicesnohtwo{i}-{F16}" for i in MOE_SLICES_ROUTE]
@@ -583,13 +581,11 @@ def _int_dot_case(case: str, tokens: int, on: bool, seed: int) -> float:
         paths.set_switch(name, None)
 
 
-def _moe_slices_case(i: int, dt, seed: int, route: bool = False, trace: bool = False, l2: bool = False,
-                     pre_ampere: bool = False, half2: bool | None = None) -> float:
+def _moe_slices_case(i: int, dt, seed: int, route: bool = False, trace: bool = False, pre_ampere: bool = False,
+                     half2: bool | None = None) -> float:
     """MOE_SLICES case i: norm_moe at batch 1 with the one-launch expert stages vs ref.norm_moe (the path must apply);
     ``route``: the slices route themselves (case 1 then without renormalisation); ``trace``: the kernel's TRACE
-    variant (bench/slices_trace.py's stamps, zeros under the interpreter) computes the same; ``l2``: with their L2
-    prefetch (switch "batch1_slices_l2_prefetch"; the prefetch itself is a no-op here, its addressing runs);
-    ``pre_ampere``: slices.SLICES_CONFIG_PRE_AMPERE in place of the sm80+ config (the one-ahead gate/up loop);
+    variant (bench/slices_trace.py's stamps, zeros under the interpreter) computes the same; ``pre_ampere``: slices.SLICES_CONFIG_PRE_AMPERE in place of the sm80+ config (the one-ahead gate/up loop);
     ``half2``: the switch "batch1_slices_half2" forced (None: as shipped, on: fp16 cases take the packed-fp16 dots)."""
     import torch
     from kernels_testlib import random_gptq
@@ -605,7 +601,6 @@ def _moe_slices_case(i: int, dt, seed: int, route: bool = False, trace: bool = F
     shipped, launch = slices.SLICES_CONFIG, slices.moe_slices
     paths.set_switch("batch1_moe_slices", True)
     paths.set_switch("batch1_slices_route", route)
-    paths.set_switch("batch1_slices_l2_prefetch", l2)
     paths.set_switch("batch1_slices_half2", half2)
     traces = []
     if trace:
@@ -627,7 +622,6 @@ def _moe_slices_case(i: int, dt, seed: int, route: bool = False, trace: bool = F
         slices.SLICES_CONFIG, slices.moe_slices = shipped, launch
         paths.set_switch("batch1_moe_slices", None)
         paths.set_switch("batch1_slices_route", None)
-        paths.set_switch("batch1_slices_l2_prefetch", None)
         paths.set_switch("batch1_slices_half2", None)
     return max(_rel(o1, o2), _rel(r1, r2))
 
@@ -706,12 +700,8 @@ def run_case(name: str, seed: int) -> float:
         return _moe_slices_case(int(kind[14:]), dt, seed, route=True)
     if kind.startswith("moeslicestrace"):
         return _moe_slices_case(int(kind[14:]), dt, seed, route=True, trace=True)
-    if kind.startswith("moeslicesl2pre"):
-        return _moe_slices_case(int(kind[14:]), dt, seed, route=True, l2=True, pre_ampere=True)
     if kind.startswith("moeslicespre"):
         return _moe_slices_case(int(kind[12:]), dt, seed, route=True, pre_ampere=True)
-    if kind.startswith("moeslicesl2"):
-        return _moe_slices_case(int(kind[11:]), dt, seed, route=True, l2=True)
     if kind.startswith("moeslices"):
         return _moe_slices_case(int(kind[9:]), dt, seed)
     if kind.startswith(("gemmint", "gemmnoint", "g128moeint", "g128moenoint")):   # the int dot forced on / off

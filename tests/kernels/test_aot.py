@@ -241,15 +241,6 @@ def test_slices_routing_reduces_inside_warps(compiled):
     assert route - plain <= 4, (plain, route)
 
 
-def test_slices_l2_prefetch_is_compiled_in_with_no_spill(compiled):
-    """paths.BATCH1_SLICES_L2_PREFETCH's variant carries prefetch.global.L2 on every target and, as the JIT compiles
-    it for sm70, no stack frame (the shipped variant's registers: a prefetch holds none)."""
-    l2 = [r for r in compiled if r[2].startswith("moe_slices[g128,route,l2,")]
-    assert {r[1] for r in l2 if r[3] is None} == set(TARGETS), l2
-    assert all(r[8] for r in l2), [(r[1], r[2]) for r in l2]
-    assert all(r[6] == 0 for r in l2 if r[2].endswith("(JIT-aligned)")), [(r[2], r[6]) for r in l2]
-
-
 def test_slices_pipelined_gate_up_streams_by_cp_async(compiled):
     """The sm80+ slices config (slices.SLICES_CONFIG, stages 3) is Triton's software pipeline of the gate/up loop:
     cp.async in its PTX on sm80 and sm90 (the loop asks for it with tl.range num_stages: Triton

@@ -16,7 +16,7 @@ from onecard.kernels.fused_moe import slices
 
 
 def _slices_knobs() -> tuple:
-    return slices.SLICES_CONFIG, slices.SLICES_DOWN_EARLY
+    return slices.SLICES_CONFIG
 
 
 @pytest.fixture
@@ -29,14 +29,14 @@ def shipped():
 
 @pytest.mark.parametrize("name", ["slices16", "slices1664", "slices3216", "slices_st3", "slices_st8",
                                   "slices_st3h512", "slices16_st3", "slices16w4_st3", "slices16w4k64_st3",
-                                  "slices_k64_st3", "slices_st3_late", "slices_one_ahead"])
+                                  "slices_k64_st3", "slices_one_ahead"])
 def test_each_slices_config_policy_sets_its_own_config(shipped, name):
     setters = lc.switch_setters()
     setters[name](True)                                  # what the name alone sets
     wanted = _slices_knobs()
     setters[name](None)
     assert _slices_knobs() == shipped
-    lc.set_switches(f"fill+{name}+slices_l2")
-    assert _slices_knobs() == wanted and paths.batch1_slices_l2_prefetch()
+    lc.set_switches(f"fill+{name}+no_slices_half2")
+    assert _slices_knobs() == wanted and not paths.batch1_slices_half2()
     lc.set_switches("fill")
-    assert _slices_knobs() == shipped and paths.batch1_slices_l2_prefetch() == paths.BATCH1_SLICES_L2_PREFETCH
+    assert _slices_knobs() == shipped and paths.batch1_slices_half2() == paths.BATCH1_SLICES_HALF2

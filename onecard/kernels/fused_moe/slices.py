@@ -50,7 +50,6 @@ from onecard.kernels.gptq_gemm.int4 import (
 from onecard.kernels.norm.triton import inv_rms, residual_add
 from onecard.kernels.triton_common import (
     AotConfig,
-    l2_prefetch,
     next_pow2,
     pdl_enter,
     settle_cache_keys,
@@ -78,8 +77,7 @@ from onecard.kernels.types import GPTQWeight, MoEWeight
 # sm80+ since 2026-12-07: the gate/up loop pipelined 3 deep (stages 3: sm90 98 registers, 17.5 KB shared), the
 # down's first chunk loaded after it. Measured (H100, bench/run_h200.sh decode12, one engine, alternating, medians
 # of 3; BENCHMARKS.md), batch 1 at 512 / 32k tokens: stages 1 456.5 / 306.2 tok/s; stages 3 472.9 / 314.6 (+3.6% /
-# +2.8%; the down's first chunk before the loop, SLICES_DOWN_EARLY: 467.8 / 313.1; with the L2 prefetch 458.2 /
-# 308.6); BLOCK_I 16 on 4 warps (384 programs, 3 an SM: the busiest SM issues ~20% fewer instructions by the SASS
+# +2.8%; the down's first chunk before the loop: 467.8 / 313.1; with an L2 prefetch 458.2 / 308.6; both removed); BLOCK_I 16 on 4 warps (384 programs, 3 an SM: the busiest SM issues ~20% fewer instructions by the SASS
 # counts) 466.4 / 303.3, with BLOCK_K8 64 467.0 / 308.8: balance did not pay. The same greedy tokens throughout.
 # BLOCK_K8 64 on sm80+ since 2026-12-07 (after the router fold): 4 gate/up steps of 16 KB, two in flight through
 # shared memory (sm90 128 registers, 37 KB shared: still two programs an SM). bench/run_h200.sh decode14 (H100, one
@@ -93,13 +91,9 @@ SLICES_CONFIG_PRE_AMPERE = (32, 32, 1024, 8, 1)      # no cp.async: stages 1 (sm
 TRACE_SLOTS = 12
 TRACE_FIELDS = ("start", "waited", "routed", "gate_up", "h", "down0", "end", "t_waited_ns", "sm", "t_end_ns", "sm_end")
 _TRACE_ROW = tl.constexpr(TRACE_SLOTS)
-# paths.batch1_slices_l2_prefetch: how many gate/up tiles ahead of the loop's loads the program asks L2 for (the
-# loads themselves run one ahead). 3: 24 KB a program, 48 KB an SM of two, ~4.6 MB over the launch.
-SLICES_L2_AHEAD = 3
-# With a pipelined gate/up loop: the down's first chunk loaded before that loop (kernel DOWN_EARLY; registers it
-# holds through the loop: 16 at BLOCK_H 1,024, sm90 128 in all). OFF: measured slower (H100, 2026-12-07, decode12:
-# batch 1 at 512 tokens 472.9 -> 467.8 tok/s). Benchmarks replace it here (policy slices_st3).
-SLICES_DOWN_EARLY = False
+# Measured and removed (H100, 2026-12-07; BENCHMARKS.md): an L2 prefetch of the next gate/up tiles and of the whole
+# down projection (prefetch.global.L2, 3 tiles ahead: 458.2 against 472.9 tok/s at batch 1, 512 tokens), and the
+# down's first chunk loaded before the pipelined gate/up loop (467.8).
 
 
 @triton.jit
@@ -126,16 +120,13 @@ def _columns_of(h, BI8: tl.constexpr):
 
 @triton.jit
 def _gate_up_load(q_ptr, s_ptr, z_ptr, r0, k8, offs_r, offs_i, i_mask, I, num_groups, GROUP_K8: tl.constexpr,
-                  TILE_GROUPS: tl.constexpr, AHEAD_ROWS: tl.constexpr = 0):
+                  TILE_GROUPS: tl.constexpr):
     """One expert's gate or up K tile at packed rows r0 + [0, BK8) (pointers at the expert; rows past k8 are 0):
     (q [BK8, BI] int32, scales, packed zeros of its TILE_GROUPS groups: [BI] for one, else [TILE_GROUPS, BI]).
-    AHEAD_ROWS > 0: also asks L2 for the q lines of the tile AHEAD_ROWS packed rows further (the same pointers
-    moved: no register held; _groups_prefetch has every tile's scales and zeros asked for)."""
+    """
     r = r0 + offs_r
     q_ptrs = q_ptr + r[:, None] * I + offs_i[None, :]
     q = tl.load(q_ptrs, mask=(r < k8)[:, None] & i_mask[None, :], other=0)
-    if AHEAD_ROWS > 0:
-        _q_lines_prefetch(q_ptrs + AHEAD_ROWS * I, r + AHEAD_ROWS, k8, offs_i)
     if TILE_GROUPS == 1:
         g = tl.minimum(r0 // GROUP_K8, num_groups - 1)
         s = tl.load(s_ptr + g * I + offs_i, mask=i_mask, other=0.0)
@@ -146,46 +137,6 @@ def _gate_up_load(q_ptr, s_ptr, z_ptr, r0, k8, offs_r, offs_i, i_mask, I, num_gr
         s = tl.load(s_ptr + g[:, None] * I + offs_i[None, :], mask=m, other=0.0)
         zp = tl.load(z_ptr + g[:, None] * (I // 8) + (offs_i // 8)[None, :], mask=m, other=0)
     return q, s, zp
-
-
-@triton.jit
-def _line_starts(offs_i):
-    """[BI] True at the gate/up columns that open a 128-byte line of int32 q (32 columns a line): one L2 request
-    each covers the line."""
-    return (tl.arange(0, offs_i.shape[0]) % 32) == 0
-
-
-@triton.jit
-def _q_lines_prefetch(q_ptrs, r, k8, offs_i):
-    """L2 prefetch of a gate/up q tile's lines: q_ptrs [BK8, BI] at packed rows r (nothing past k8)."""
-    l2_prefetch(q_ptrs, (r < k8)[:, None] & _line_starts(offs_i)[None, :])
-
-
-@triton.jit
-def _groups_prefetch(s_ptr, z_ptr, offs_i, I, num_groups):
-    """L2 prefetch of the scales and packed zeros of every group of a gate/up weight, the slice's columns."""
-    line = _line_starts(offs_i)
-    for g0 in range(0, num_groups, 16):
-        g = g0 + tl.arange(0, 16)
-        g_ok = (g < num_groups)[:, None] & line[None, :]
-        l2_prefetch(s_ptr + g[:, None] * I + offs_i[None, :], g_ok)
-        l2_prefetch(z_ptr + g[:, None] * (I // 8) + (offs_i // 8)[None, :], g_ok)
-
-
-@triton.jit
-def _down_prefetch(q_ptr, s_ptr, z_ptr, g, offs_p, p_mask, H, LINES: tl.constexpr):
-    """L2 prefetch of the slice's whole down projection: its packed rows offs_p over every output and group g's
-    scales and packed zeros, one request per 128-byte line, LINES lines of a row per step."""
-    step = tl.arange(0, LINES) * 32                                       # 32 int32 = 128 bytes
-    for n0 in range(0, H, LINES * 32):
-        cols = n0 + step
-        l2_prefetch(q_ptr + offs_p[:, None] * H + cols[None, :], p_mask[:, None] & (cols < H)[None, :])
-    for n0 in range(0, H, LINES * 64):
-        cols = n0 + 2 * step                                              # 64 fp16 scales a line
-        l2_prefetch(s_ptr + g * H + cols, cols < H)
-    for n0 in range(0, H // 8, LINES * 32):
-        cols = n0 + step                                                  # packed zeros: H // 8 int32
-        l2_prefetch(z_ptr + g * (H // 8) + cols, cols < H // 8)
 
 
 @triton.jit
@@ -282,7 +233,7 @@ def _moe_slices_kernel(x_ptr, out_ptr, qg_ptr, zg_ptr, sg_ptr, qu_ptr, zu_ptr, s
                        GROUP_K8: tl.constexpr, PDL: tl.constexpr, ROUTE: tl.constexpr = False,
                        TOP_K: tl.constexpr = 8, BLOCK_E: tl.constexpr = 128,
                        RENORM: tl.constexpr = True, TRACE: tl.constexpr = False, NUM_WARPS: tl.constexpr = 8,
-                       L2_AHEAD: tl.constexpr = 0, STAGES: tl.constexpr = 1, DOWN_EARLY: tl.constexpr = False,
+                       STAGES: tl.constexpr = 1,
                        NORM: tl.constexpr = False, BLOCK_HN: tl.constexpr = 1, HALF2: tl.constexpr = False):
     """Program (slice, slot): out[n] += w * sum_i h[i] Wd[e][i, n] over the slice's rows i, h = silu(x @ Wg[e][:, i])
     * (x @ Wu[e][:, i]), e = ids[slot], w = topk_w[slot]. x [1, H] model dtype; out [1, H] fp32. GROUP_K8: packed
@@ -295,12 +246,7 @@ def _moe_slices_kernel(x_ptr, out_ptr, qg_ptr, zg_ptr, sg_ptr, qu_ptr, zu_ptr, s
     paths.pipelined_loads): the loop asks (tl.range num_stages), so Triton's software pipeline streams the tiles by
     cp.async into a ring of STAGES - 1 tiles in shared memory (8.75 KB each at the served shape), STAGES - 1 in
     flight, and holds none in registers (sm90: 98 registers against 124); the tile's inputs come with it
-    (_x_columns). The down loop (2 chunks at the served shape) keeps its one chunk ahead in registers;
-    DOWN_EARLY (STAGES >= 2 only: SLICES_DOWN_EARLY) loads its first chunk before the gate/up loop, so that it
-    streams beside the gate/up tiles. L2_AHEAD > 0 (paths.batch1_slices_l2_prefetch): once routed, the program
-    asks L2 for its whole down projection and, at STAGES 1, its gate/up tiles 1..L2_AHEAD, and each loop step for
-    the tile L2_AHEAD + 1 ahead (int4's loads then wait on L2 rather than HBM; bench/slices_trace.py found each
-    8 KB step ~1 µs, one tile in flight). TRACE (bench/slices_trace.py only): the program's phase boundaries into
+    (_x_columns). The down loop (2 chunks at the served shape) keeps its one chunk ahead in registers. TRACE (bench/slices_trace.py only): the program's phase boundaries into
     trace_ptr [programs, TRACE_SLOTS] int64 (TRACE_FIELDS: %clock64 cycles, then %globaltimer ns and the SM after
     the wait and at the end).
     NORM (with ROUTE; paths.batch1_router_fold, router_fold.py): x_ptr holds the post-attention norm's input sums
@@ -375,15 +321,6 @@ def _moe_slices_kernel(x_ptr, out_ptr, qg_ptr, zg_ptr, sg_ptr, qu_ptr, zu_ptr, s
     if STAGES == 1:
         q_g, s_g, z_g = _gate_up_load(qg, sg, zg, 0, k8, offs_r, offs_i, i_mask, I, ng1, GROUP_K8, TG)
         q_u, s_u, z_u = _gate_up_load(qu, su, zu, 0, k8, offs_r, offs_i, i_mask, I, ng1, GROUP_K8, TG)
-    if L2_AHEAD > 0:           # into L2: q tiles 2..L2_AHEAD (the loop asks for the rest), every group's scales
-        if STAGES == 1:        # and zeros (a pipelined loop has them in flight already), the whole down projection
-            for a in tl.static_range(2, L2_AHEAD + 1):
-                r_a = a * BLOCK_K8 + offs_r
-                _q_lines_prefetch(qg + r_a[:, None] * I + offs_i[None, :], r_a, k8, offs_i)
-                _q_lines_prefetch(qu + r_a[:, None] * I + offs_i[None, :], r_a, k8, offs_i)
-            _groups_prefetch(sg, zg, offs_i, I, ng1)
-            _groups_prefetch(su, zu, offs_i, I, ng1)
-        _down_prefetch(qd, sd, zd, g2, offs_p, p_mask, H, BLOCK_H // 32)
     # 1. gate and up for the slice's BI columns over every input: the sums are complete in this program
     if TG == 1:                                                           # row sums deferred past the loop
         acc_g = tl.zeros((BLOCK_K8, BLOCK_I), dtype=tl.float32)
@@ -394,13 +331,10 @@ def _moe_slices_kernel(x_ptr, out_ptr, qg_ptr, zg_ptr, sg_ptr, qu_ptr, zu_ptr, s
     # them non-negative and folds unit_bits' 1.0 into an immediate, so unit_nibble's and-or becomes two LOP3s a
     # weight instead of one (sm90 SASS of the gate/up loop: 506 -> 441 instructions for 64 weights a thread)
     hide = k8 >> 31
-    AHEAD_ROWS: tl.constexpr = L2_AHEAD * BLOCK_K8                       # the q tile L2_AHEAD after the next
     # programs start their down on different chunks (the slice and the slot pick it), so that the 192 programs'
     # fp32 atomics spread over all of out's lines at once rather than all hitting the first chunk's
     n_ch = tl.cdiv(H, BLOCK_H)
     c0 = (pid_i + slot) % n_ch
-    if DOWN_EARLY:             # in flight during the gate/up loop (sm90 SASS: issued before it, 128 registers)
-        q_d, s_d, z_d = _down_load(qd, sd, zd, g2, c0 * BLOCK_H, offs_p, p_mask, H, True, BLOCK_H)
     if STAGES > 1:                                                        # Triton's cp.async ring (sm80+)
         for r0 in tl.range(0, k8, BLOCK_K8, num_stages=STAGES):
             q_g, s_g, z_g = _gate_up_load(qg, sg, zg, r0, k8, offs_r, offs_i, i_mask, I, ng1, GROUP_K8, TG)
@@ -417,10 +351,8 @@ def _moe_slices_kernel(x_ptr, out_ptr, qg_ptr, zg_ptr, sg_ptr, qu_ptr, zu_ptr, s
                                      BLOCK_I, GROUP_K8, TG)
     else:                                                                 # the next tile in registers
         for r0 in range(0, k8, BLOCK_K8):
-            nq_g, ns_g, nz_g = _gate_up_load(qg, sg, zg, r0 + BLOCK_K8, k8, offs_r, offs_i, i_mask, I, ng1, GROUP_K8, TG,
-                                             AHEAD_ROWS)
-            nq_u, ns_u, nz_u = _gate_up_load(qu, su, zu, r0 + BLOCK_K8, k8, offs_r, offs_i, i_mask, I, ng1, GROUP_K8, TG,
-                                             AHEAD_ROWS)
+            nq_g, ns_g, nz_g = _gate_up_load(qg, sg, zg, r0 + BLOCK_K8, k8, offs_r, offs_i, i_mask, I, ng1, GROUP_K8, TG)
+            nq_u, ns_u, nz_u = _gate_up_load(qu, su, zu, r0 + BLOCK_K8, k8, offs_r, offs_i, i_mask, I, ng1, GROUP_K8, TG)
             if HALF2:
                 xp = input_pairs(x_in, r0 + offs_r, r0 + offs_r < k8)
                 acc_g = _gate_up_h2(acc_g, q_g, s_g, z_g, xp, zs_i, BLOCK_K8, BLOCK_I, GROUP_K8, TG)
@@ -433,10 +365,9 @@ def _moe_slices_kernel(x_ptr, out_ptr, qg_ptr, zg_ptr, sg_ptr, qu_ptr, zu_ptr, s
             q_g, s_g, z_g, q_u, s_u, z_u = nq_g, ns_g, nz_g, nq_u, ns_u, nz_u
     if TRACE:                                                             # 3: the gate/up loop done
         stamp(tr + 3, tl.max(tl.reshape(acc_u, (BLOCK_K8 * BLOCK_I,)), axis=0).to(tl.int32))
-    # else the down's first chunk, requested before the sums are reduced and h is laid out for the down (~40 CTA
+    # the down's first chunk, requested before the sums are reduced and h is laid out for the down (~40 CTA
     # barriers on sm90). Requested before the one-ahead loop, it is sunk here by the compiler anyway (sm90 SASS).
-    if not DOWN_EARLY:
-        q_d, s_d, z_d = _down_load(qd, sd, zd, g2, c0 * BLOCK_H, offs_p, p_mask, H, True, BLOCK_H)
+    q_d, s_d, z_d = _down_load(qd, sd, zd, g2, c0 * BLOCK_H, offs_p, p_mask, H, True, BLOCK_H)
     # the column sums of gate and up in one cross-warp reduction: [BK8, BI, 2] -> [BI, 2]
     gate, up = tl.split(tl.sum(tl.join(tl.reshape(acc_g, (BLOCK_K8, BLOCK_I)), tl.reshape(acc_u, (BLOCK_K8, BLOCK_I))),
                                axis=0))
@@ -548,8 +479,7 @@ def moe_slices(x: torch.Tensor, out32: torch.Tensor, w_gate: GPTQWeight, w_up: G
         w_down.qweight, w_down.qzeros, w_down.scales, topk_ids, topk_w, logits if logits is not None else topk_w,
         trace if trace is not None else topk_w, h, inter, w_gate.num_groups, w_down.group_size,
         w_down.num_groups, e, *nargs, BLOCK_I=bi, BLOCK_K8=bk8, BLOCK_H=bh, GROUP_K8=group_k8(w_gate), PDL=use_pdl,
-        TRACE=trace is not None, NUM_WARPS=warps, L2_AHEAD=SLICES_L2_AHEAD if paths.batch1_slices_l2_prefetch() else 0,
-        STAGES=stages, DOWN_EARLY=stages > 1 and SLICES_DOWN_EARLY, num_warps=warps, num_stages=stages,
+        TRACE=trace is not None, NUM_WARPS=warps, STAGES=stages, num_warps=warps, num_stages=stages,
         HALF2=half2, launch_pdl=use_pdl, **route)
 
 
@@ -560,23 +490,21 @@ def grid(w_gate: GPTQWeight, w_down: GPTQWeight, top_k: int, cc: int) -> int:
 
 def slices_aot_configs(act: str, min_cc: int) -> list[AotConfig]:
     """The pre-Ampere config (every target) with the served g128 weights (GROUP_K8 16) and with groups of 32
-    (GROUP_K8 4), g128 routing itself from the logits (paths.batch1_slices_route; E 128, k 8, renormalised), with
-    its L2 prefetch; the sm80+ config (named "sm80+", from sm80) routing itself, with and without the L2 prefetch;
-    both configs routing from the folded router's sums and normalising their input (NORM, paths.batch1_router_fold;
+    (GROUP_K8 4), g128 routing itself from the logits (paths.batch1_slices_route; E 128, k 8, renormalised); the
+    sm80+ config (named "sm80+", from sm80) routing itself; both configs routing from the folded router's sums and normalising their input (NORM, paths.batch1_router_fold;
     H 2048), also with the gate/up dot in packed fp16 (HALF2, paths.batch1_slices_half2; fp16 only)."""
     out: list[AotConfig] = []
     pre, amp = SLICES_CONFIG_PRE_AMPERE, SLICES_CONFIG
-    for cfg, g8, route, ahead, norm, h2 in (
-            (pre, 16, False, 0, False, False), (pre, 4, False, 0, False, False), (pre, 16, True, 0, False, False),
-            (pre, 16, True, SLICES_L2_AHEAD, False, False), (amp, 16, True, 0, False, False),
-            (amp, 16, True, SLICES_L2_AHEAD, False, False), (pre, 16, True, 0, True, False),
-            (amp, 16, True, 0, True, False), (pre, 16, True, 0, True, True), (amp, 16, True, 0, True, True)):
+    for cfg, g8, route, norm, h2 in (
+            (pre, 16, False, False, False), (pre, 4, False, False, False), (pre, 16, True, False, False),
+            (amp, 16, True, False, False), (pre, 16, True, True, False), (amp, 16, True, True, False),
+            (pre, 16, True, True, True), (amp, 16, True, True, True)):
         if h2 and act != "fp16":
             continue
         bi, bk8, bh, warps, st = cfg
         cx = dict(BLOCK_I=bi, BLOCK_K8=bk8, BLOCK_H=bh, GROUP_K8=g8, PDL=False, ROUTE=route, TOP_K=8, BLOCK_E=128,
-                  RENORM=True, TRACE=False, NUM_WARPS=warps, L2_AHEAD=ahead, STAGES=st,
-                  DOWN_EARLY=st > 1 and SLICES_DOWN_EARLY, NORM=norm, BLOCK_HN=2048 if norm else 1, HALF2=h2)
+                  RENORM=True, TRACE=False, NUM_WARPS=warps, STAGES=st, NORM=norm, BLOCK_HN=2048 if norm else 1,
+                  HALF2=h2)
         args = dict(x_ptr="*fp32" if norm else f"*{act}", out_ptr="*fp32", qg_ptr="*i32", zg_ptr="*i32",
                     sg_ptr="*fp16", qu_ptr="*i32",
                     zu_ptr="*i32", su_ptr="*fp16", qd_ptr="*i32", zd_ptr="*i32", sd_ptr="*fp16", ids_ptr="*i32",
@@ -587,7 +515,6 @@ def slices_aot_configs(act: str, min_cc: int) -> list[AotConfig]:
         out.append(AotConfig(_moe_slices_kernel, signature(args, cx), cx, warps, st, cc0,
                              f"moe_slices[g{8 * g8},{'route,' if route else ''}{'norm,' if norm else ''}"
                              f"{'half2,' if h2 else ''}"
-                             f"{'l2,' if ahead else ''}"
                              f"{'sm80+,' if cfg is amp else ''}{f'stages{st},' if st > 1 else ''}{act}]"))
     return out
 

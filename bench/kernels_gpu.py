@@ -149,10 +149,9 @@ def cases(quick: bool):
                 yield (f"w4a16 {name} M=1 accumulate (+memset)",
                        lambda x=x, w=w, acc=acc: g_t.small_m_gemm(x, w, accumulate=acc.zero_()),
                        lambda x=x, w=w: g_r.w4a16_gemm(x, w), nbytes)
-            if m in (1, 16):   # the exact-integer dot ("batch1_int_dot" / "decode_int_dot")
-                name_ = "batch1_int_dot" if m == 1 else "decode_int_dot"
+            if m == 16:        # the exact-integer dot ("decode_int_dot", shipped on: here forced)
                 yield (f"w4a16 {name} M={m} int dot",
-                       lambda x=x, w=w, name=name_: _switched(name, lambda: g_t.w4a16_gemm(x, w)),
+                       lambda x=x, w=w: _switched("decode_int_dot", lambda: g_t.w4a16_gemm(x, w)),
                        lambda x=x, w=w: g_r.w4a16_gemm(x, w), nbytes)
     yield from _attn_block_cases()
     wr = (torch.randn(E, H, device=DEV) / math.sqrt(H)).half()
@@ -172,7 +171,7 @@ def cases(quick: bool):
         yield (f"fused_moe T={t}", lambda x=x, logits=logits: moe_t.fused_moe(x, logits, wg, wu, wd, TOPK, True),
                lambda x=x, logits=logits: moe_r.fused_moe(x, logits, wg, wu, wd, TOPK, True), distinct * per_expert)
         # the decode MoE's switches (kernels/paths.py), each on alone, against the same reference
-        switches = {1: (("int dot", "batch1_int_dot"), ("fast silu", "decode_fast_silu")),
+        switches = {1: (("fast silu", "decode_fast_silu"),),
                     16: (("silu launch", "decode_moe_act_launch"), ("int dot", "decode_int_dot"),
                          ("fast silu", "decode_fast_silu"))}
         if t in switches:

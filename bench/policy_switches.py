@@ -35,7 +35,7 @@ def switch_setters() -> dict:
     from onecard.kernels.gptq_gemm import triton as gemm
 
     # short name -> kernels/paths.py switch (read when a policy's graphs are captured)
-    on_off = {"moe_act": "decode_moe_act_launch", "int_dot": "decode_int_dot", "b1_int": "batch1_int_dot",
+    on_off = {"moe_act": "decode_moe_act_launch", "int_dot": "decode_int_dot",
               "b1_acc": "batch1_accumulate", "rank_topk": "batch1_rank_topk",
               "attn_qk": "batch1_attn_qk",                                # (with b1_acc only)
               "attn_pre": "attention_preload", "ctx_graphs": "decode_context_graphs",

@@ -429,28 +429,21 @@ def decode_moe_act_launch(tokens: int) -> bool:
 DECODE_INT_DOT = _switch("decode_int_dot", True)
 
 
-# Batch 1 with the exact-integer dot too: the dense GEMV (qkv, o_proj; gptq_gemm/triton.INT_DOT_GEMV, 2
-# warps) and the decode MoE's gate/up stage, each a tensor-core dot on 16 input rows, 15 of them masked. sm90 SASS
-# per loop: GEMV 6.1 -> 3.45 instructions per weight, MoE stage 1 693 -> 453 (the batch-1 GEMV lost a third of its
-# time when its dequantize step went from 5 to 3 instructions per weight: it is partly bound by instructions).
-# The MoE's down stage keeps its GEMV step (see fused_moe/stages.moe_stages). OFF: measured slower (H100,
-# 2026-12-06, switchab): graph µs qkv M=1 5.5 -> 8.0, o_proj 4.2 -> 6.0, fused MoE T=1 19.9 -> 23.7; batch 1 at
-# 512 tokens 418.8 -> 354.8 tok/s. Fewer instructions do not help a launch whose programs each stream 1-3 tiles
-# at 2 warps: latency, not issue, bounds it. (Also: with it on, the g128 coder's batch-1 greedy text from CUDA
-# graphs differed from eager in 2 of 3 runs, bench/gpu_checks.py; not looked into.)
-BATCH1_INT_DOT = _switch("batch1_int_dot", False)
+# Not at batch 1 (measured and removed): the dense GEMV and the decode MoE's gate/up stage as a tensor-core dot on
+# 16 input rows, 15 of them masked (sm90 SASS per loop: GEMV 6.1 -> 3.45 instructions per weight, MoE stage 1 693
+# -> 453) lost (H100, 2026-12-06, switchab): graph µs qkv M=1 5.5 -> 8.0, o_proj 4.2 -> 6.0, fused MoE T=1 19.9 ->
+# 23.7; batch 1 at 512 tokens 418.8 -> 354.8 tok/s: a GEMV whose programs each stream 1-3 tiles at 2 warps is bound
+# by latency, not issue. (With it on, the g128 coder's batch-1 greedy text from CUDA graphs differed from eager in
+# 2 of 3 runs, bench/gpu_checks.py; never looked into.) The batch-1 MoE slices' dots run in packed fp16 instead
+# (BATCH1_SLICES_HALF2).
 
 
 def int_dot(tokens: int, cc: int) -> bool:
-    """Do the decode GEMMs of a ``tokens``-token step take the exact-integer dot where their weights allow? Batch 1:
-    BATCH1_INT_DOT; 2..DECODE_MAX_TOKENS: DECODE_INT_DOT. Only with tensor-core dots (sm80+): below, tl.dot is FMA
-    code and the transposed, interleaved operands cost more than the dequantize step saves (sm70 SASS of the
+    """Do the decode GEMMs of a ``tokens``-token step take the exact-integer dot where their weights allow? 2..
+    DECODE_MAX_TOKENS tokens: DECODE_INT_DOT; batch 1 never. Only with tensor-core dots (sm80+): below, tl.dot is
+    FMA code and the transposed, interleaved operands cost more than the dequantize step saves (sm70 SASS of the
     skinny loop: 3,123 -> 3,918 instructions)."""
-    if not (1 <= tokens <= DECODE_MAX_TOKENS and tensor_core_dot(cc)):
-        return False
-    if tokens == 1:
-        return switch("batch1_int_dot")
-    return switch("decode_int_dot")
+    return 2 <= tokens <= DECODE_MAX_TOKENS and tensor_core_dot(cc) and switch("decode_int_dot")
 
 
 # The decode MoE's silu (its down stage recomputes it for every input of its K tile; the silu launch of

@@ -28,11 +28,10 @@ GEMM = [(1, 64, 40, 32, False, True), (1, 256, 16, 256, True, False), (3, 136, 4
         (17, 256, 48, 128, False, False), (70, 128, 40, 32, False, True), (5, 128, 24, 32, True, False),
         (2, 2048, 16, 128, False, True), (1, 1024, 136, 128, False, False), (16, 512, 264, 128, False, True),
         (9, 384, 72, 128, True, True), (1, 768, 1024, 128, False, False), (4, 1024, 1536, 128, False, True)]
-# GEMM cases at M <= 16 whose K tiles each lie in one group (fp16) again with the exact-integer dot
-# (int4.int_dot_tile; switch "decode_int_dot" at M > 1, "batch1_int_dot" at M = 1): M = 3 with K = 136 (one
-# group; 17 packed rows, the last row pair half outside K), M = 2, 16 (N = 264: a partial column tile), 4; M = 1
-# with 8 K splits of one tile each and with 2 splits of 3 tiles (the loop past the two prefetched tiles)
-GEMM_INT = (2, 6, 7, 8, 10, 11)
+# GEMM cases at 1 < M <= 16 whose K tiles each lie in one group (fp16) again with the exact-integer dot
+# (int4.int_dot_tile; switch "decode_int_dot"): M = 3 with K = 136 (one group; 17 packed rows, the last row pair
+# half outside K), M = 2, 16 (N = 264: a partial column tile), 4
+GEMM_INT = (2, 6, 8, 11)
 INT_CASES = ("gemmint", "g128moeint")
 # (T, H, E): the decode router GEMV: one H chunk, several chunks (T > 1), H past one chunk at T = 1
 ROUTER = [(1, 64, 8), (3, 72, 6), (16, 256, 12), (5, 2048, 16), (1, 5000, 3)]
@@ -51,11 +50,10 @@ MOE_ACT = (1, 5, 6)
 # rows: the last row pair half outside K)
 MOE_G128 = [(1, 256, 8, 200, 3), (1, 384, 6, 256, 2), (5, 256, 8, 200, 3), (16, 256, 8, 200, 3),
             (9, 128, 4, 136, 2)]
-# MOE_G128 cases (fp16) again with the exact-integer dot (switch "decode_int_dot" at T > 1, "batch1_int_dot" at
-# T = 1, where only the gate/up stage takes it: the weights enter the dot as n - z, the scale multiplies each
-# tile's sum; under the interpreter its dequantize step is the shift-and-mask twin of the inline PTX, which
-# tests/kernels/test_int4_ptx.py checks)
-MOE_INT = (0, 1, 2, 3, 4)
+# MOE_G128 cases at T > 1 (fp16) again with the exact-integer dot (switch "decode_int_dot": the weights enter the
+# dot as n - z, the scale multiplies each tile's sum; under the interpreter its dequantize step is the
+# shift-and-mask twin of the inline PTX, which tests/kernels/test_int4_ptx.py checks)
+MOE_INT = (2, 3, 4)
 # (T, H, I, E, top_k, renormalize, residual?): the batch-1 block (one chunk of H per program; H not a multiple
 # of E; no residual; E not a power of two) on its two-launch expert stages (switch "batch1_moe_slices" off: the
 # slices, shipped on, have the MOE_SLICES cases) and T > 1 (RMSNorm + router + fused_moe)
@@ -568,11 +566,11 @@ def _verify_attn_case(i: int, dt, seed: int) -> float:
 
 
 def _int_dot_case(case: str, tokens: int, on: bool, seed: int) -> float:
-    """run_case(case) with the exact-integer dot's switch for a ``tokens``-token step (batch 1 or T > 1) forced
-    on or off; the path table must then answer accordingly (paths.int_dot, at the interpreter's sm80)."""
+    """run_case(case) with the exact-integer dot's switch for a ``tokens``-token step (T > 1) forced on or off; the
+    path table must then answer accordingly (paths.int_dot, at the interpreter's sm80)."""
     from onecard.kernels import paths
 
-    name = "batch1_int_dot" if tokens == 1 else "decode_int_dot"
+    name = "decode_int_dot"
     paths.set_switch(name, on)
     try:
         assert paths.int_dot(tokens, 80) == on, (case, tokens)

@@ -118,14 +118,13 @@ def test_every_dispatcher_config_is_listed():
     from onecard.kernels.attention import triton as attn
     from onecard.kernels.fused_moe import triton as moe
     from onecard.kernels.gptq_gemm import triton as gemm
-    assert {gemm.choose_config(m) for m in range(1, 5000)} | {gemm.INT_DOT_GEMV} == set(gemm._CONFIGS)
+    assert {gemm.choose_config(m) for m in range(1, 5000)} == set(gemm._CONFIGS)
     assert {moe.choose_config(t, cc) for t in range(1, 5000) for cc in (70, 90)} == \
         set(moe._CONFIGS) | set(moe.DECODE_CONFIGS)
     names = {c.name for c in gemm.aot_configs()} | {c.name for c in moe.aot_configs()}
-    assert all(f"w4a16[{n},fp16]" in names for n in gemm._CONFIGS if n != gemm.INT_DOT_GEMV)
-    # the exact-integer dot's variants (paths.int_dot: fp16 on sm80+)
-    assert {f"w4a16[{gemm.INT_DOT_GEMV},int_dot,fp16]", "w4a16[skinny,int_dot,fp16]",
-            "moe_decode[decode1,stage=1,int_dot,fp16]", "moe_decode[decode16,stage=1,int_dot,fp16]",
+    assert all(f"w4a16[{n},fp16]" in names for n in gemm._CONFIGS)
+    # the exact-integer dot's variants (paths.int_dot: T > 1, fp16 on sm80+)
+    assert {"w4a16[skinny,int_dot,fp16]", "moe_decode[decode16,stage=1,int_dot,fp16]",
             "moe_decode[decode16,stage=2,int_dot,fp16]"} <= names
     # the batch-1 attention block's accumulating GEMVs and the launches around them (paths.batch1_accumulate), the
     # batch-1 router's rank top-k (paths.batch1_rank_topk)

@@ -11,8 +11,8 @@ ids, routed weights and the compact ``active`` list (expert + 1 per slot; 0: the
      are complete after stage 1), times the routed weight, atomic_add into out32 [T, H]: the top-k sum is
      free. At T > 1 with paths.decode_moe_act_launch, silu(gate) * up is a launch of its own between the
      stages (activation/triton.silu_and_mul, into the model dtype) and stage 2 loads it (PRE_ACT).
-With the exact-integer dot (INT_DOT: paths.int_dot; at T > 1 both stages, stage 2 on the silu launch's
-rows; at T = 1 stage 1 only) a tile step is gptq_gemm/int4.int_dot_tile: a tensor-core
+With the exact-integer dot (INT_DOT: paths.int_dot, T > 1: both stages, stage 2 on the silu launch's
+rows) a tile step is gptq_gemm/int4.int_dot_tile: a tensor-core
 dot of the exact n - z with the inputs, the scale once per tile, into a transposed [BN, 16] accumulator.
 Both accumulators must be zero before stage 1 (the routing launch zeroes them). With PDL (sm90,
 triton_common) stage 2 reads the routing and its first weight tile before its wait: the routing was written
@@ -170,10 +170,7 @@ def _moe_decode_kernel(x_ptr, a_ptr, out_ptr, qa_ptr, za_ptr, sa_ptr, ga_ptr, qb
                                    FAST_SILU)
     if live:
         if BLOCK_T == 1:
-            if INT_DOT:
-                res = tl.sum(acc, axis=1)                                 # [BN]: column 0 (the rest are 0)
-            else:
-                res = tl.sum(acc, axis=0)                                 # [BN]
+            res = tl.sum(acc, axis=0)                                     # [BN]
             if STAGE == 1:
                 tl.atomic_add(out_ptr + pair1 * stride_out + mat * N + offs_n, res, mask=n_mask, sem="relaxed")
             else:
@@ -261,10 +258,7 @@ def _decode_tile_mac(acc, q, s_u, z_u, it, t_end, x_ptr, a_ptr, a_row, q_ptr, z_
     r_mask = (r < k8) & (it < t_end)
     FAST: tl.constexpr = not FLOAT_W and not PER_ROW
     if INT_DOT:
-        one = tl.arange(0, INT_DOT_ROWS)                                  # batch 1: row 0 only
-        if BLOCK_T == 1:
-            acc += int_dot_tile(q, s_u, z_u, (x_ptr + a_row * stride_a, one, one < 1, 0), r, r_mask, rows_input_t)
-        elif STAGE == 1:
+        if STAGE == 1:
             acc += int_dot_tile(q, s_u, z_u, (x_ptr, offs_t, tok_mask, stride_a), r, r_mask, rows_input_t)
         else:
             acc += int_dot_tile(q, s_u, z_u, (a_ptr, pair, tok_mask, stride_a), r, r_mask, rows_input_t)
@@ -361,10 +355,9 @@ def moe_stages(x: torch.Tensor, gu: torch.Tensor, out32: torch.Tensor, w_gate: M
     assert k1 == x.shape[1] and n2 == x.shape[1] and k2 == n1, (x.shape, k1, n1, k2, n2)
     common = dict(TOP_K=top_k, BLOCK_TOPK=next_pow2(top_k), BLOCK_T=bt, BLOCK_N=bn, BLOCK_K8=bk8,
                   FLOAT_W=float_w, PDL=use_pdl, num_warps=warps, num_stages=stages, launch_pdl=use_pdl)
-    # the exact-integer dot: fp16, int4 weights with one group per K tile (paths.int_dot)
+    # the exact-integer dot: T > 1 (a 16-row block), fp16, int4 weights with one group per K tile (paths.int_dot)
     cc = compute_capability(dev)
-    int_dot = (not float_w and x.dtype == torch.float16
-               and paths.int_dot(t, cc))
+    int_dot = bt > 1 and not float_w and x.dtype == torch.float16 and paths.int_dot(t, cc)
     tiles1 = triton.cdiv(n1, bn)
     s1, per1 = _split(2 * tiles1 * slots, triton.cdiv(k1 // 8, bk8), dev, per_sm)
     _moe_decode_kernel[(2 * tiles1, s1, slots)](
@@ -372,17 +365,15 @@ def moe_stages(x: torch.Tensor, gu: torch.Tensor, out32: torch.Tensor, w_gate: M
         x.stride(0), 2 * n1, tiles1, per1, STAGE=1, PER_ROW=bool(pr1), INT_DOT=int_dot and not pr1, **common)
     tiles2 = triton.cdiv(n2, bn)
     s2, per2 = _split(tiles2 * slots, triton.cdiv(k2 // 8, bk8), dev, per_sm)
-    # at T > 1 stage 2 of the exact-integer dot loads silu(gate) * up (computing it there spills: 255 registers
-    # on sm90). At batch 1 stage 2 keeps the GEMV step: a silu launch would add a launch to the batch-1 chain,
-    # and silu computed for the int dot's 16-row operand gave a longer loop (sm90 SASS 1,307 against 1,112).
+    # stage 2 of the exact-integer dot (T > 1) loads silu(gate) * up (computing it there spills: 255 registers
+    # on sm90)
     pre_act = bt > 1 and not float_w and (paths.decode_moe_act_launch(t) or int_dot)
-    int_dot2 = int_dot and bt > 1
     fast = paths.decode_fast_silu() and not float_w and not pr2          # the measured loops: int4, one group a tile
     a2 = silu_and_mul(gu, x.dtype, fast) if pre_act else gu              # [T*k, I] model dtype | [T*k, 2I] fp32
     _moe_decode_kernel[(tiles2, s2, slots)](
         x, a2, out32, *down, *down, topk_ids, topk_w, active, t, n2, k2, gs2, ng2,
         gst2, a2.stride(0), n2, tiles2, per2, STAGE=2, PER_ROW=bool(pr2), PRE_ACT=pre_act,
-        INT_DOT=int_dot2 and not pr2, FAST_SILU=fast and not pre_act, **common)
+        INT_DOT=int_dot and not pr2, FAST_SILU=fast and not pre_act, **common)
 
 
 def stages_aot_configs(act: str, min_cc: int) -> list[AotConfig]:
@@ -417,8 +408,8 @@ def stages_aot_configs(act: str, min_cc: int) -> list[AotConfig]:
                     args = dict(args, a_ptr=f"*{act}")
                     out.append(AotConfig(_moe_decode_kernel, signature(args, cx), cx, warps, stages, cc_from,
                                          f"moe_decode[{name},stage=2,float=False,per_row={per_row},pre_act,{act}]"))
-                if (not float_w and not per_row and act == "fp16" and name != "decode16-pre-sm80"
-                        and (bt > 1 or stage == 1)):                      # the exact-integer dot
+                if not float_w and not per_row and act == "fp16" and name != "decode16-pre-sm80" and bt > 1:
+                    # the exact-integer dot (T > 1)
                     cx = dict(cx, PRE_ACT=stage == 2, INT_DOT=True)
                     args = dict(args, a_ptr=f"*{act}")
                     out.append(AotConfig(_moe_decode_kernel, signature(args, cx), cx, warps, stages, max(min_cc, 80),

@@ -4,9 +4,9 @@ One launch per GEMM (plus a reduce kernel when 1 < M with split-K); the host sid
 split-K choice are in triton.py (``small_m_gemm``), which also says why the two split-K reductions differ.
 A program streams one or two [BK8, BN] int32 tiles of its K split (16-byte loads along N, scales/zeros once
 per tile: a tile lies in one group unless PER_ROW). M == 1 keeps a [BK8, BN] fp32 accumulator and reduces
-it once after the K loop; M > 1 uses tl.dot on a 16-row block. With the exact-integer dot (INT_DOT, fp16,
-one group per tile: paths.int_dot) every M takes int4.int_dot_tile, a tensor-core dot on
-16 input rows (M == 1: 15 masked) into a transposed [BN, 16] accumulator.
+it once after the K loop; M > 1 uses tl.dot on a 16-row block. With the exact-integer dot (INT_DOT, M > 1,
+fp16, one group per tile: paths.int_dot) it takes int4.int_dot_tile, a tensor-core dot on 16 input rows into a
+transposed [BN, 16] accumulator.
 """
 from __future__ import annotations
 
@@ -50,11 +50,7 @@ def _small_tile_mac(acc, q, s_u, z_u, t, t_end, x_ptr, sc_ptr, qz_ptr, gidx_ptr,
     r = t * BLOCK_K8 + offs_r                                             # [BK8] packed rows
     r_mask = (r < k8) & (t < t_end)                                       # x rows masked: exact zero
     if INT_DOT:
-        if BLOCK_M == 1:
-            rows = tl.arange(0, INT_DOT_ROWS)
-            acc += int_dot_tile(q, s_u, z_u, (x_ptr, rows, rows < 1, stride_xm), r, r_mask, rows_input_t)
-        else:
-            acc += int_dot_tile(q, s_u, z_u, (x_ptr, offs_m, m_mask, stride_xm), r, r_mask, rows_input_t)
+        acc += int_dot_tile(q, s_u, z_u, (x_ptr, offs_m, m_mask, stride_xm), r, r_mask, rows_input_t)
     elif BLOCK_M == 1 and not PER_ROW:
         acc = gemv_tile_mac(acc, q, s_u, z_u, x_ptr, r, r_mask, row_input, BLOCK_K8, BLOCK_N)
     else:
@@ -92,9 +88,8 @@ def _w4a16_small_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_p
     column tile to arrive at cnt_ptr[pid_n] sums them in split order (deterministic), adds the bias and casts.
     BLOCK_M > 1: fp32 atomic_add into part_ptr [M, N] (zeroed by the caller); the reduce kernel finishes.
     M == 1: the first two K tiles' weights load before the PDL wait (they overlap the previous kernel's tail).
-    INT_DOT (fp16, not PER_ROW; paths.int_dot): each tile
-    through int4.int_dot_tile (exact n - z in a tensor-core dot, the scale once per tile) into a transposed
-    [BN, 16] accumulator of 16 input rows (M == 1: rows 1-15 masked, so their columns stay exact zeros).
+    INT_DOT (BLOCK_M 16, fp16, not PER_ROW; paths.int_dot): each tile through int4.int_dot_tile (exact n - z in a
+    tensor-core dot, the scale once per tile) into a transposed [BN, 16] accumulator of the 16 input rows.
     ACCUM (M == 1; paths.batch1_accumulate): out_ptr is an fp32 row that an earlier launch zeroed; every split
     adds its partial sums (and split 0 the bias) with fp32 atomics: no partials, no counter, no last arriver.
     ROUTER (with ACCUM, no bias; paths.batch1_router_fold, fused_moe/router_fold.py): the program also adds into
@@ -112,7 +107,7 @@ def _w4a16_small_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_p
     k8 = K // 8
     z_shift = (offs_n % 8) * 4
     DT: tl.constexpr = x_ptr.dtype.element_ty
-    tl.static_assert(not INT_DOT or BLOCK_M == 1 or BLOCK_M == INT_DOT_ROWS)
+    tl.static_assert(not INT_DOT or BLOCK_M == INT_DOT_ROWS)
     if INT_DOT:
         acc = tl.zeros((BLOCK_N, INT_DOT_ROWS), dtype=tl.float32)             # transposed (int_dot_tile)
     elif BLOCK_M == 1:
@@ -153,9 +148,7 @@ def _w4a16_small_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_p
         acc = _small_tile_mac(acc, q, s_u, z_u, t, t_end, x_ptr, sc_ptr, qz_ptr, gidx_ptr, offs_r, offs_m,
                               m_mask, offs_n, n_mask, z_shift, k8, N, stride_xm, DT, BLOCK_M, BLOCK_N, BLOCK_K8,
                               PER_ROW, INT_DOT)
-    if INT_DOT and BLOCK_M == 1:
-        res = tl.sum(acc, axis=1)[None, :]                                # [1, BN]: column 0 (the rest are 0)
-    elif INT_DOT:
+    if INT_DOT:
         res = tl.permute(acc, (1, 0))                                     # [BM, BN]
     elif BLOCK_M == 1:
         res = tl.sum(acc, axis=0)[None, :]                                # [1, BN]

@@ -6,8 +6,8 @@ Paths (chosen by shape from the fixed table ``_CONFIGS``; no host syncs, so CUDA
     nibble j of packed row r is input row 8r + j, so the K sum is 8 strided sums — no reshapes, no repeated
     loads. The GEMV keeps a [BK8, BN] fp32 accumulator and reduces it once after the loop; skinny uses
     ``tl.dot``. The group mode (PER_ROW) is a constexpr there, so the common path carries no g_idx code (half
-    the registers). With the exact-integer dot (paths.int_dot: fp16, one group per
-    tile) both take int4.int_dot_tile; M == 1 then runs the ``gemv_int`` config (2 warps).
+    the registers). With the exact-integer dot (paths.int_dot: 1 < M, fp16, one group per
+    tile) skinny takes int4.int_dot_tile.
   * larger M: tiled ``tl.dot``; on compute capability < 8.0 (no tensor cores for tl.dot) it dequantizes to
     fp16 with a Triton kernel and uses cuBLAS instead.
 Split-K reductions:
@@ -138,12 +138,8 @@ def _dequant_kernel(qw_ptr, qz_ptr, sc_ptr, gidx_ptr, out_ptr, N, K, group_size,
 # (USE_DOT is implied by BLOCK_M > 1 there), tiled runs _w4a16_kernel. BK8 16 = 128 inputs = one g128 group.
 # gemv/skinny from bench/tune_decode.py on the H200 (weights rotated out of L2, graph replay): gemv BN 64 with
 # 4 warps at 8 programs/SM: qkv 15.3 -> 7.3 us, o_proj 9.8 -> 6.7 us against BN 128, 8 warps, 12/SM.
-INT_DOT_GEMV = "gemv_int"             # M == 1's config under paths.BATCH1_INT_DOT (small_m_gemm's choice)
 _CONFIGS = {
     "gemv": (1, 64, 16, False, 4, 2),
-    # M == 1 with the exact-integer dot (paths.BATCH1_INT_DOT): a tensor-core dot on 16 rows, 15 masked; 2 warps
-    # (sm90 SASS, K loop per weight: 3.4 instructions at 2 warps with mma, 4.8 at 4 warps, where it is a wgmma)
-    INT_DOT_GEMV: (1, 64, 16, True, 2, 2),
     "skinny": (16, 128, 16, True, 4, 2),
     "tiled": (64, 128, 16, True, 8, 3),
 }
@@ -151,7 +147,7 @@ SMALL_M_MAX = paths.SMALL_M_MAX
 # split-K target: enough [BK8, BN] tiles in flight per SM to cover HBM latency. gemv 8 -> 4 on 2026-12-06: the GEMV
 # has 128 registers at 4 warps, so 4 programs fit an SM and 8 per SM made the qkv GEMV two waves (tune_decode on
 # the H100: 6.25 -> 5.83 µs; with decode1 at 8 per SM, batch 1 at 512 tokens 418.8 -> 429.7 tok/s, switchab).
-SMALL_PROGRAMS_PER_SM = {"gemv": 4, INT_DOT_GEMV: 8, "skinny": 12}
+SMALL_PROGRAMS_PER_SM = {"gemv": 4, "skinny": 12}
 GEMV_MAX_SPLITS = 16                  # M == 1: the last split reads all partials as one [16, BN] tile
 SKINNY_MAX_SPLITS = 32                # M > 1: atomics, so only a bound on the grid
 _REDUCE_BLOCK = 1024
@@ -204,11 +200,10 @@ class SmallGrid:
 
 
 def small_grid(m: int, n: int, k: int, device: torch.device,
-               tuning: tuple[int, int, int, int, int] | None = None, config: str | None = None) -> SmallGrid:
+               tuning: tuple[int, int, int, int, int] | None = None) -> SmallGrid:
     """M <= SMALL_M_MAX rows: split-K so that ~SMALL_PROGRAMS_PER_SM programs per SM each stream few tiles.
-    ``tuning`` (BLOCK_N, BLOCK_K8, num_warps, num_stages, programs per SM) overrides the table (bench only);
-    ``config``: a _CONFIGS name instead of the one for M rows (the exact-integer GEMV's)."""
-    name = config or choose_config(m)
+    ``tuning`` (BLOCK_N, BLOCK_K8, num_warps, num_stages, programs per SM) overrides the table (bench only)."""
+    name = choose_config(m)
     bm, bn, bk8, _, warps, stages = _CONFIGS[name]
     pps = SMALL_PROGRAMS_PER_SM[name]
     if tuning is not None:
@@ -239,7 +234,7 @@ def small_m_gemm(x: torch.Tensor, w: GPTQWeight, bias: torch.Tensor | None = Non
     # the exact-integer dot (int4.int_dot_tile): fp16, one group per K tile, the paths switch for M rows
     int_dot = (not per_row and x.dtype == torch.float16
                and paths.int_dot(m, cc))
-    g = small_grid(m, n, k, dev, tuning, INT_DOT_GEMV if int_dot and m == 1 else None)
+    g = small_grid(m, n, k, dev, tuning)
     bm, bn, bk8, warps, stages = g.block_m, g.block_n, g.block_k8, g.num_warps, g.num_stages
     grid_n, splits, tiles_per_split = g.grid_n, g.splits, g.tiles_per_split
     accum = accumulate is not None
@@ -336,7 +331,7 @@ def aot_configs() -> list[AotConfig]:
     for act, min_cc in (("fp16", 70), ("bf16", 80)):
         for name, (bm, bn, bk8, use_dot, warps, stages) in _CONFIGS.items():
             if bm <= SMALL_M_MAX:
-                for per_row in ((False,) if name == INT_DOT_GEMV else (False, True)):
+                for per_row in (False, True):
                     cx = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K8=bk8, PER_ROW=per_row, BLOCK_S=GEMV_MAX_SPLITS,
                               PDL=False, INT_DOT=False, ACCUM=False, ROUTER=False, BLOCK_RE=1, BLOCK_R=1)
                     args = dict(x_ptr=f"*{act}", qw_ptr="*i32", qz_ptr="*i32", sc_ptr="*fp16", gidx_ptr="*i32",
@@ -346,9 +341,8 @@ def aot_configs() -> list[AotConfig]:
                                 stride_xm="i32", has_bias="i32", rm_ptr=f"*{act}", rf_ptr=f"*{act}",
                                 rr_ptr=f"*{act}", raw_ptr="*fp32", E="i32", rn_chunk="i32")
                     tag = "" if not per_row else ",per_row"
-                    if name != INT_DOT_GEMV:
-                        out.append(AotConfig(_w4a16_small_kernel, signature(args, cx), cx, warps, stages, min_cc,
-                                             f"w4a16[{name},{act}]" if not per_row else f"w4a16[{name}{tag},{act}]"))
+                    out.append(AotConfig(_w4a16_small_kernel, signature(args, cx), cx, warps, stages, min_cc,
+                                         f"w4a16[{name},{act}]" if not per_row else f"w4a16[{name}{tag},{act}]"))
                     if name == "gemv":                    # accumulating into fp32 (paths.batch1_accumulate)
                         out.append(AotConfig(_w4a16_small_kernel,
                                              signature(dict(args, out_ptr="*fp32"), dict(cx, ACCUM=True)),

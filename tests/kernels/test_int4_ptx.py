@@ -1,6 +1,6 @@
-"""The inline PTX of gptq_gemm/int4.byte_pair_diffs, run by a small evaluator of the PTX ISA's semantics for the
-instructions it uses (prmt.b32 default mode, lop3.b32, sub.f16x2, mov.b32 unpack) on random packed words and
-zeros, against n - z computed from the GPTQ layout. No GPU runs here and the interpreter runs no inline PTX, so
+"""The inline PTX of gptq_gemm/int4 (byte_pair_diffs, half2_dot8), run by a small evaluator of the PTX ISA's
+semantics for the instructions they use on random packed words, zeros and inputs, against n - z and the exact
+sum computed from the GPTQ layout. No GPU runs here and the interpreter runs no inline PTX, so
 this is what checks the shipped text's selectors, masks and magic numbers on the CPU; tests/gpu runs it for real.
 """
 from __future__ import annotations
@@ -46,31 +46,47 @@ def _lop3(a, b, c, lut: int) -> np.ndarray:
     return out
 
 
-def _sub_f16x2(a, b) -> np.ndarray:
-    def halves(x):
-        return (x & _U32(0xFFFF)).astype(np.uint16).view(np.float16), (x >> _U32(16)).astype(np.uint16).view(np.float16)
-    alo, ahi = halves(a)
-    blo, bhi = halves(b)
-    lo = (alo - blo).astype(np.float16).view(np.uint16).astype(_U32)
-    hi = (ahi - bhi).astype(np.float16).view(np.uint16).astype(_U32)
-    return lo | (hi << _U32(16))
+def _halves(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A .b32 word's two fp16 halves (low first)."""
+    return ((x & _U32(0xFFFF)).astype(np.uint16).view(np.float16),
+            (x >> _U32(16)).astype(np.uint16).view(np.float16))
 
 
-def run_ptx(text: str, args: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
-    """Evaluate the block; args: $i -> uint32 arrays (inputs); returns $i -> fp16 arrays (the .b16 outputs)."""
+def _pack(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Two halves rounded once to fp16 (from float64: exact results) into a .b32 word."""
+    return (lo.astype(np.float16).view(np.uint16).astype(_U32)
+            | (hi.astype(np.float16).view(np.uint16).astype(_U32) << _U32(16)))
+
+
+def _f16x2(op: str, a, b, c=None) -> np.ndarray:
+    """sub / mul.rn / fma.rn .f16x2: each half's exact float64 result rounded once to fp16 (the operands here are
+    fp16 values and small integers, whose products and sums float64 holds exactly)."""
+    (alo, ahi), (blo, bhi) = _halves(a), _halves(b)
+    alo, ahi = alo.astype(np.float64), ahi.astype(np.float64)
+    if op == "sub":
+        return _pack(alo - blo, ahi - bhi)
+    lo, hi = alo * blo, ahi * bhi
+    if op == "fma":
+        clo, chi = _halves(c)
+        lo, hi = lo + clo, hi + chi
+    return _pack(lo, hi)
+
+
+def run_ptx(text: str, args: dict[int, np.ndarray]) -> dict[str, np.ndarray]:
+    """Evaluate a PTX block of the instructions int4's inline PTX uses (prmt.b32 default mode, shr.b32, lop3.b32,
+    sub / mul.rn / fma.rn .f16x2, mov.b32 unpack into two .b16 / .f16, cvt.f32.f16, add.f32) on args: $i -> uint32
+    arrays (inputs); returns every register after the block ($i outputs: fp16 arrays from an unpack, float32 from
+    an f32 op)."""
     regs: dict[str, np.ndarray] = {f"${i}": v for i, v in args.items()}
-    outs: dict[int, np.ndarray] = {}
     for line in text.splitlines():
         line = line.strip().rstrip(";")
         if line in ("{", "}") or line.startswith(".reg"):
             continue
         op, rest = line.split(None, 1)
         if op == "mov.b32":
-            m = re.fullmatch(r"\{(\$\d+), (\$\d+)\}, (\w+)", rest)
+            m = re.fullmatch(r"\{([$\w]+), ([$\w]+)\}, (\w+)", rest)
             assert m, line
-            v = regs[m.group(3)]
-            outs[int(m.group(1)[1:])] = (v & _U32(0xFFFF)).astype(np.uint16).view(np.float16)
-            outs[int(m.group(2)[1:])] = (v >> _U32(16)).astype(np.uint16).view(np.float16)
+            regs[m.group(1)], regs[m.group(2)] = _halves(regs[m.group(3)])
             continue
         d, *src = [t.strip() for t in rest.split(",")]
 
@@ -78,13 +94,19 @@ def run_ptx(text: str, args: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
             return regs[t] if (t in regs) else _imm(t)
         if op == "prmt.b32":
             regs[d] = _prmt(val(src[0]), val(src[1]), int(src[2], 0))
+        elif op == "shr.b32":
+            regs[d] = val(src[0]) >> _U32(int(src[1], 0))
         elif op == "lop3.b32":
             regs[d] = _lop3(val(src[0]), val(src[1]), val(src[2]), int(src[3], 0))
-        elif op == "sub.f16x2":
-            regs[d] = _sub_f16x2(val(src[0]), val(src[1]))
+        elif op in ("sub.f16x2", "mul.rn.f16x2", "fma.rn.f16x2"):
+            regs[d] = _f16x2(op.split(".")[0], *(val(t) for t in src))
+        elif op == "cvt.f32.f16":
+            regs[d] = val(src[0]).astype(np.float32)
+        elif op == "add.f32":
+            regs[d] = val(src[0]) + val(src[1])
         else:
             raise AssertionError(f"the evaluator does not know {op!r}: {line}")
-    return outs
+    return regs
 
 
 @pytest.mark.parametrize("b", range(4))
@@ -95,7 +117,8 @@ def test_pair_diffs_ptx_gives_exact_n_minus_z(b):
     z = rng.integers(0, 16, size=4096).astype(_U32)
     ze = (_U32(0x6400) + z) * _U32(0x10001)                               # int4.pair_zeros
     zo = (_U32(0x5400) + _U32(16) * z) * _U32(0x10001)
-    out = run_ptx(PAIR_DIFFS_PTX.value[b], {4: qe, 5: qo, 6: ze, 7: zo})
+    regs = run_ptx(PAIR_DIFFS_PTX.value[b], {4: qe, 5: qo, 6: ze, 7: zo})
+    out = {i: regs[f"${i}"] for i in range(4)}
     zi = z.astype(np.int64)
 
     def nib(q, j):
@@ -114,58 +137,8 @@ def test_the_evaluator_fails_a_wrong_selector():
     zz = _U32(0x6400 * 0x10001)
     a = run_ptx(good, {4: q, 5: q[::-1].copy(), 6: zz, 7: _U32(0x5400 * 0x10001)})
     c = run_ptx(bad, {4: q, 5: q[::-1].copy(), 6: zz, 7: _U32(0x5400 * 0x10001)})
-    assert not np.array_equal(a[1], c[1])
+    assert not np.array_equal(a["$1"], c["$1"])
 
-
-def _halves(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    return ((x & _U32(0xFFFF)).astype(np.uint16).view(np.float16),
-            (x >> _U32(16)).astype(np.uint16).view(np.float16))
-
-
-def _pack(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    return (lo.astype(np.float16).view(np.uint16).astype(_U32)
-            | (hi.astype(np.float16).view(np.uint16).astype(_U32) << _U32(16)))
-
-
-def run_dot_ptx(text: str, args: dict[int, np.ndarray]) -> np.ndarray:
-    """Evaluate int4.HALF2_DOT8_PTX (shr.b32, lop3.b32, the f16x2 sub / mul.rn / fma.rn, mov.b32 unpack,
-    cvt.f32.f16, add.f32) on $1-$6 (uint32 arrays); returns $0 (float32). f16x2 arithmetic: the exact float64
-    result of each half, rounded once to fp16 (the products of fp16 values and the sums here are exact in float64)."""
-    regs: dict[str, np.ndarray] = {f"${i}": v for i, v in args.items()}
-    for line in text.splitlines():
-        line = line.strip().rstrip(";")
-        if line in ("{", "}") or line.startswith(".reg"):
-            continue
-        op, rest = line.split(None, 1)
-        if op == "mov.b32":
-            m = re.fullmatch(r"\{(\w+), (\w+)\}, (\w+)", rest)
-            assert m, line
-            regs[m.group(1)], regs[m.group(2)] = _halves(regs[m.group(3)])
-            continue
-        d, *src = [t.strip() for t in rest.split(",")]
-
-        def val(t):
-            return regs[t] if (t in regs) else _imm(t)
-        if op == "shr.b32":
-            regs[d] = val(src[0]) >> _U32(int(src[1], 0))
-        elif op == "lop3.b32":
-            regs[d] = _lop3(val(src[0]), val(src[1]), val(src[2]), int(src[3], 0))
-        elif op == "sub.f16x2":
-            regs[d] = _sub_f16x2(val(src[0]), val(src[1]))
-        elif op in ("mul.rn.f16x2", "fma.rn.f16x2"):
-            (alo, ahi), (blo, bhi) = _halves(val(src[0])), _halves(val(src[1]))
-            lo, hi = alo.astype(np.float64) * blo, ahi.astype(np.float64) * bhi
-            if op == "fma.rn.f16x2":
-                clo, chi = _halves(val(src[2]))
-                lo, hi = lo + clo, hi + chi
-            regs[d] = _pack(lo, hi)
-        elif op == "cvt.f32.f16":
-            regs[d] = val(src[0]).astype(np.float32)
-        elif op == "add.f32":
-            regs[d] = val(src[0]) + val(src[1])
-        else:
-            raise AssertionError(f"the evaluator does not know {op!r}: {line}")
-    return regs["$0"]
 
 
 def _dot_case(seed: int, n: int = 4096):
@@ -189,7 +162,7 @@ def test_half2_dot8_ptx_sums_the_eight_products(seed):
     from onecard.kernels.gptq_gemm.int4 import HALF2_DOT8_PTX
 
     args, exact, scale = _dot_case(seed)
-    out = run_dot_ptx(HALF2_DOT8_PTX.value, args).astype(np.float64)
+    out = run_ptx(HALF2_DOT8_PTX.value, args)["$0"].astype(np.float64)
     assert np.all(np.abs(out - exact) <= 2.0**-9 * scale + 1e-6), np.max(np.abs(out - exact) / (scale + 1e-9))
 
 
@@ -202,5 +175,5 @@ def test_the_dot_check_fails_a_wrong_pairing():
         .replace("shr.b32 u, $1, @;", "shr.b32 u, $1, 8;")
     assert bad != good
     args, exact, scale = _dot_case(7)
-    out = run_dot_ptx(bad, args).astype(np.float64)
+    out = run_ptx(bad, args)["$0"].astype(np.float64)
     assert not np.all(np.abs(out - exact) <= 2.0**-9 * scale + 1e-6)

@@ -77,8 +77,9 @@ from onecard.kernels.types import GPTQWeight, MoEWeight
 # sm80+ since 2026-12-07: the gate/up loop pipelined 3 deep (stages 3: sm90 98 registers, 17.5 KB shared), the
 # down's first chunk loaded after it. Measured (H100, bench/run_h200.sh decode12, one engine, alternating, medians
 # of 3; BENCHMARKS.md), batch 1 at 512 / 32k tokens: stages 1 456.5 / 306.2 tok/s; stages 3 472.9 / 314.6 (+3.6% /
-# +2.8%; the down's first chunk before the loop: 467.8 / 313.1; with an L2 prefetch 458.2 / 308.6; both removed); BLOCK_I 16 on 4 warps (384 programs, 3 an SM: the busiest SM issues ~20% fewer instructions by the SASS
-# counts) 466.4 / 303.3, with BLOCK_K8 64 467.0 / 308.8: balance did not pay. The same greedy tokens throughout.
+# +2.8%; the down's first chunk before the loop: 467.8 / 313.1; with an L2 prefetch 458.2 / 308.6; both removed);
+# BLOCK_I 16 on 4 warps (384 programs, 3 an SM: the busiest SM issues ~20% fewer instructions by the SASS counts)
+# 466.4 / 303.3, with BLOCK_K8 64 467.0 / 308.8: balance did not pay. The same greedy tokens throughout.
 # BLOCK_K8 64 on sm80+ since 2026-12-07 (after the router fold): 4 gate/up steps of 16 KB, two in flight through
 # shared memory (sm90 128 registers, 37 KB shared: still two programs an SM). bench/run_h200.sh decode14 (H100, one
 # engine, alternating, medians of 3), batch 1 at 512 / 32k tokens: BLOCK_K8 32 476.9 / 314.9 tok/s, 64 481.9 /
@@ -122,8 +123,7 @@ def _columns_of(h, BI8: tl.constexpr):
 def _gate_up_load(q_ptr, s_ptr, z_ptr, r0, k8, offs_r, offs_i, i_mask, I, num_groups, GROUP_K8: tl.constexpr,
                   TILE_GROUPS: tl.constexpr):
     """One expert's gate or up K tile at packed rows r0 + [0, BK8) (pointers at the expert; rows past k8 are 0):
-    (q [BK8, BI] int32, scales, packed zeros of its TILE_GROUPS groups: [BI] for one, else [TILE_GROUPS, BI]).
-    """
+    (q [BK8, BI] int32, scales, packed zeros of its TILE_GROUPS groups: [BI] for one, else [TILE_GROUPS, BI])."""
     r = r0 + offs_r
     q_ptrs = q_ptr + r[:, None] * I + offs_i[None, :]
     q = tl.load(q_ptrs, mask=(r < k8)[:, None] & i_mask[None, :], other=0)

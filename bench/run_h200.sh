@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU facts, kernel checks, tiny-checkpoint engine checks, the full-size benchmark.
 # Usage (repo root, on the H200): OUT=/some/dir bash bench/run_h200.sh [parts...]
-# parts: decode15 half2tests decode14 fold foldfull ab decode12 slicestrace3 decode11 slicestrace decode10 ctxgraphs ctxtests slices slicestests resttests specverify apimem probe kernels checks full asyncab kvdtype capab capbisect hosttier loadab nopdl pdl16 emu70 longctx attnsweep gputests startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
+# parts: next15 decode15 half2tests decode14 fold foldfull ab decode12 slicestrace3 decode11 slicestrace decode10 ctxgraphs ctxtests slices slicestests resttests specverify apimem probe kernels checks full asyncab kvdtype capab capbisect hosttier loadab nopdl pdl16 emu70 longctx attnsweep gputests startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
 #   emu70: the full-size bench with every kernel-path decision on sm70's branch (ONECARD_EMULATE_CC=70): run it
 #          beside `full` in one call for the relative figure (a functional check, not a V100 timing)
 #   specverify: issue 30: verify-step latency vs tokens per sequence (1..9) at batch 1 and 16 (the cost model's
@@ -163,6 +163,13 @@ for p in $parts; do
               "$OUT/switch_ab_emu70.json" --scenarios 1x512 --policies fill+no_slices_half2,fill \
               | tee "$OUT/switch_ab_emu70.log" | grep -v '^{'
           python3 bench/ab_table.py "$OUT/switch_ab_emu70.log" ;;
+    next15) log next15  # the first call of the next session (~8 min with the build): the issue's figures on whatever
+          # card comes (full: decode bs1/bs16, prefill, TTFT, logits; long contexts under the shipped split-KV policy),
+          # then the slices' GPU tests through the shipped packed-fp16 dots
+          [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30 > /dev/null
+          timeout 150 python3 bench/full_size.py onecard /tmp/q30 "$OUT/onecard.json" | grep -E "decode_bs|prefill|ttft|logits|argmax"
+          LONGCTX_POLICIES=fill bash "$0" longctx | grep -v '^{'
+          timeout 240 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_moe_slices_gpu.py -k "half2 or emulated or fold" 2>&1 | tail -6 ;;
     half2tests) log half2tests  # the slices' GPU tests (their packed-fp16 dots as shipped, the fp32 dots, emulated
           # sm70, the router fold) and the MoE kernel rows at the real shapes (~6 min)
           timeout 500 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_moe_slices_gpu.py tests/gpu/test_kernels_gpu.py \

@@ -15,16 +15,54 @@ def _table_override(table: dict, key: str, value):
     return setter
 
 
-def _attr_override(module, name: str, value, **more):
-    """A setter for bench switches that change a module's config constant (and ``more`` of them, by name): on ->
-    value(s), None -> the shipped one(s)."""
-    values = {name: value, **more}
-    shipped = {n: getattr(module, n) for n in values}
+def _attr_override(module, name: str, value):
+    """A setter for bench switches that change a module's config constant: on -> value, None -> the shipped one."""
+    shipped = getattr(module, name)
 
     def setter(on: bool | None) -> None:
-        for n, v in values.items():
-            setattr(module, n, v if on else shipped[n])
+        setattr(module, name, value if on else shipped)
     return setter
+
+
+# "+NAME" -> fused_moe/slices.SLICES_CONFIG (BLOCK_I, BLOCK_K8, BLOCK_H, num_warps, stages) while the policy runs
+SLICES_POLICIES = {
+    # BLOCK_I 16, 4 warps: 384 programs, ~3 on every SM of 132 (the shipped 192 leave 72 SMs with one and 60 with
+    # two), twice the atomics
+    "slices16": (16, 32, 1024, 4, 1),
+    # BLOCK_I 16, BLOCK_K8 64, 8 warps: the fastest MoE block alone on 2026-12-07 (23.4 µs against 24.5 for the
+    # shipped config without its routing, 23.5 with it); -3.7% in the model (BENCHMARKS.md)
+    "slices1664": (16, 64, 1024, 8, 1),
+    # BLOCK_K8 16 on 4 warps: the fastest MoE block alone on 2026-12-07 with per-warp routing (22.3 µs against 23.5,
+    # L2-hot; its cold-experts row is in kernels_gpu.py)
+    "slices3216": (32, 16, 1024, 4, 1),
+    # the gate/up loop: one tile ahead in registers (the pre-Ampere loop; sm80+ until 2026-12-07), or pipelined by
+    # Triton (stages >= 2: cp.async into shared memory, sm80+) at BLOCK_K8 32 (shipped until the BLOCK_K8 64 of
+    # 2026-12-07), 7 deep; BLOCK_H 512 (unmeasured). (As run on 2026-12-07, "slices_st3" also loaded the down's first
+    # chunk before the loop and "slices_st3_late" after it; the early load lost and is gone: BENCHMARKS.md.)
+    "slices_one_ahead": (32, 32, 1024, 8, 1),
+    "slices_st3": (32, 32, 1024, 8, 3),
+    "slices_st8": (32, 32, 1024, 8, 8),
+    "slices_st3h512": (32, 32, 512, 8, 3),
+    # BLOCK_I 16: 384 programs, 3 on 120 SMs and 2 on 12, where the 192 of BLOCK_I 32 leave 60 SMs with two and 72
+    # with one. A two-program SM's gate/up loop is bound by issue (sm90 SASS: 374 instructions a step a warp at 8
+    # warps), so those SMs set the launch's time. Per program, warps x (gate/up steps x loop length + down chunks x
+    # loop length), sm90 SASS; the busiest SM carries 2 programs at BLOCK_I 32, 3 at 16:
+    #   pipelined           (32, 32, 1024, 8, 3)  8 x (8 x 374 + 2 x 604) = 33.6k, x 2 = 67k
+    #   slices16_st3        (16, 32, 512, 8, 3)   8 x (8 x 258 + 4 x 270) = 25.2k, x 3 = 76k (76 registers)
+    #   slices16w4_st3      (16, 32, 512, 4, 3)   4 x (8 x 378 + 4 x 366) = 18.0k, x 3 = 54k (96 registers)
+    #   slices16w4k64_st3   (16, 64, 512, 4, 3)   4 x (4 x 714 + 4 x 365) = 17.3k, x 3 = 52k (128 registers)
+    # (each with the down's first chunk before the loop, as measured). In the model (decode12): the two on 4 warps
+    # lost to the shipped config (BENCHMARKS.md); fewer instructions on the busiest SM did not pay
+    "slices16_st3": (16, 32, 512, 8, 3),
+    "slices16w4_st3": (16, 32, 512, 4, 3),
+    "slices16w4k64_st3": (16, 64, 512, 4, 3),
+    # BLOCK_K8 64 pipelined: 4 gate/up steps of 16 KB (128 registers with the down's chunk loaded late, 205 early;
+    # 35 KB shared; unpipelined it took 254)
+    "slices_k64_st3": (32, 64, 1024, 8, 3),
+    # 3 (4) tiles in flight instead of 2: the shipped tile 4 deep (26 KB shared), BLOCK_K8 64 4 deep (52 KB)
+    "slices_st4": (32, 32, 1024, 8, 4),
+    "slices_k64_st4": (32, 64, 1024, 8, 4),
+}
 
 
 def switch_setters() -> dict:
@@ -46,43 +84,7 @@ def switch_setters() -> dict:
               "router_fold": "batch1_router_fold",                        # (with b1_acc, moe_slices, slices_route)
               "slices_half2": "batch1_slices_half2"}                      # (with moe_slices; fp16)
     return {**{short: partial(paths.set_switch, name) for short, name in on_off.items()},
-            # the slices at BLOCK_I 16, 4 warps: 384 programs, ~3 on every SM of 132 (the shipped 192 leave 72 SMs
-            # with one and 60 with two), twice the atomics
-            "slices16": _attr_override(slices, "SLICES_CONFIG", (16, 32, 1024, 4, 1)),
-            # BLOCK_I 16, BLOCK_K8 64, 8 warps: the fastest MoE block alone on 2026-12-07 (23.4 µs against 24.5
-            # for the shipped config without its routing, 23.5 with it); -3.7% in the model (BENCHMARKS.md)
-            "slices1664": _attr_override(slices, "SLICES_CONFIG", (16, 64, 1024, 8, 1)),
-            # BLOCK_K8 16 on 4 warps: the fastest MoE block alone on 2026-12-07 with per-warp routing (22.3 µs
-            # against 23.5, L2-hot; its cold-experts row is in kernels_gpu.py)
-            "slices3216": _attr_override(slices, "SLICES_CONFIG", (32, 16, 1024, 4, 1)),
-            # the gate/up loop: one tile ahead in registers (the pre-Ampere loop; sm80+ until 2026-12-07), or
-            # pipelined by Triton (stages >= 2: cp.async into shared memory, sm80+) at BLOCK_K8 32 (shipped until
-            # the BLOCK_K8 64 of 2026-12-07), 7 deep; BLOCK_H 512 (unmeasured). (As run on 2026-12-07, "slices_st3"
-            # also loaded the down's first chunk before the loop and "slices_st3_late" after it; the early load lost
-            # and is gone: BENCHMARKS.md.)
-            "slices_one_ahead": _attr_override(slices, "SLICES_CONFIG", (32, 32, 1024, 8, 1)),
-            "slices_st3": _attr_override(slices, "SLICES_CONFIG", (32, 32, 1024, 8, 3)),
-            "slices_st8": _attr_override(slices, "SLICES_CONFIG", (32, 32, 1024, 8, 8)),
-            "slices_st3h512": _attr_override(slices, "SLICES_CONFIG", (32, 32, 512, 8, 3)),
-            # BLOCK_I 16: 384 programs, 3 on 120 SMs and 2 on 12, where the 192 of BLOCK_I 32 leave 60 SMs with two
-            # and 72 with one. A two-program SM's gate/up loop is bound by issue (sm90 SASS: 374 instructions a step
-            # a warp at 8 warps), so those SMs set the launch's time. Per program, warps x (gate/up steps x loop
-            # length + down chunks x loop length), sm90 SASS; the busiest SM carries 2 programs at BLOCK_I 32, 3 at 16:
-            #   pipelined           (32, 32, 1024, 8, 3)  8 x (8 x 374 + 2 x 604) = 33.6k, x 2 = 67k
-            #   slices16_st3        (16, 32, 512, 8, 3)   8 x (8 x 258 + 4 x 270) = 25.2k, x 3 = 76k (76 registers)
-            #   slices16w4_st3      (16, 32, 512, 4, 3)   4 x (8 x 378 + 4 x 366) = 18.0k, x 3 = 54k (96 registers)
-            #   slices16w4k64_st3   (16, 64, 512, 4, 3)   4 x (4 x 714 + 4 x 365) = 17.3k, x 3 = 52k (128 registers)
-            # (each with the down's first chunk before the loop, as measured). In the model (decode12): the two on 4 warps
-            # lost to the shipped config (BENCHMARKS.md); fewer instructions on the busiest SM did not pay
-            "slices16_st3": _attr_override(slices, "SLICES_CONFIG", (16, 32, 512, 8, 3)),
-            "slices16w4_st3": _attr_override(slices, "SLICES_CONFIG", (16, 32, 512, 4, 3)),
-            "slices16w4k64_st3": _attr_override(slices, "SLICES_CONFIG", (16, 64, 512, 4, 3)),
-            # BLOCK_K8 64 pipelined: 4 gate/up steps of 16 KB (128 registers with the down's chunk loaded late, 205
-            # early; 35 KB shared; unpipelined it took 254)
-            "slices_k64_st3": _attr_override(slices, "SLICES_CONFIG", (32, 64, 1024, 8, 3)),
-            # 3 (4) tiles in flight instead of 2: the shipped tile 4 deep (26 KB shared), BLOCK_K8 64 4 deep (52 KB)
-            "slices_st4": _attr_override(slices, "SLICES_CONFIG", (32, 32, 1024, 8, 4)),
-            "slices_k64_st4": _attr_override(slices, "SLICES_CONFIG", (32, 64, 1024, 8, 4)),
+            **{name: _attr_override(slices, "SLICES_CONFIG", cfg) for name, cfg in SLICES_POLICIES.items()},
             "gemv4": _table_override(gemm.SMALL_PROGRAMS_PER_SM, "gemv", 4),
             "moe1pps8": _table_override(stages.DECODE_CONFIGS, "decode1",
                                         stages.DECODE_CONFIGS["decode1"][:5] + (8,)),

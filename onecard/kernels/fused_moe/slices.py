@@ -44,6 +44,7 @@ from onecard.kernels.gptq_gemm.int4 import (
     half2_zeros,
     input_pairs,
     row_input,
+    row_words,
     unit_combine,
     unit_sums,
 )
@@ -162,14 +163,12 @@ def _gate_up_mac(acc, q, s, zp, src, INPUT: tl.constexpr, r0, k8, offs_r, z_shif
 @triton.jit
 def _x_columns(x_ptr, r0, k8, offs_r, BLOCK_K8: tl.constexpr):
     """The tile's inputs x[8r + j], r = r0 + [0, BK8), as 8 fp32 columns [BK8] (_columns_of; rows past k8 are
-    zeros) from ONE load of its 16-byte rows, as int32 pairs: in a pipelined loop Triton streams it with the
-    weights (cp.async copies 4, 8 or 16 bytes a thread: a 2-byte element a thread would stay a load in the loop),
-    where row_input's eight 2-byte loads a column each wait on L1/L2 inside the loop."""
+    zeros) from ONE load of its 16-byte rows (int4.row_words: streamed with the weights in a pipelined loop, where
+    row_input's eight 2-byte loads a column each wait on L1/L2 inside the loop)."""
     r = r0 + offs_r
     DT: tl.constexpr = x_ptr.dtype.element_ty
     if DT.primitive_bitwidth == 16:
-        pairs = tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + r[:, None] * 4 + tl.arange(0, 4)[None, :],
-                        mask=(r < k8)[:, None], other=0)                  # [BK8, 4]: x[8r + 2c], x[8r + 2c + 1]
+        pairs = row_words(x_ptr, r, r < k8)                               # [BK8, 4]: x[8r + 2c], x[8r + 2c + 1]
         lo = (pairs & 0xFFFF).to(tl.int16).to(DT, bitcast=True)
         hi = (pairs >> 16).to(tl.int16).to(DT, bitcast=True)
         xt = tl.join(lo, hi)                                              # [BK8, 4, 2]: x[8r + 2c + h]
@@ -246,16 +245,17 @@ def _moe_slices_kernel(x_ptr, out_ptr, qg_ptr, zg_ptr, sg_ptr, qu_ptr, zu_ptr, s
     paths.pipelined_loads): the loop asks (tl.range num_stages), so Triton's software pipeline streams the tiles by
     cp.async into a ring of STAGES - 1 tiles in shared memory (8.75 KB each at the served shape), STAGES - 1 in
     flight, and holds none in registers (sm90: 98 registers against 124); the tile's inputs come with it
-    (_x_columns). The down loop (2 chunks at the served shape) keeps its one chunk ahead in registers. TRACE (bench/slices_trace.py only): the program's phase boundaries into
-    trace_ptr [programs, TRACE_SLOTS] int64 (TRACE_FIELDS: %clock64 cycles, then %globaltimer ns and the SM after
-    the wait and at the end).
+    (_x_columns). The down loop (2 chunks at the served shape) keeps its one chunk ahead in registers.
+    TRACE (bench/slices_trace.py only): the program's phase boundaries into trace_ptr [programs, TRACE_SLOTS] int64
+    (TRACE_FIELDS: %clock64 cycles, then %globaltimer ns and the SM after the wait and at the end).
     NORM (with ROUTE; paths.batch1_router_fold, router_fold.py): x_ptr holds the post-attention norm's input sums
     (fp32 [H]) and logits_ptr the folded router's sums (fp32 [E]); each program adds the residual (res_ptr),
     normalises (nw_ptr, eps) into its own row of xs_ptr [programs, H] (model dtype) that its gate/up then read,
     stores its share of the new residual (res_out_ptr) and routes from rstd * those sums rounded to the model
     dtype (the logits the norm-route launch would have stored).
     HALF2 (paths.batch1_slices_half2; fp16 inputs): the gate/up tiles' and the down's dots in packed fp16
-    (int4.half2_dot8: _gate_up_h2 in either loop on int4.input_pairs' inputs; the down on h rounded to fp16, _h_pairs)."""
+    (int4.half2_dot8: _gate_up_h2 in either loop on int4.input_pairs' inputs; the down on h rounded to fp16,
+    _h_pairs)."""
     pid_i = tl.program_id(0)
     slot = tl.program_id(1)
     BI8: tl.constexpr = BLOCK_I // 8
@@ -351,8 +351,10 @@ def _moe_slices_kernel(x_ptr, out_ptr, qg_ptr, zg_ptr, sg_ptr, qu_ptr, zu_ptr, s
                                      BLOCK_I, GROUP_K8, TG)
     else:                                                                 # the next tile in registers
         for r0 in range(0, k8, BLOCK_K8):
-            nq_g, ns_g, nz_g = _gate_up_load(qg, sg, zg, r0 + BLOCK_K8, k8, offs_r, offs_i, i_mask, I, ng1, GROUP_K8, TG)
-            nq_u, ns_u, nz_u = _gate_up_load(qu, su, zu, r0 + BLOCK_K8, k8, offs_r, offs_i, i_mask, I, ng1, GROUP_K8, TG)
+            nq_g, ns_g, nz_g = _gate_up_load(qg, sg, zg, r0 + BLOCK_K8, k8, offs_r, offs_i, i_mask, I, ng1, GROUP_K8,
+                                             TG)
+            nq_u, ns_u, nz_u = _gate_up_load(qu, su, zu, r0 + BLOCK_K8, k8, offs_r, offs_i, i_mask, I, ng1, GROUP_K8,
+                                             TG)
             if HALF2:
                 xp = input_pairs(x_in, r0 + offs_r, r0 + offs_r < k8)
                 acc_g = _gate_up_h2(acc_g, q_g, s_g, z_g, xp, zs_i, BLOCK_K8, BLOCK_I, GROUP_K8, TG)
@@ -384,14 +386,14 @@ def _moe_slices_kernel(x_ptr, out_ptr, qg_ptr, zg_ptr, sg_ptr, qu_ptr, zu_ptr, s
         nq_d, ns_d, nz_d = _down_load(qd, sd, zd, g2, ((c0 + c + 1) % n_ch) * BLOCK_H, offs_p, p_mask, H,
                                       c + 1 < n_ch, BLOCK_H)
         offs_n = n0 + tl.arange(0, BLOCK_H)
+        z = (z_d >> ((offs_n % 8) * 4)) & 0xF                             # [BH] the true zeros
         if HALF2:                                                         # [BI8, BH] of sum_j (n_j - z) h_j
             d = half2_dot8(q_d, hj[0][:, None], hj[1][:, None], hj[2][:, None], hj[3][:, None],
-                           half2_zeros((z_d >> ((offs_n % 8) * 4)) & 0xF)[None, :])
+                           half2_zeros(z)[None, :])
             part = tl.sum(d, axis=0) * (s_d.to(tl.float32) * w_e)
         else:
-            z = ((z_d >> ((offs_n % 8) * 4)) & 0xF).to(tl.float32)
-            acc = gemv_tile_mac(tl.zeros((BI8, BLOCK_H), dtype=tl.float32), q_d, s_d.to(tl.float32), z, hj, offs_p,
-                                p_mask, _slice_input, BI8, BLOCK_H)
+            acc = gemv_tile_mac(tl.zeros((BI8, BLOCK_H), dtype=tl.float32), q_d, s_d.to(tl.float32),
+                                z.to(tl.float32), hj, offs_p, p_mask, _slice_input, BI8, BLOCK_H)
             part = tl.sum(acc, axis=0) * w_e
         tl.atomic_add(out_ptr + offs_n, part, mask=offs_n < H, sem="relaxed")
         q_d, s_d, z_d = nq_d, ns_d, nz_d
@@ -462,19 +464,19 @@ def moe_slices(x: torch.Tensor, out32: torch.Tensor, w_gate: GPTQWeight, w_up: G
         if logits is not None else {}
     if trace is not None:
         assert trace.dtype == torch.int64 and trace.shape == (grid(w_gate, w_down, top_k, cc), TRACE_SLOTS)
-    programs = triton.cdiv(inter, bi) * top_k
+    n_slices = triton.cdiv(inter, bi)
     if norm is not None:
         residual, nw, eps, res_out = norm
         assert logits is not None and logits.dtype == torch.float32 and x.dtype == torch.float32, (logits, x.dtype)
         assert residual.is_contiguous() and res_out.is_contiguous() and res_out.dtype == residual.dtype
-        xs = torch.empty(programs, h, dtype=residual.dtype, device=x.device)   # each program's normalised row
+        xs = torch.empty(n_slices * top_k, h, dtype=residual.dtype, device=x.device)   # each program's own row
         nargs = (residual, nw, xs, res_out, float(eps))
         route.update(NORM=True, BLOCK_HN=next_pow2(h))
     else:
         nargs = (out32, out32, out32, out32, 0.0)                         # unused without NORM
     # the gate/up dot in packed fp16 needs fp16 inputs: x, or with NORM the rows the programs normalise into
     half2 = paths.batch1_slices_half2() and (norm[0] if norm is not None else x).dtype == torch.float16
-    _moe_slices_kernel[(triton.cdiv(inter, bi), top_k)](
+    _moe_slices_kernel[(n_slices, top_k)](
         x, out32, w_gate.qweight, w_gate.qzeros, w_gate.scales, w_up.qweight, w_up.qzeros, w_up.scales,
         w_down.qweight, w_down.qzeros, w_down.scales, topk_ids, topk_w, logits if logits is not None else topk_w,
         trace if trace is not None else topk_w, h, inter, w_gate.num_groups, w_down.group_size,
@@ -491,8 +493,9 @@ def grid(w_gate: GPTQWeight, w_down: GPTQWeight, top_k: int, cc: int) -> int:
 def slices_aot_configs(act: str, min_cc: int) -> list[AotConfig]:
     """The pre-Ampere config (every target) with the served g128 weights (GROUP_K8 16) and with groups of 32
     (GROUP_K8 4), g128 routing itself from the logits (paths.batch1_slices_route; E 128, k 8, renormalised); the
-    sm80+ config (named "sm80+", from sm80) routing itself; both configs routing from the folded router's sums and normalising their input (NORM, paths.batch1_router_fold;
-    H 2048), also with the gate/up dot in packed fp16 (HALF2, paths.batch1_slices_half2; fp16 only)."""
+    sm80+ config (named "sm80+", from sm80) routing itself; both configs routing from the folded router's sums and
+    normalising their input (NORM, paths.batch1_router_fold; H 2048), also with the dots in packed fp16 (HALF2,
+    paths.batch1_slices_half2; fp16 only)."""
     out: list[AotConfig] = []
     pre, amp = SLICES_CONFIG_PRE_AMPERE, SLICES_CONFIG
     for cfg, g8, route, norm, h2 in (
@@ -508,8 +511,9 @@ def slices_aot_configs(act: str, min_cc: int) -> list[AotConfig]:
         args = dict(x_ptr="*fp32" if norm else f"*{act}", out_ptr="*fp32", qg_ptr="*i32", zg_ptr="*i32",
                     sg_ptr="*fp16", qu_ptr="*i32",
                     zu_ptr="*i32", su_ptr="*fp16", qd_ptr="*i32", zd_ptr="*i32", sd_ptr="*fp16", ids_ptr="*i32",
-                    topk_w_ptr="*fp32", logits_ptr=f"*{act}" if route and not norm else "*fp32", trace_ptr="*fp32", H="i32",
-                    I="i32", ng1="i32", gs2="i32", ng2="i32", E="i32", res_ptr=f"*{act}", nw_ptr=f"*{act}",
+                    topk_w_ptr="*fp32", logits_ptr=f"*{act}" if route and not norm else "*fp32",
+                    trace_ptr="*fp32", H="i32", I="i32", ng1="i32", gs2="i32", ng2="i32", E="i32",
+                    res_ptr=f"*{act}", nw_ptr=f"*{act}",
                     xs_ptr=f"*{act}", res_out_ptr=f"*{act}", eps="fp32")
         cc0 = max(min_cc, paths.PIPELINED_LOADS_MIN_CC) if cfg is amp else min_cc
         out.append(AotConfig(_moe_slices_kernel, signature(args, cx), cx, warps, st, cc0,

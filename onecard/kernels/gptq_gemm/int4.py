@@ -225,13 +225,22 @@ def half2_pairs(x01, x23, x45, x67):
 
 
 @triton.jit
+def row_words(x_ptr, r, r_mask):
+    """The 16-byte packed rows r ([BK8]) of a 16-bit input row at x_ptr as int32 words [BK8, 4]: word c holds inputs
+    8r + 2c (low half) and 8r + 2c + 1; zeros where not r_mask. ONE load a row: in a loop that Triton pipelines it
+    streams with the weights (cp.async copies 4, 8 or 16 bytes a thread; a 2-byte element a thread would stay a
+    load in the loop)."""
+    return tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + r[:, None] * 4 + tl.arange(0, 4)[None, :],
+                   mask=r_mask[:, None], other=0)
+
+
+@triton.jit
 def input_pairs(x_ptr, r, r_mask):
-    """half2_dot8's inputs for packed rows r ([BK8]) of the fp16 row at x_ptr: the 8 inputs 8r + j of each row from
-    ONE 16-byte load, as the four int32 pairs (x_k, x_k+4) [BK8] (half2_pairs); zeros where not r_mask. In a loop
-    that Triton pipelines the load streams with the weights (cp.async of 16 bytes a row)."""
+    """half2_dot8's inputs for packed rows r ([BK8]) of the fp16 row at x_ptr: the 8 inputs 8r + j of each row
+    (row_words: one 16-byte load), as the four int32 pairs (x_k, x_k+4) [BK8] (half2_pairs); zeros where not
+    r_mask."""
     BK8: tl.constexpr = r.shape[0]
-    pairs = tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + r[:, None] * 4 + tl.arange(0, 4)[None, :],
-                    mask=r_mask[:, None], other=0)                        # [BK8, 4]: (x[8r + 2c], x[8r + 2c + 1])
+    pairs = row_words(x_ptr, r, r_mask)                                   # [BK8, 4]: (x[8r + 2c], x[8r + 2c + 1])
     even, odd = tl.split(tl.reshape(pairs, (BK8, 2, 2)))                 # c = 0, 2 | c = 1, 3
     x01, x45 = tl.split(even)
     x23, x67 = tl.split(odd)

@@ -74,12 +74,6 @@ def _greedy(eager: bool, slices_on: bool, route: bool = False, n_prompt: int = 4
         paths.set_switch("batch1_slices_half2", None)
 
 
-def _prefix_agreement(a: list[int], b: list[int]) -> float:
-    """The fraction of ``b``'s tokens before the first position where ``a`` differs (bench/gpu_checks' measure)."""
-    n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-    return n / max(len(b), 1)
-
-
 @functools.cache
 def _two_launch_stages() -> tuple[list[int], int]:
     """The reference tokens of every variant below (eager, slices off), once per process."""
@@ -121,6 +115,8 @@ def test_slices_under_emulated_sm70():
     import os
     import subprocess
 
+    from bench.gpu_checks import agreement  # the matched-prefix fraction
+
     root = Path(__file__).resolve().parents[2]
     code = ("import json; from tests.gpu.test_moe_slices_gpu import _greedy; "
             "print(json.dumps([_greedy(True, False), _greedy(True, True, half2=False), "
@@ -133,7 +129,7 @@ def test_slices_under_emulated_sm70():
         r.stdout.strip().splitlines()[-1])
     assert n_off == 0 and n_eager > 0 and n_graphed > 0 and n_folded > 0 and n_h2 > 0
     assert eager == stages and graphed == eager and folded == eager
-    assert _prefix_agreement(h2, stages) >= 0.75, (h2, stages)          # the packed-fp16 dots, as shipped
+    assert agreement([h2], [stages]) >= 0.75, (h2, stages)          # the packed-fp16 dots, as shipped
 
 
 @pytest.mark.parametrize("route, config, fold", [(True, None, False), (True, None, True), (True, (32, 32, 1024, 8, 1), True)],
@@ -143,9 +139,11 @@ def test_slices_half2_decode(route, config, fold):
     a sum, h rounded to fp16), on the shipped loop and the pre-Ampere one: graphs = eager (the same kernel); against
     the two-launch stages (fp32 dots) the greedy text agrees on at least 3/4 of its prefix (bench/gpu_checks'
     criterion: a changed rounding may flip a near tie; a wrong pairing of nibbles and inputs derails at once)."""
+    from bench.gpu_checks import agreement  # the matched-prefix fraction
+
     stages, _ = _two_launch_stages()
     eager, n_eager = _greedy(True, True, route, config=config, fold=fold)
     graphed, n_graphed = _greedy(False, True, route, config=config, fold=fold)
     assert n_eager > 0 and n_graphed > 0
     assert graphed == eager
-    assert _prefix_agreement(eager, stages) >= 0.75, (eager, stages)
+    assert agreement([eager], [stages]) >= 0.75, (eager, stages)

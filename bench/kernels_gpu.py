@@ -171,9 +171,7 @@ def cases(quick: bool):
         yield (f"fused_moe T={t}", lambda x=x, logits=logits: moe_t.fused_moe(x, logits, wg, wu, wd, TOPK, True),
                lambda x=x, logits=logits: moe_r.fused_moe(x, logits, wg, wu, wd, TOPK, True), distinct * per_expert)
         # the decode MoE's switches (kernels/paths.py), each on alone, against the same reference
-        switches = {1: (("fast silu", "decode_fast_silu"),),
-                    16: (("silu launch", "decode_moe_act_launch"), ("int dot", "decode_int_dot"),
-                         ("fast silu", "decode_fast_silu"))}
+        switches = {16: (("silu launch", "decode_moe_act_launch"), ("int dot", "decode_int_dot"))}
         if t in switches:
             for label, sw in switches[t]:
                 yield (f"fused_moe T={t} {label}",
@@ -191,16 +189,10 @@ def cases(quick: bool):
                lambda x=x, r=r: torch.cat(moe_r.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True)),
                TOPK * per_expert + E * H * 2)
         if t == 1:
-            # the two-launch expert stages (paths switch "batch1_moe_slices" off), and with them the router's top-k
-            # by rank ("batch1_rank_topk": the norm-route launch's last arriver, which only that path has)
+            # the two-launch expert stages (paths switch "batch1_moe_slices" off)
             yield ("norm_moe T=1 two-launch stages",
                    lambda x=x, r=r: _stages(lambda: torch.cat(
                        moe_t.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True))),
-                   lambda x=x, r=r: torch.cat(moe_r.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True)),
-                   TOPK * per_expert + E * H * 2)
-            yield ("norm_moe T=1 stages, rank top-k",
-                   lambda x=x, r=r: _stages(lambda: _switched("batch1_rank_topk", lambda: torch.cat(
-                       moe_t.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True)))),
                    lambda x=x, r=r: torch.cat(moe_r.norm_moe(x, r, nw, 1e-6, wr, wg, wu, wd, TOPK, True)),
                    TOPK * per_expert + E * H * 2)
         if t == 1:
@@ -272,12 +264,6 @@ def cases(quick: bool):
         yield (f"paged_attn decode B={b} ctx={ctx}",
                lambda q=q, kc=kc, vc=vc, md=md, s=s: at_t.paged_attention(q, kc, vc, md, s),
                lambda q=q, kc=kc, vc=vc, md=md, s=s: at_r.paged_attention(q, kc, vc, md, s), b * ctx * HKV * D * 2 * 2)
-        if (b, ctx) != (1, 8192):                                         # splits of <= 16 segments, merged in the kernel
-            yield (f"paged_attn decode B={b} ctx={ctx} fused reduce",     # (paths.ATTN_FUSED_REDUCE)
-                   lambda q=q, kc=kc, vc=vc, md=md, s=s: _switched(
-                       "attention_fused_reduce", lambda: at_t.paged_attention(q, kc, vc, md, s)),
-                   lambda q=q, kc=kc, vc=vc, md=md, s=s: at_r.paged_attention(q, kc, vc, md, s),
-                   b * ctx * HKV * D * 2 * 2)
     from onecard.kernels.attention import fp8
     fp8_formats = [("e5m2", fp8.E5M2, 1.0, 1.0)]
     if torch.cuda.get_device_capability() >= (8, 9):
@@ -360,9 +346,9 @@ def _clear_routing(r: torch.Tensor, nw: torch.Tensor, wr: torch.Tensor, margin: 
 def _attn_block_cases():
     """A decoder layer's attention block at batch 1 (dispatch.attention_block: input RMSNorm of x fp32 +
     residual, qkv GEMV, q/k norm + RoPE + KV store, paged attention over 512 tokens split as in graphs bound at
-    65,536 (the last row: as in the unsplit context class's graph), o_proj GEMV): the composed launches, with the accumulating GEMVs, and with the attention launch also
-    doing q/k norm + RoPE + store (the defaults); each against attn_in/ref.attention_block. Compared: out
-    | residual_out | the new K and V rows."""
+    65,536, o_proj GEMV): the composed launches, with the accumulating GEMVs, and with the attention launch also
+    doing q/k norm + RoPE + store (the defaults), and with the router folded into o_proj; each against
+    attn_in/ref.attention_block. Compared: out | residual_out | the new K and V rows (and the folded sums)."""
     from onecard.kernels import dispatch, paths
     from onecard.kernels.attention.metadata import AttentionMetadata
     from onecard.kernels.attn_in import ref as ai_r
@@ -385,13 +371,12 @@ def _attn_block_cases():
     fold = router_fold.build(gate, nw2, wo)
     f32 = gate.float() * nw2.float()[None, :]
 
-    def run(fn, acc: bool = False, qk: bool = False, bound: int = 65536, fused: bool = False, folded: bool = False):
-        m = dataclasses.replace(md, max_seq_len=bound)                   # the switches set either way
+    def run(fn, acc: bool = False, qk: bool = False, folded: bool = False):
+        m = dataclasses.replace(md, max_seq_len=65536)                   # the served bound's split
 
         def call():
             paths.set_switch("batch1_accumulate", acc)
             paths.set_switch("batch1_attn_qk", qk)
-            paths.set_switch("attention_fused_reduce", fused)
             # with the fold, the dispatched op hands its sums over; the reference's are F @ (out + residual_out)
             kw = {"router_fold": fold} if folded and fn is not ai_r.attention_block else {}
             try:
@@ -400,7 +385,6 @@ def _attn_block_cases():
             finally:
                 paths.set_switch("batch1_accumulate", None)
                 paths.set_switch("batch1_attn_qk", None)
-                paths.set_switch("attention_fused_reduce", None)
             raw = []
             if folded:                                                    # [1, E]
                 raw = [(handed[0].raw if handed else (o.float() + r.float()) @ f32.t()).flatten()]
@@ -412,13 +396,6 @@ def _attn_block_cases():
     yield "attention block T=1 (composed)", run(dispatch.attention_block), ref, nbytes
     yield "attention block T=1 accumulate", run(dispatch.attention_block, acc=True), ref, nbytes
     yield "attention block T=1 accumulate + attn qk", run(dispatch.attention_block, acc=True, qk=True), ref, nbytes
-    # the decode graph of the unsplit context class (paths.decode_graph_bounds): no split, no reduce launch
-    yield ("attention block T=1 accumulate + attn qk, unsplit graph",
-           run(dispatch.attention_block, acc=True, qk=True, bound=paths.SPLIT_MIN_SEQ_LEN - 1), ref, nbytes)
-    # the same class with the fused reduce (paths.ATTN_FUSED_REDUCE): split into one-tile segments, no reduce launch
-    yield ("attention block T=1 accumulate + attn qk, short graph, fused reduce",
-           run(dispatch.attention_block, acc=True, qk=True, bound=paths.SPLIT_MIN_SEQ_LEN - 1, fused=True), ref,
-           nbytes)
     yield ("attention block T=1 accumulate + attn qk + router fold",
            run(dispatch.attention_block, acc=True, qk=True, folded=True), run(ai_r.attention_block, folded=True),
            nbytes + fold.f.nbytes + fold.m.nbytes)

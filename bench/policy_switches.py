@@ -74,13 +74,10 @@ def switch_setters() -> dict:
 
     # short name -> kernels/paths.py switch (read when a policy's graphs are captured)
     on_off = {"moe_act": "decode_moe_act_launch", "int_dot": "decode_int_dot",
-              "b1_acc": "batch1_accumulate", "rank_topk": "batch1_rank_topk",
+              "b1_acc": "batch1_accumulate",
               "attn_qk": "batch1_attn_qk",                                # (with b1_acc only)
-              "attn_pre": "attention_preload", "ctx_graphs": "decode_context_graphs",
-              "fused_reduce": "attention_fused_reduce",
               "moe_slices": "batch1_moe_slices",                          # batch 1 only
               "slices_route": "batch1_slices_route",                      # (with moe_slices only)
-              "fast_silu": "decode_fast_silu",
               "router_fold": "batch1_router_fold",                        # (with b1_acc, moe_slices, slices_route)
               "slices_half2": "batch1_slices_half2"}                      # (with moe_slices; fp16)
     return {**{short: partial(paths.set_switch, name) for short, name in on_off.items()},

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU facts, kernel checks, tiny-checkpoint engine checks, the full-size benchmark.
 # Usage (repo root, on the H200): OUT=/some/dir bash bench/run_h200.sh [parts...]
-# parts: next15 decode15 half2tests decode14 fold foldfull ab decode12 slicestrace3 decode11 slicestrace decode10 ctxgraphs ctxtests slices slicestests resttests specverify apimem probe kernels checks full asyncab kvdtype capab capbisect hosttier loadab nopdl pdl16 emu70 longctx attnsweep gputests startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
+# parts: next15 decode15 half2tests decode14 fold foldfull ab decode12 slicestrace3 decode11 slicestrace slices slicestests resttests specverify apimem probe kernels checks full asyncab kvdtype capab capbisect hosttier loadab nopdl pdl16 emu70 longctx attnsweep gputests startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
 #   emu70: the full-size bench with every kernel-path decision on sm70's branch (ONECARD_EMULATE_CC=70): run it
 #          beside `full` in one call for the relative figure (a functional check, not a V100 timing)
 #   specverify: issue 30: verify-step latency vs tokens per sequence (1..9) at batch 1 and 16 (the cost model's
@@ -83,34 +83,11 @@ for p in $parts; do
           [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30 > /dev/null
           timeout "${AB_KTIMEOUT:-100}" python3 bench/kernels_gpu.py --quick --only "${AB_KERNELS:-attention block,M=1,T=1}"
           timeout "${AB_TIMEOUT:-220}" python3 bench/long_context.py /tmp/q30 "$OUT/switch_ab.json" --scenarios "${AB_SCENARIOS:-1x512,16x512}" \
-              --policies "${SWITCH_POLICIES:-fill,fill+ctx_graphs}" \
+              --policies "${SWITCH_POLICIES:-fill,fill+no_slices_half2}" \
               | tee "$OUT/switch_ab.log" | grep -v '^{'
           python3 bench/ab_table.py "$OUT/switch_ab.log"                # the markdown table (every finished scenario)
           [ "${AB_TESTS:-1}" = 1 ] && timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kernels_gpu.py \
               tests/gpu/test_engine_gpu.py 2>&1 | tail -8 ;;
-    ctxgraphs) log ctxgraphs  # issue 25: decode graphs per context class (paths.DECODE_CONTEXT_GRAPHS) and the split-KV
-          # reduce merged in the attention launch (paths.ATTN_FUSED_REDUCE), A/B'd in one engine at 1x512, 16x512,
-          # 1x32768, 16x8192 after the attention block and decode attention alone with and without them (~9 min with
-          # the build; scenario lines are kept as they finish). Their GPU tests: part ctxtests, on the warm machine
-          AB_TESTS=0 AB_TIMEOUT="${AB_TIMEOUT:-280}" AB_KERNELS="attention block,paged_attn decode" \
-            AB_SCENARIOS="${AB_SCENARIOS:-1x512,16x512,1x32768,16x8192}" \
-            SWITCH_POLICIES="${SWITCH_POLICIES:-fill,fill+ctx_graphs,fill+fused_reduce,fill+ctx_graphs+fused_reduce}" \
-            bash "$0" switchab ;;
-    ctxtests) log ctxtests  # the GPU tests of part ctxgraphs' switches (~4 min): graphs == eager with them on, the
-          # precompile leaves nothing to JIT for the context classes, the attention rows of every kernel vs reference
-          timeout 420 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_context_graphs_gpu.py \
-            tests/gpu/test_precompile_gpu.py::test_precompile_covers_the_context_class_graphs \
-            tests/gpu/test_kernels_gpu.py -k "context or precompile or attention or paged_attn" 2>&1 | tail -8 ;;
-    decode10) log decode10  # issue 25, the switches decided on 2026-12-07 (BENCHMARKS.md), in ONE call (~9 min with
-          # the build): the kernels alone, then the defaults before (no slices), +context graphs and fused reduce,
-          # +slices, +slices at BLOCK_I 16, +slices routing themselves (= fill, the shipped defaults since), and
-          # context graphs + fused reduce + slices together, in one engine at 1x512, 1x32768, 16x512, 16x8192 (batch
-          # 1 first: the A/B's timeout may cut the last).
-          # Their GPU tests after it: parts ctxtests and slicestests (one call: bash bench/run_h200.sh ctxtests slicestests)
-          AB_TESTS=0 AB_TIMEOUT="${AB_TIMEOUT:-330}" AB_KTIMEOUT=150 AB_KERNELS="attention block,paged_attn decode,norm_moe T=1" \
-            AB_SCENARIOS="${AB_SCENARIOS:-1x512,1x32768,16x512,16x8192}" \
-            SWITCH_POLICIES="${SWITCH_POLICIES:-fill+no_moe_slices+no_slices_route,fill+ctx_graphs+fused_reduce+no_moe_slices+no_slices_route,fill+no_slices_route,fill+no_slices_route+slices16,fill,fill+ctx_graphs+fused_reduce+no_slices_route}" \
-            bash "$0" switchab ;;
     decode11) log decode11  # issue 25, next (prepared 2026-12-07, not run): the MoE block alone with cold experts
           # (bench/kernels_gpu.py's "cold experts" rows), then in one engine at 1x512 and 1x32768: the shipped slices
           # routing per warp (fill), routed by norm-route instead (no_slices_route: the per-warp routing changed
@@ -235,11 +212,10 @@ for p in $parts; do
           done ;;
     attnsweep) log attn_sweep  # issue 25 item 3: one call of <= 400 s; JSON + a short table
           timeout 390 python3 bench/attn_sweep.py "$OUT/attn_sweep.json" --budget "${ATTN_BUDGET:-320}" ;;
-    resttests) log resttests  # tests/gpu without what parts ctxtests and slicestests ran (their files, their precompile
-          # cases): after those two, the rest of gputests in a call of its own (RESTTESTS_TIMEOUT, default 560 s)
+    resttests) log resttests  # tests/gpu without what part slicestests ran (its file, its precompile case): after
+          # it, the rest of gputests in a call of its own (RESTTESTS_TIMEOUT, default 560 s)
           timeout "${RESTTESTS_TIMEOUT:-560}" python3 -m pytest -x -q -p no:cacheprovider tests/gpu \
-            --ignore=tests/gpu/test_context_graphs_gpu.py --ignore=tests/gpu/test_moe_slices_gpu.py \
-            -k "not covers_the_context_class_graphs and not covers_the_moe_slices" 2>&1 | tail -15 ;;
+            --ignore=tests/gpu/test_moe_slices_gpu.py -k "not covers_the_moe_slices" 2>&1 | tail -15 ;;
     gputests) log gputests; timeout 590 python3 -m pytest -x -q -p no:cacheprovider tests/gpu 2>&1 | tail -15 ;;
     startup) log startup  # cold (fresh Triton cache) with precompile, warm, cold without precompile
           [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30

@@ -271,56 +271,18 @@ def batch1_attn_qk(cc: int) -> bool:
     return tensor_core_dot(cc) and switch("batch1_attn_qk")
 
 
-# Decode attention loading each segment's first key tile before the PDL wait (attention/triton.py PRELOAD: the
-# block-table entries and the K/V rows of earlier steps; only the new key's row waits for the previous launch):
-# one dependent load chain (block table, then K/V) off every decode layer's critical path. Decode-only launches,
-# the kernel's own PREFETCH off, sm80+ (the pre-sm80 tiles have no registers to spare: 212 on sm70). OFF
-# (H100, 2026-12-06, switchab): batch 1 at 512 tokens +0.6%, at 32k -12% (sm90: 164 registers against 90, the
-# preloaded tile held across the wait). ``set_switch("attention_preload", True)`` turns it on in a process.
-ATTN_PRELOAD = _switch("attention_preload", False)
+# Not kept (measured and removed; BENCHMARKS.md): decode attention loading each segment's first key tile before
+# the PDL wait (H100, 2026-12-06, switchab: batch 1 at 512 tokens +0.6%, at 32k -12%: sm90 164 registers against
+# 90, the tile held across the wait); and split-KV decode attention merging its own segments in the last program to
+# arrive instead of the reduce launch (H100, 2026-12-07, decode10: batch 1 at 512 tokens 444.6 -> 381.0 tok/s,
+# batch 16 3,132 -> 2,791; the last arriver's merge of GROUP heads is a serial tail longer than the launch it
+# saves), nor that merge spread over the o_proj GEMV's programs (457.1 -> 427.7). Under PDL the reduce launch
+# costs little; the chain's dependent L2 round trips are what cost.
 
 
-def attention_preload(cc: int) -> bool:
-    """Does a decode-only attention launch load its segments' first key tiles before the PDL wait (sm80+)?"""
-    return tensor_core_dot(cc) and switch("attention_preload")
-
-
-# Split-KV decode attention merging its own segments (attention/triton.py FUSED_REDUCE): each program stores its
-# partials and bumps a counter per (sequence, KV head); the last to arrive merges that KV head's GROUP query heads
-# (at most FUSED_REDUCE_MAX_SEGMENTS partials each, one pass) and stores the output. No reduce launch: a batch-1
-# decode layer is a chain of ~8 dependent launches (each ~1-3 µs of launch and wait on top of its work), and the
-# reduce was one of them at every context; its price is the last arriver's fence and L2 round trip. With it, a
-# decode launch below SPLIT_MIN_SEQ_LEN splits too (fill, at most FUSED_REDUCE_MAX_SEGMENTS segments: 512 tokens at
-# batch 1 run 8 one-tile programs per KV head instead of one program of 8 tiles), since that split costs no launch.
-# Launches of more segments (bs1 from ~1.1k tokens of bound) keep the reduce kernel: one program merging GROUP
-# heads x ~90 segments would be a serial tail. OFF (H100, 2026-12-07, bench/run_h200.sh decode10, one engine,
-# alternating, with DECODE_CONTEXT_GRAPHS; BENCHMARKS.md): batch 1 at 512 tokens 444.6 -> 381.0 tok/s, batch 16
-# at 512 3,132 -> 2,791, at 8k 1,754 -> 1,654, 32k unchanged; alone decode attention B=16 at 512 15.8 -> 20.5 µs
-# (the last arriver's merge of GROUP heads is a serial tail longer than the reduce launch it saves). Spreading
-# that merge over the o_proj GEMV's 512 programs instead (each merging its two heads' partials after its PDL
-# wait, storing the row, then its tiles; batch 1's short class; commit 0ff5036, reverted) lost too: batch 1 at
-# 512 tokens 457.1 -> 427.7 tok/s, the merging GEMV alone 9.1 µs against ~4.9 (H100, 2026-12-07, BENCHMARKS.md).
-# Under PDL the reduce launch costs little; the chain's dependent L2 round trips are what cost.
-ATTN_FUSED_REDUCE = _switch("attention_fused_reduce", False)
-FUSED_REDUCE_MAX_SEGMENTS = 16
-
-
-def attention_fused_reduce() -> bool:
-    """May a decode-only split-KV launch of at most FUSED_REDUCE_MAX_SEGMENTS segments merge them itself?"""
-    return switch("attention_fused_reduce")
-
-
-# The batch-1 router's top-k (fused_moe/batch1.py's last-arriving program, on the decode step's critical path) by
-# rank (fused_moe/decode.topk_rank_of: a [E, E] compare and two selects) instead of TOP_K rounds of max, each a
-# cross-warp reduction: the same keys, so the same experts, order and ties. OFF (H100, 2026-12-06, switchab):
-# batch 1 -1.8% (norm_moe T=1 alone 24.7 -> 26.6 µs: the [128, 128] int64 compare costs more than the rounds).
-# ``set_switch("batch1_rank_topk", True)`` turns it on in a process.
-BATCH1_RANK_TOPK = _switch("batch1_rank_topk", False)
-
-
-def batch1_rank_topk() -> bool:
-    """Does the batch-1 router find its top-k by rank (fused_moe/decode.topk_rank_of)?"""
-    return switch("batch1_rank_topk")
+# Not kept (measured and removed): the batch-1 router's top-k by rank (a [E, E] compare of the int64 keys and two
+# selects) instead of TOP_K rounds of max: batch 1 -1.8% (H100, 2026-12-06, switchab; norm_moe T=1 alone 24.7 ->
+# 26.6 µs).
 
 
 # The batch-1 MoE's two expert stages in one launch (fused_moe/slices.py): a program owns a slice of one expert's
@@ -446,20 +408,10 @@ def int_dot(tokens: int, cc: int) -> bool:
     return 2 <= tokens <= DECODE_MAX_TOKENS and tensor_core_dot(cc) and switch("decode_int_dot")
 
 
-# The decode MoE's silu (its down stage recomputes it for every input of its K tile; the silu launch of
-# DECODE_MOE_ACT_LAUNCH computes it once) with exp and the division in libdevice's fast forms, 6 instructions a
-# value instead of 13 (activation/triton.silu_mul). sm90 SASS of the down stage's K loop: batch 1 1,112 -> 934
-# (and 168 -> 128 registers), batch 16 with silu inline 2,224 -> 1,839. OFF (H100, 2026-12-06, switchab): alone it
-# wins (batch 1 at 512 tokens 418.8 -> 427.9 tok/s with graphs bound at 1.5k tokens, 410.8 -> 415.1 at the
-# served 65,536; batch 16 with silu inline 2,614 -> 2,679), but with the decode configs shipped the same day
-# (gemv 4 and decode1 8 programs/SM: 419.1 at the served bound) it loses (416.0); at batch 16 DECODE_INT_DOT's
-# silu launch replaces the inline silu it speeds up (3,124 either way).
-DECODE_FAST_SILU = _switch("decode_fast_silu", False)
-
-
-def decode_fast_silu() -> bool:
-    """Does the decode MoE compute silu in its fast form (activation/triton.silu_mul FAST)?"""
-    return switch("decode_fast_silu")
+# Not kept (measured and removed): the decode MoE's silu with libdevice's fast exp and division (6 instructions a
+# value instead of 13; sm90 SASS of the down stage's K loop at batch 1 1,112 -> 934): alone it won (H100,
+# 2026-12-06, switchab: batch 1 at 512 tokens 418.8 -> 427.9 tok/s), but with the decode configs shipped the same
+# day it lost (419.1 -> 416.0); at batch 16 DECODE_INT_DOT's silu launch replaces the inline silu it sped up.
 
 
 def triton_moe_config(tokens: int, cc: int) -> str:
@@ -624,57 +576,20 @@ def split_kv(num_seqs: int, decode_only: bool, max_seq_len: int, kv_heads: int, 
     GROUP rows at a short bound, and at long contexts a segment is many tiles long.
     Policy "legacy" (issue 25's before, for A/B): ~2 programs per SM rounded up to a power of two, at most
     LEGACY_MAX_SEGMENTS (bs1 at 32k on 132 SMs: 16 segments, 64 programs: half the SMs idle).
-    Below SPLIT_MIN_SEQ_LEN a decode launch splits only with the fused reduce on (attention_fused_reduce), by
-    "fill" capped at FUSED_REDUCE_MAX_SEGMENTS, so that the kernel merges it (no reduce launch)."""
+    Below SPLIT_MIN_SEQ_LEN nothing splits."""
     small_q = query_blocks > 0 and not decode_only
     ov = _SplitKvPolicy.override if decode_only else {}
     if "segments" in ov:                                                  # a bench/test's forced split
         return max(1, int(ov["segments"])), int(ov.get("min_seg_tiles", SPLIT_MIN_SEGMENT_TILES))
     policy = policy or split_kv_policy()
-    # with the fused reduce a short decode split costs no launch: fill splits it too (not "legacy": the old rule)
-    short_fused = (decode_only and max_seq_len < SPLIT_MIN_SEQ_LEN and attention_fused_reduce()
-                   and policy != "legacy")
-    if not (decode_only or small_q) or (max_seq_len < SPLIT_MIN_SEQ_LEN and not short_fused):
+    if not (decode_only or small_q) or max_seq_len < SPLIT_MIN_SEQ_LEN:
         return 1, 1
     base = max(1, num_seqs * kv_heads * (query_blocks if small_q else 1))   # programs without a split
     if policy == "legacy":
         want = 2 * sms // base
         return max(1, min(LEGACY_MAX_SEGMENTS, 1 if want <= 1 else 1 << (int(want) - 1).bit_length())), 1
     tiles = _cdiv(max_seq_len, ov.get("block_n") or block_n or attention_tiles(cc, 16)[0])   # tiles of the bound
-    segs = _fill_segments(base, tiles, split_kv_ctas_per_sm(cc) * sms)
-    return (min(segs, FUSED_REDUCE_MAX_SEGMENTS) if short_fused else segs), SPLIT_MIN_SEGMENT_TILES
-
-
-# Decode CUDA graphs per context class. A captured graph's attention split is fixed by its metadata's bound
-# (split_kv: max_model_len inside graphs), so without classes a 512-token decode runs the split that 64k needs:
-# one-tile segments and the split-KV reduce, a launch per layer that an unsplit launch does not have (eager
-# decodes below SPLIT_MIN_SEQ_LEN do not split). With classes, a decode batch size also gets a graph for each
-# of these bounds (a step's longest sequence at most the bound) whose split differs from the next larger
-# bound's, and a step replays the smallest bound that holds it. Any bound gives the same results (the kernel
-# cuts each sequence's own tiles into the segments), so the choice is only about speed. One class for now: the
-# unsplit one (a longer bound only moves the segment count, bs1 64 at 4k, 86 at 16k, 94 at 64k, for a graph more
-# per batch size); with ATTN_FUSED_REDUCE it splits into <= FUSED_REDUCE_MAX_SEGMENTS segments merged in the
-# launch instead (bs16 then has the same split at every bound, so no second graph).
-# ``set_switch("decode_context_graphs", ...)`` switches it in a process (bench A/Bs). OFF (H100, 2026-12-07,
-# bench/run_h200.sh decode10; BENCHMARKS.md): the batch-1 attention block alone (graph replay, µs) is 26.8 at the
-# 65,536 bound (88 one-tile segments + the reduce launch), 41.8 in the unsplit class (one program walks the 8 tiles
-# of a KV head) and 34.1 in the class split and merged in the launch (ATTN_FUSED_REDUCE); in the model, with the
-# fused reduce, batch 1 at 512 tokens 444.6 -> 381.0 tok/s.
-DECODE_CONTEXT_GRAPHS = _switch("decode_context_graphs", False)
-DECODE_GRAPH_CONTEXTS = (SPLIT_MIN_SEQ_LEN - 1,)
-
-
-def decode_graph_bounds(num_seqs: int, max_model_len: int, kv_heads: int, sms: int, cc: int) -> tuple[int, ...]:
-    """The context bounds (ascending, the last max_model_len) of the decode graphs of ``num_seqs`` sequences: one
-    per DECODE_GRAPH_CONTEXTS class below max_model_len whose split_kv differs from the next larger bound's kept
-    (DECODE_CONTEXT_GRAPHS on), else max_model_len alone."""
-    bounds = [max_model_len]
-    if switch("decode_context_graphs"):
-        for c in sorted((c for c in DECODE_GRAPH_CONTEXTS if c < max_model_len), reverse=True):
-            if split_kv(num_seqs, True, c, kv_heads, sms, cc) != split_kv(num_seqs, True, bounds[0], kv_heads,
-                                                                          sms, cc):
-                bounds.insert(0, c)
-    return tuple(bounds)
+    return _fill_segments(base, tiles, split_kv_ctas_per_sm(cc) * sms), SPLIT_MIN_SEGMENT_TILES
 
 
 @functools.lru_cache(maxsize=4096)
@@ -703,9 +618,7 @@ class AttentionLaunch(NamedTuple):
     reduce_warps: int
     prefetch: int            # 0: none; 1: the next tile's block-table entries; 2: also its K/V, in registers
     row_reduce: bool = False  # split, not decode-only: the row-wise reduce (any query rows per sequence)
-    preload: bool = False     # decode-only, prefetch 0: the first key tile before the PDL wait (attention_preload)
-    fused_reduce: bool = False  # decode-only split of <= FUSED_REDUCE_MAX_SEGMENTS: the kernel merges (no reduce launch)
-    reduce_d_split: int = 1     # the decode reduce's programs per head (each 1/reduce_d_split of D)
+    reduce_d_split: int = 1   # the decode reduce's programs per head (each 1/reduce_d_split of D)
 
 
 def attention_launch(num_seqs: int, decode_only: bool, max_seq_len: int, kv_heads: int, sms: int, cc: int,
@@ -728,10 +641,7 @@ def attention_launch(num_seqs: int, decode_only: bool, max_seq_len: int, kv_head
     return AttentionLaunch(segs, min_tiles, ov.get("block_n", block_n), ov.get("num_warps", warps),
                            ov.get("num_stages", ATTN_STAGES), bs,
                            ov.get("reduce_warps", REDUCE_WARPS if row_reduce else DECODE_REDUCE_WARPS),
-                           prefetch, row_reduce,
-                           decode_only and prefetch == 0 and attention_preload(cc),
-                           decode_only and 1 < segs <= FUSED_REDUCE_MAX_SEGMENTS and attention_fused_reduce(),
-                           ov.get("reduce_d_split", REDUCE_D_SPLIT) if decode_only else 1)
+                           prefetch, row_reduce, ov.get("reduce_d_split", REDUCE_D_SPLIT) if decode_only else 1)
 
 
 def use_pdl(num_tokens: int, cc: int, max_tokens: int) -> bool:
@@ -799,7 +709,6 @@ __all__ = [
     "choose_dense_gemm",
     "choose_moe",
     "decode_attention_override",
-    "decode_fast_silu",
     "decode_moe_act_launch",
     "dense_cublas_min_m",
     "describe",

@@ -58,8 +58,8 @@ def interpreting() -> bool:
 
 
 # May device code use what only the GPU compiler takes (inline PTX, libdevice)? Not under the interpreter, which
-# runs neither: there the helpers that use them (gptq_gemm/int4.byte_pair_diffs, activation/triton.silu_mul)
-# compute the same values with Triton ops. Fixed for the process, as the interpreter is (Triton reads the
+# runs neither: there the helpers that use them (gptq_gemm/int4.byte_pair_diffs, half2_dot8) compute the same
+# values with Triton ops. Fixed for the process, as the interpreter is (Triton reads the
 # variable at import).
 NATIVE = tl.constexpr(not interpreting())
 
@@ -156,7 +156,8 @@ def settle_cache_keys(namespace: dict[str, Any]) -> None:
     when the callee's own key was computed before the caller's (JITFunction._update_hash merges
     func.used_global_vals before reading func.cache_key, which fills them). So a kernel's key depended on which
     kernels that process had keyed first: the start-up precompile's workers and the engine computed different
-    keys for kernels calling silu_mul or the int4 helpers, and the engine JIT-compiled those again
+    keys for kernels calling the int4 helpers (or, then, a silu with a NATIVE branch), and the engine JIT-compiled
+    those again
     (tests/gpu/test_precompile_gpu.py, intermittently). Keyed at import, helpers first (their modules are imported
     before their callers'), every process computes the same keys."""
     from triton.runtime.jit import JITFunction

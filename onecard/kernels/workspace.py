@@ -1,6 +1,6 @@
 """Persistent zero-initialised scratch for kernels that finish their own reductions ("last arriver").
 
-Split-K GEMMs, the decode MoE, the batch-1 router, and split-KV attention end with a reduction across programs. Instead of a
+Split-K GEMMs, the decode MoE and the batch-1 router end with a reduction across programs. Instead of a
 second kernel launch (a CUDA-graph node: ~2-3 µs each, ~20 per layer before this existed), every program
 bumps a counter when its partial result is out, and the program that arrives last does the reduction, then
 puts its counter back to zero. So the invariant is: **between kernel launches
@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 # region -> first counter; each region is REGION_SIZE int32 words
-REGIONS = {"gemm": 0, "moe": 1, "attention": 2, "router": 3}
+REGIONS = {"gemm": 0, "moe": 1, "router": 2}
 REGION_SIZE = 1 << 14
 
 _COUNTERS: dict[str, torch.Tensor] = {}

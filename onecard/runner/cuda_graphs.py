@@ -1,16 +1,13 @@
 """CUDA graphs for decode and speculative verify steps: captured once at start-up, replayed each step.
 
 Contract: ``CUDAGraphRunner(model, kv_caches, batch_sizes, max_blocks_per_seq, max_model_len, device,
-steps_in_flight, verify_shapes=(), decode_bounds=None)`` (``steps_in_flight``: a step may be submitted before the
-last one's output was read; ``verify_shapes``: (b, q) pairs from runner/graph_shapes.verify_graph_shapes, empty
-without --speculative-config; ``decode_bounds``: batch size -> the context bounds of its decode graphs, ascending,
-the last max_model_len: kernels/paths.decode_graph_bounds; default max_model_len alone); ``capture()`` records one
-graph per decode batch size and bound, then one per verify shape (most rows first), all in one shared memory
-pool, and keeps ``capture_stats`` (seconds and device bytes of each kind); ``replays`` counts the steps served
-per (b, q), ``decode_replays`` the decode steps per (b, bound).
+steps_in_flight, verify_shapes=())`` (``steps_in_flight``: a step may be submitted before the last one's output
+was read; ``verify_shapes``: (b, q) pairs from runner/graph_shapes.verify_graph_shapes, empty without
+--speculative-config); ``capture()`` records one graph per decode batch size, then one per verify shape (most rows
+first), all in one shared memory pool, and keeps ``capture_stats`` (seconds and device bytes of each kind);
+``replays`` counts the steps served per (b, q).
 ``try_run(inputs, fill=None) -> hidden[T, H] | None``, T = the step's rows in input order:
-  * a decode step (every request query length 1) replays the smallest decode graph >= B, of the smallest bound
-    >= the step's longest sequence (the bound only sets the attention's split: every bound computes the same);
+  * a decode step (every request query length 1) replays the smallest decode graph >= B;
   * a verify step (every request samples at each of its 1 + k_i rows: decodes with or without drafts, no
     prefill chunk) replays the verify graph (smallest b >= B, q = 1 + max k_i) in the layout ``pad_verify``
     builds: sequence i owns rows i*q .. i*q+q-1, its real rows first, then pad rows;
@@ -21,8 +18,11 @@ pad rows, so the kernels' rule "query row j sits at position seq_len - query_len
 its true position and the causal mask keeps the pad rows (which come after) out of every real row's attention;
 sequences past B attend to their own q keys of whatever blocks their stale table row names. Outputs of pad rows
 are dropped. Inside a graph nothing syncs with the host: the attention metadata uses ``max_seq_len`` = the
-graph's bound (decode) or max_model_len + q - 1 (verify), which sets the split only; kernels read the real
+max_model_len (decode) or max_model_len + q - 1 (verify), which sets the split only; kernels read the real
 lengths from ``seq_lens`` on the device, and the block table is wide enough for a padded sequence's last key.
+(Decode graphs per context class, a smaller bound's split for short contexts, were measured and removed: the
+unsplit class ran batch 1's attention block at 41.8 µs against 26.8 at the 65,536 bound; BENCHMARKS.md,
+2026-12-07.)
 Off CUDA (tests) nothing is captured: each "replay" runs the model eagerly on the same static buffers and
 metadata, so the padded layout is exercised exactly as a graph would see it.
 """
@@ -92,15 +92,12 @@ def verify_query_len(inputs: ModelInputs) -> int | None:
 class CUDAGraphRunner:
     def __init__(self, model, kv_caches, batch_sizes: list[int], max_blocks_per_seq: int, max_model_len: int,
                  device: torch.device, steps_in_flight: bool = False,
-                 verify_shapes: list[tuple[int, int]] | tuple = (),
-                 decode_bounds: dict[int, tuple[int, ...]] | None = None):
+                 verify_shapes: list[tuple[int, int]] | tuple = ()):
         self.model = model
         self.kv_caches = kv_caches
         self.batch_sizes = sorted(set(batch_sizes))
         self.max_bs = self.batch_sizes[-1]
         self.max_model_len = max_model_len
-        self.decode_bounds = {bs: tuple((decode_bounds or {}).get(bs, (max_model_len,))) for bs in self.batch_sizes}
-        assert all(b[-1] == max_model_len for b in self.decode_bounds.values()), self.decode_bounds
         self.device = device
         self.use_graphs = device.type == "cuda"
         self.verify_shapes = sorted(set(verify_shapes))
@@ -136,16 +133,11 @@ class CUDAGraphRunner:
         self.pool = None
         self.capture_stats: dict[str, float] = {}
         self.replays: Counter[tuple[int, int]] = Counter()   # steps served per (b, q) shape
-        self.decode_replays: Counter[tuple[int, int]] = Counter()   # decode steps served per (b, bound)
 
-    def graph_key(self, bs: int, q: int, max_seq_len: int) -> tuple[int, int, int]:
-        """(b, q, the metadata bound) of the graph that serves ``bs`` sequences of ``q`` query rows whose longest is
-        ``max_seq_len`` tokens: a decode graph's smallest bound that holds it (else max_model_len's), a verify
-        graph's max_model_len + q - 1."""
-        if q > 1:
-            return bs, q, self.max_model_len + q - 1
-        bounds = self.decode_bounds[bs]
-        return bs, 1, next((c for c in bounds if c >= max_seq_len), bounds[-1])
+    def graph_key(self, bs: int, q: int) -> tuple[int, int, int]:
+        """(b, q, the metadata bound) of the graph of ``bs`` sequences of ``q`` query rows: max_model_len for a
+        decode graph, max_model_len + q - 1 (a padded sequence's last key) for a verify graph."""
+        return bs, q, self.max_model_len + q - 1
 
     def _metadata(self, bs: int, q: int, max_seq_len: int) -> AttentionMetadata:
         return AttentionMetadata(
@@ -174,8 +166,8 @@ class CUDAGraphRunner:
 
     @torch.inference_mode()
     def capture(self) -> None:
-        decode = [(bs, 1, bound) for bs in reversed(self.batch_sizes) for bound in reversed(self.decode_bounds[bs])]
-        verify = [self.graph_key(b, q, 0) for b, q in sorted(self.verify_shapes, key=lambda s: (-s[0] * s[1], -s[1]))]
+        decode = [self.graph_key(bs, 1) for bs in reversed(self.batch_sizes)]
+        verify = [self.graph_key(b, q) for b, q in sorted(self.verify_shapes, key=lambda s: (-s[0] * s[1], -s[1]))]
         if not self.use_graphs:                         # off CUDA: the same layouts, run eagerly
             self.shapes = {(b, q) for b, q, _ in decode + verify}
             return
@@ -246,9 +238,7 @@ class CUDAGraphRunner:
         if fill is not None:
             fill(self.input_ids[:bs * q], inputs)
         self.replays[(bs, q)] += 1
-        key = self.graph_key(bs, q, inputs.max_seq_len)
-        if q == 1:
-            self.decode_replays[(bs, key[2])] += 1
+        key = self.graph_key(bs, q)
         if self.use_graphs:
             self.graphs[key].replay()
             out = self.outputs[key]

@@ -416,14 +416,6 @@ class ModelRunner:
     def graph_batch_sizes(self) -> list[int]:
         return graph_batch_sizes(self.config.scheduler.max_num_seqs)
 
-    def decode_graph_bounds(self, bs: int) -> tuple[int, ...]:
-        """The context bounds of the decode graphs of ``bs`` sequences (kernels/paths.decode_graph_bounds)."""
-        from onecard.kernels import paths
-        from onecard.kernels.triton_common import num_sms
-
-        return paths.decode_graph_bounds(bs, self.config.scheduler.max_model_len, self.num_kv_heads,
-                                         num_sms(self.device), paths.capability(self.device))
-
     def verify_graph_shapes(self) -> list[tuple[int, int]]:
         """(b, q) verify graphs: captured with --speculative-config (runner/graph_shapes.py)."""
         spec = self.config.speculative
@@ -447,8 +439,7 @@ class ModelRunner:
         return CUDAGraphRunner(self.model, self.kv_caches, self.graph_batch_sizes(), max_blocks,
                                self.config.scheduler.max_model_len, self.device,
                                steps_in_flight=self.config.scheduler.async_scheduling,
-                               verify_shapes=self.verify_graph_shapes(),
-                               decode_bounds={bs: self.decode_graph_bounds(bs) for bs in self.graph_batch_sizes()})
+                               verify_shapes=self.verify_graph_shapes())
 
     def capture_graphs(self) -> None:
         self.graphs = self.graph_runner()

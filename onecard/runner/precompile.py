@@ -114,11 +114,10 @@ def dry_run(runner) -> None:
     # each kind twice: a layer's launches also depend on what comes in (the first layer gets the embedding and no
     # residual; later ones a residual and the previous layer's output, e.g. the batch-1 MoE's fp32 sums)
     layer_ids = reps + reps
-    for bs in runner.graph_batch_sizes():
-        for bound in runner.decode_graph_bounds(bs):                      # one graph per context class
-            ids, pos, md = batch([1] * bs, [1] * bs, runner.block_size, runner.device, max_seq_len=bound,
-                                 table_width=-(-sched.max_model_len // runner.block_size))
-            model(ids, pos, runner.kv_caches, md, layer_ids)
+    for bs in runner.graph_batch_sizes():                                 # the decode graphs
+        ids, pos, md = batch([1] * bs, [1] * bs, runner.block_size, runner.device, max_seq_len=sched.max_model_len,
+                             table_width=-(-sched.max_model_len // runner.block_size))
+        model(ids, pos, runner.kv_caches, md, layer_ids)
     for bs, q in runner.verify_graph_shapes():                            # the verify graphs (speculation)
         ids, pos, md = batch([q] * bs, [1] * bs, runner.block_size, runner.device,
                              max_seq_len=sched.max_model_len + q - 1,

@@ -2,12 +2,10 @@
 cold): start an engine on a tiny GPTQ-MoE checkpoint, run greedy requests, print JSON with the tokens and
 the kernels the engine process JIT-compiled itself (cache misses).
 
-Usage: TRITON_CACHE_DIR=... [ONECARD_PRECOMPILE=0] python tests/gpu/precompile_case.py CKPT_DIR [spec | ctx | ctxfused | slices]
-(``spec``: with --speculative-config ngram k=4, so that the verify graphs are captured too; ``ctx``: with the
-decode graphs per context class on (kernels/paths.DECODE_CONTEXT_GRAPHS) and 2,048 positions, so that the
-unsplit class's graphs are captured beside the split ones; ``ctxfused``: the same with the split-KV reduce merged
-in the attention launch, kernels/paths.ATTN_FUSED_REDUCE, so that the short class splits and fuses; ``slices``:
-the batch-1 MoE's expert stages in one launch, kernels/paths.BATCH1_MOE_SLICES)
+Usage: TRITON_CACHE_DIR=... [ONECARD_PRECOMPILE=0] python tests/gpu/precompile_case.py CKPT_DIR [spec | long | slices]
+(``spec``: with --speculative-config ngram k=4, so that the verify graphs are captured too; ``long``: 2,048
+positions, so that the decode graphs' attention splits its KV (kernels/paths.split_kv) and launches the
+split-KV reduce; ``slices``: the batch-1 MoE's expert stages in one launch, kernels/paths.BATCH1_MOE_SLICES)
 """
 from __future__ import annotations
 
@@ -36,10 +34,7 @@ def main() -> None:
 
     spec = {"method": "ngram", "num_speculative_tokens": 4} if sys.argv[2:3] == ["spec"] else None
     max_len = 256
-    if sys.argv[2:3] in (["ctx"], ["ctxfused"]):
-        from onecard.kernels import paths
-        paths.set_switch("decode_context_graphs", True)
-        paths.set_switch("attention_fused_reduce", sys.argv[2] == "ctxfused")
+    if sys.argv[2:3] == ["long"]:
         max_len = 2048
     if sys.argv[2:3] == ["slices"]:
         from onecard.kernels import paths

@@ -85,9 +85,6 @@ GEMM_ACC = (0, 1, 7, 10)      # GEMM cases at M = 1 again accumulating into a ro
 # context into 3 one-tile segments (the last one holds the new key and stores it before its tiles), also with the
 # kernel's K/V prefetch (which then reads the stored row one iteration early)
 ATTN_QK_SPLITS = [None, {"segments": 3, "block_n": 16}, {"segments": 2, "block_n": 16, "prefetch": 2}]
-# attnblockqkpre{i}: the same split as ATTN_QK_SPLITS[1], the first key tile preloaded (switch "attention_preload")
-# attnblockqkfused{i}: the same split as ATTN_QK_SPLITS[1] merged by the attention launch's last arriving segment
-# (switch "attention_fused_reduce"; the program that stores the new key is not the last to arrive in general)
 ATTN_BLOCK = [(256, 4, 2, 64, "x32res", 40, False), (384, 2, 2, 64, "nores", 5, True)]
 # (seq_lens, query_lens, Hq, Hkv, block_size, num_decode_tokens): prefill, chunk over prefix, split-KV decode
 ATTN = [([5, 9, 1], [5, 9, 1], 8, 2, 4, 0), ([7, 70, 33], [1, 4, 1], 6, 2, 16, 1),
@@ -112,21 +109,9 @@ SPLITKV = [(2, 1, [1, 70, 700], {}), (3, 1, [1, 70, 700], {}), (7, 1, [1, 70, 70
            (3, 1, [1, 70, 700], {"prefetch": 2}), (40, 1, [1, 2100], {"prefetch": 2, "block_n": 32}),
            (2, 2, [1, 70, 700], {"prefetch": 2, "block_n": 16, "reduce_block_s": 2})]
 SPLITKV_BOUND = 4096
-# "-pre": with the first key tile loaded before the (interpreted) PDL wait and peeled off the loop
-# (switch "attention_preload"; the kernel's own prefetch off)
-# "-fused": the launch merges its own segments (switch "attention_fused_reduce": the last program to arrive per
-# sequence and KV head; launches of more than FUSED_REDUCE_MAX_SEGMENTS segments keep the reduce kernel); the
-# arrival counters must be back at zero after it. "-short": fill at a bound below SPLIT_MIN_SEQ_LEN, which splits
-# only with the fused reduce
 SPLITKV_CASES = ([f"splitkv{i}-{dt}" for i in range(len(SPLITKV)) for dt in (F32, F16)]
-                 + [f"splitkv{i}-pre-{dt}" for i in (0, 2, 3, 4, 5) for dt in (F32, F16)]
-                 + ["splitkv1-pre-fp8e5m2"]
                  + [f"splitkv{i}-fp8e5m2" for i in (1, 3, 4, 5, 7, 8, 10, 11)]
-                 + [f"splitkv{i}-sm70-{dt}" for i in (1, 3, 7, 10) for dt in (F16, "fp8e5m2")]
-                 + [f"splitkv{i}-fused-{dt}" for i in (0, 1, 2, 4, 5, 7, 10, 12) for dt in (F32, F16)]
-                 + ["splitkv1-fused-fp8e5m2", f"splitkv1-fused-sm70-{F16}", f"splitkv2-fused-pre-{F16}"]
-                 + [f"splitkv5-fused-short-{dt}" for dt in (F32, F16)]
-                 + [f"splitkv5-fused-short-sm70-{F16}"])
+                 + [f"splitkv{i}-sm70-{dt}" for i in (1, 3, 7, 10) for dt in (F16, "fp8e5m2")])
 
 # fp8 KV caches (fp16 activations): the e5m2 encoder on every fp16 bit pattern and the e4m3 store (exact: 0
 # bytes differ from the spec); the fused store (in fp8 ulps, <= 1: the fp32 k may round differently); attention
@@ -149,8 +134,6 @@ CASES = ([f"gemm{i}-{dt}" for i in range(len(GEMM)) for dt in (F32, F16)] + ["de
          + [f"attnblock{i}-{dt}" for i in range(len(ATTN_BLOCK)) for dt in (F32, F16)]
          + [f"attnblockqk{i}s{j}-{dt}" for i in range(len(ATTN_BLOCK)) for j in range(len(ATTN_QK_SPLITS))
             for dt in (F32, F16)]
-         + [f"attnblockqkpre{i}-{F16}" for i in range(len(ATTN_BLOCK))]
-         + [f"attnblockqkfused{i}-{dt}" for i in range(len(ATTN_BLOCK)) for dt in (F32, F16)]
          + [f"rms_norm-zero-{dt}" for dt in (F32, F16)]
          + [f"coderb1acc-{F16}", f"coderb1slices-{F16}", f"coderb1slicesroute-{F16}", f"coderb1fold-{F16}"]
          # the router folded into o_proj (switch "batch1_router_fold"): the attention block's hand-over, the slices
@@ -158,8 +141,7 @@ CASES = ([f"gemm{i}-{dt}" for i in range(len(GEMM)) for dt in (F32, F16)] + ["de
          + [f"attnblockfold0s{j}-{dt}" for j in (0, 1) for dt in (F32, F16)]
          + [f"moeslicesfold{i}-{dt}" for i in MOE_SLICES_ROUTE for dt in (F32, F16)]
          + [f"moeslicesfoldpre{i}-{F16}" for i in MOE_SLICES_ROUTE]
-         + [f"topkrank{i}" for i in range(5)] + [f"topkslot{i}" for i in range(5)]   # topk_cases.TOPK
-         + [f"norm_moerank{i}-gptq-{dt}" for i in range(len(NORM_MOE)) if NORM_MOE[i][0] == 1 for dt in (F32, F16)]
+         + [f"topk{i}" for i in range(5)] + [f"topkslot{i}" for i in range(5)]   # topk_cases.TOPK
          + [f"router{i}-{dt}" for i in range(len(ROUTER)) for dt in (F32, F16)]
          + [f"norm_moe{i}-{w}-{dt}" for i in range(len(NORM_MOE)) for w in ("float", "gptq") for dt in (F32, F16)]
          + [f"moeslices{i}-{dt}" for i in range(len(MOE_SLICES)) for dt in (F32, F16)]
@@ -407,7 +389,7 @@ def _attn_block_case(i: int, dt, seed: int, attn_qk: bool = False, split: int = 
 def _coder_b1acc_case(seed: int, slices: bool = False, route: bool = False, fold: bool = False) -> float:
     """The bundled tiny coder (g128 GPTQ MoE, fp16) decoding 1 token after a 6-token prefill, its
     attention blocks on the accumulating batch-1 path (fp32 sums into the next norm_moe / rms_norm) with the
-    attention launch's own q/k norm + RoPE + KV store and the router's rank top-k, against the reference backend
+    attention launch's own q/k norm + RoPE + KV store, against the reference backend
     on the same cache: relative error of the final hidden rows and of the caches. ``slices``: the MoE blocks'
     expert stages in one launch (switch "batch1_moe_slices"; else the two-launch stages); ``route``: routing themselves
     (switch "batch1_slices_route"); ``fold``: the router folded into o_proj, no norm-route launch (switch
@@ -446,8 +428,7 @@ def _coder_b1acc_case(seed: int, slices: bool = False, route: bool = False, fold
     else:
         raise AssertionError(f"seed {seed}: no token in 32 draws routes clear of ties")
     ref_cache = trial
-    switches = {"batch1_accumulate": True, "batch1_attn_qk": True, "batch1_rank_topk": True,
-                "batch1_moe_slices": slices, "batch1_slices_route": route, "batch1_router_fold": fold}
+    switches = {"batch1_accumulate": True, "batch1_attn_qk": True, "batch1_moe_slices": slices, "batch1_slices_route": route, "batch1_router_fold": fold}
     for name, on in switches.items():
         paths.set_switch(name, on)
     try:
@@ -504,9 +485,6 @@ def _splitkv_case(name: str, seed: int) -> float:
     n = len(seqs)
     kc, vc, md, _, _ = make_paged_batch(seqs, [1] * n, 2, 32, 16, dtype=dt, seed=seed)
     md.num_decode_tokens, md.max_seq_len = n, SPLITKV_BOUND               # decode-only; the bound as in a graph
-    if "short" in rest:
-        md.max_seq_len = paths.SPLIT_MIN_SEQ_LEN - 1                      # the unsplit graph class's bound
-        assert max(seqs) <= md.max_seq_len
     if rest[-1] == "fp8e5m2":
         kc, vc = fp8.quantize(kc, fp8.E5M2, 1.0), fp8.quantize(vc, fp8.E5M2, 1.0)
     q = torch.randn(n, 8, 32).to(dt)
@@ -520,26 +498,17 @@ def _splitkv_case(name: str, seed: int) -> float:
         tk.num_sms = lambda device: 132                                    # an H100's count (interpreter: 4)
     if "sm70" in rest:
         paths.set_emulated_capability(70)                                  # sm70's tiles (32 keys, 8 warps)
-    paths.set_switch("attention_preload", "pre" in rest)
-    paths.set_switch("attention_fused_reduce", "fused" in rest)
     try:
         plan = tk.launch_plan(md, 8, 2, q.device)
         assert plan.segments > 1, f"no split: {plan}"
         want = {**knobs, "reduce_block_s": min(paths.next_pow2(plan.segments), knobs.get("reduce_block_s", 1 << 30))}
         assert all(getattr(plan, k) == v for k, v in want.items() if k in knobs), (plan, knobs)
-        assert plan.fused_reduce == ("fused" in rest and plan.segments <= paths.FUSED_REDUCE_MAX_SEGMENTS), plan
         out = tk.paged_attention(q, kc, vc, md, s)
-        if plan.fused_reduce:                                             # the zero invariant (workspace.py)
-            from onecard.kernels import workspace
-            cnt = workspace.counters(q.device, "attention", n * 2)
-            assert int(cnt.abs().sum()) == 0, cnt
     finally:
         tk.num_sms = sms
         paths.set_split_kv_policy(None)
         paths.set_decode_attention_override()
         paths.set_emulated_capability(None, clear=True)
-        paths.set_switch("attention_preload", None)
-        paths.set_switch("attention_fused_reduce", None)
     want = ref.paged_attention(q.float(), kc, vc, md, s)                  # float32 math on the same cache
     return _rel(out, want)
 
@@ -708,19 +677,12 @@ def run_case(name: str, seed: int) -> float:
         gemm = base.startswith("gemm")
         tokens = GEMM[int(base[4:])][0] if gemm else MOE_G128[int(base[7:])][0]
         return _int_dot_case(f"{base}-{rest}", tokens, on, seed)
-    if kind.startswith("topkrank"):                                      # 0: bit-identical to topk_of
-        from topk_cases import topk_rank_case
-        return topk_rank_case(int(kind[8:]), seed)
     if kind.startswith("topkslot"):                                      # < 1: topk_of's ids, weights to 1e-6
         from topk_cases import topk_slot_case
         return topk_slot_case(int(kind[8:]), seed)
-    if kind.startswith("norm_moerank"):                                  # the batch-1 router's top-k by rank
-        from onecard.kernels import paths
-        paths.set_switch("batch1_rank_topk", True)
-        try:
-            return run_case(f"norm_moe{kind[12:]}-{rest}", seed)
-        finally:
-            paths.set_switch("batch1_rank_topk", None)
+    if kind.startswith("topk"):                                          # < 1: torch's ids and weights to 1e-6
+        from topk_cases import topk_case
+        return topk_case(int(kind[4:]), seed)
     if kind in ("coderb1acc", "coderb1slices", "coderb1slicesroute", "coderb1fold"):
         return _coder_b1acc_case(seed, slices=kind != "coderb1acc", route=kind in ("coderb1slicesroute", "coderb1fold"),
                                  fold=kind == "coderb1fold")
@@ -729,14 +691,6 @@ def run_case(name: str, seed: int) -> float:
         return _attn_block_case(int(i), dt, seed, attn_qk=j == "1", split=int(j), fold=True)
     if kind.startswith("gemmacc"):
         return _gemm_acc_case(int(kind[7:]), dt, seed)
-    for tag, sw in (("attnblockqkpre", "attention_preload"), ("attnblockqkfused", "attention_fused_reduce")):
-        if kind.startswith(tag):                                          # ATTN_QK_SPLITS[1] with one switch on
-            from onecard.kernels import paths
-            paths.set_switch(sw, True)
-            try:
-                return _attn_block_case(int(kind[len(tag):]), dt, seed, attn_qk=True, split=1)
-            finally:
-                paths.set_switch(sw, None)
     if kind.startswith("attnblockqk"):
         i, _, j = kind[11:].partition("s")
         return _attn_block_case(int(i), dt, seed, attn_qk=True, split=int(j))

@@ -126,22 +126,17 @@ def test_every_dispatcher_config_is_listed():
     # the exact-integer dot's variants (paths.int_dot: T > 1, fp16 on sm80+)
     assert {"w4a16[skinny,int_dot,fp16]", "moe_decode[decode16,stage=1,int_dot,fp16]",
             "moe_decode[decode16,stage=2,int_dot,fp16]"} <= names
-    # the batch-1 attention block's accumulating GEMVs and the launches around them (paths.batch1_accumulate), the
-    # batch-1 router's rank top-k (paths.batch1_rank_topk)
+    # the batch-1 attention block's accumulating GEMVs and the launches around them (paths.batch1_accumulate)
     from onecard.kernels.norm import triton as norm
     from onecard.kernels.rope import triton as rope
-    assert {"w4a16[gemv,accum,fp16]", "w4a16[gemv,per_row,accum,fp16]", "norm_route[renorm=True,x=fp32,fp16]",
-            "norm_route[renorm=True,x=fp32,rank,fp16]"} <= names
+    assert {"w4a16[gemv,accum,fp16]", "w4a16[gemv,per_row,accum,fp16]", "norm_route[renorm=True,x=fp32,fp16]"} <= names
     assert "rms_norm[2048,res=True,x=fp32,zero,fp16]" in {c.name for c in norm.aot_configs()}
     # the batch-1 MoE's one-launch expert stages (paths.batch1_moe_slices): the served g128 and groups of 32,
     # and routing themselves after a norm-route launch without its last arriver (paths.batch1_slices_route)
     assert {"moe_slices[g128,fp16]", "moe_slices[g32,fp16]", "moe_slices[g128,route,fp16]",
             "norm_route[renorm=True,x=fp32,noroute,fp16]"} <= names
-    assert {"paged_attn[bq=2,fp16,qkn]", "paged_attn[bq=2,fp16,preload]", "paged_attn[bq=2,fp16,qkn,preload]"} <= {
-        c.name for c in attn.aot_configs()}
+    assert "paged_attn[bq=2,fp16,qkn]" in {c.name for c in attn.aot_configs()}
     assert "qk_norm_rope[store=True,src=fp32,fp16]" in {c.name for c in rope.aot_configs()}
-    # the fast silu's (paths.decode_fast_silu: int4 weights, one group per tile): stage 2 of every decode config
-    assert all(f"moe_decode[{n},stage=2,float=False,per_row=False,fast_silu,fp16]" in names for n in moe.DECODE_CONFIGS)
     assert all(f"moe[{n},gated={g},float={f},fp16]" in names for n in moe._CONFIGS
                for g in (True, False) for f in (True, False))
     assert all(f"moe_decode[{n},stage={s},float={f},per_row={r},fp16]" in names for n in moe.DECODE_CONFIGS

@@ -121,11 +121,7 @@ def test_split_kv_fill_numbers():
     assert both(16, 8192, 132, 90) == (4, 6)         # 256 -> 384 programs (6 x 22 tiles)
     assert both(1, 32768, 80, 70) == (16, 20)        # 64 -> 80 programs: one per V100 SM (8 warps fill it)
     assert both(16, 8192, 80, 70) == (2, 5)          # 128 -> 320 programs: 4 even waves
-    paths.set_switch("attention_fused_reduce", False)                # (with it a short decode splits: the test below)
-    try:
-        assert paths.split_kv(1, True, 1023, 4, 132, 90, "fill") == (1, 1)
-    finally:
-        paths.set_switch("attention_fused_reduce", None)
+    assert paths.split_kv(1, True, 1023, 4, 132, 90, "fill") == (1, 1)
     assert paths.split_kv(1, False, 65536, 4, 132, 90, "fill") == (1, 1)
 
 
@@ -307,9 +303,9 @@ def test_switches_are_one_mechanism_with_their_shipped_values():
     it; an unknown name is refused (a benchmark's typo must not measure the shipped path by mistake); and the
     decision functions answer from the same switch."""
     shipped = paths.switches()
-    constants = {"batch1_accumulate": paths.BATCH1_ACCUMULATE, "attention_fused_reduce": paths.ATTN_FUSED_REDUCE,
+    constants = {"batch1_accumulate": paths.BATCH1_ACCUMULATE, "decode_moe_act_launch": paths.DECODE_MOE_ACT_LAUNCH,
                  "batch1_moe_slices": paths.BATCH1_MOE_SLICES, "small_q_split": paths.SPLIT_SMALL_Q,
-                 "decode_int_dot": paths.DECODE_INT_DOT, "decode_context_graphs": paths.DECODE_CONTEXT_GRAPHS}
+                 "decode_int_dot": paths.DECODE_INT_DOT}
     assert {k: shipped[k] for k in constants} == constants
     try:
         for name, value in shipped.items():
@@ -317,7 +313,6 @@ def test_switches_are_one_mechanism_with_their_shipped_values():
         assert paths.switches() == {k: not v for k, v in shipped.items()}
         assert paths.batch1_accumulate(1) is (not paths.BATCH1_ACCUMULATE)
         assert paths.batch1_accumulate(2) is False                      # batch 1 only, whatever the switch
-        assert paths.attention_fused_reduce() is (not paths.ATTN_FUSED_REDUCE)
         assert paths.small_q_split() is (not paths.SPLIT_SMALL_Q)
         assert paths.int_dot(16, 90) is (not paths.DECODE_INT_DOT) and paths.int_dot(16, 70) is False
     finally:
@@ -326,53 +321,6 @@ def test_switches_are_one_mechanism_with_their_shipped_values():
     assert paths.switches() == shipped
     with pytest.raises(ValueError, match="unknown switch 'batch1_moe_slice'"):
         paths.set_switch("batch1_moe_slice", True)
-
-
-def test_decode_graph_bounds_add_the_unsplit_class_only_where_the_split_differs():
-    paths.set_switch("attention_fused_reduce", False)                                      # (with it: the test below)
-    paths.set_switch("decode_context_graphs", False)
-    assert paths.decode_graph_bounds(1, 65536, 4, 132, 90) == (65536,)               # off: max_model_len alone
-    paths.set_switch("decode_context_graphs", True)
-    try:
-        for bs in (1, 2, 4, 8, 16):
-            bounds = paths.decode_graph_bounds(bs, 65536, 4, 132, 90)
-            assert bounds == (paths.SPLIT_MIN_SEQ_LEN - 1, 65536)
-            assert paths.split_kv(bs, True, bounds[0], 4, 132, 90) == (1, 1)          # no split, no reduce
-            assert paths.split_kv(bs, True, bounds[1], 4, 132, 90)[0] > 1
-        assert paths.decode_graph_bounds(1, 1000, 4, 132, 90) == (1000,)             # max_model_len does not split
-    finally:
-        paths.set_switch("decode_context_graphs", None)
-        paths.set_switch("attention_fused_reduce", None)
-
-
-def test_fused_reduce_takes_the_decode_splits_of_few_segments():
-    """paths.ATTN_FUSED_REDUCE: a decode-only split of at most FUSED_REDUCE_MAX_SEGMENTS segments is merged by the
-    kernel (no reduce launch), and with it a decode below SPLIT_MIN_SEQ_LEN splits too; bs1 at 64k keeps the
-    reduce kernel (one program merging ~90 segments x 8 heads would be a serial tail); prefill never splits."""
-    short = paths.SPLIT_MIN_SEQ_LEN - 1
-    launch = lambda bs, bound, decode=True: paths.attention_launch(bs, decode, bound, 4, 132, 90, 16)
-    try:
-        paths.set_switch("attention_fused_reduce", False)
-        assert not any(launch(bs, n).fused_reduce for bs in (1, 16) for n in (short, 65536))
-        assert launch(1, short).segments == 1
-        paths.set_switch("attention_fused_reduce", True)
-        one = launch(1, short)
-        assert 1 < one.segments <= paths.FUSED_REDUCE_MAX_SEGMENTS and one.fused_reduce
-        far = launch(1, 65536)
-        assert far.segments > paths.FUSED_REDUCE_MAX_SEGMENTS and not far.fused_reduce
-        sixteen = launch(16, 65536)
-        assert 1 < sixteen.segments <= paths.FUSED_REDUCE_MAX_SEGMENTS and sixteen.fused_reduce
-        assert launch(1, short, decode=False).segments == 1 and not launch(1, short, decode=False).fused_reduce
-        # the short class keeps its own graph only where its split differs from max_model_len's
-        paths.set_switch("decode_context_graphs", True)
-        assert paths.decode_graph_bounds(1, 65536, 4, 132, 90) == (short, 65536)
-        for bs in (1, 2, 4, 8, 16):
-            bounds = paths.decode_graph_bounds(bs, 65536, 4, 132, 90)
-            splits = [paths.split_kv(bs, True, b, 4, 132, 90) for b in bounds]
-            assert len(set(splits)) == len(splits), (bs, bounds, splits)
-    finally:
-        paths.set_switch("attention_fused_reduce", None)
-        paths.set_switch("decode_context_graphs", None)
 
 
 def test_moe_slices_take_the_served_weights_and_refuse_what_they_cannot_cut():

@@ -8,10 +8,9 @@ online softmax in fp32 (exp2, scale folded in). Split-KV (decode-only batches, k
 num_segments > 1 programs per (sequence, KV head); each sequence's own key tiles are cut into segments of
 max(ceil(tiles / num_segments), min_seg_tiles) tiles (_segment_tiles), each writes (acc, max, sum) partials,
 segments past the sequence's end exit at once, and a reduce kernel merges the filled ones (it derives their
-count from seq_lens with the same helper; with paths.attention_fused_reduce a decode launch of at most
-FUSED_REDUCE_MAX_SEGMENTS segments merges them itself: its last segment program to arrive). Small-q launches (speculative verify steps, while
-paths.small_q_split(); on by default since the H100 A/B) split the same way per q-block program, cutting the keys that q-block
-sees; their row-wise reduce finds each row's sequence and q-block and derives the same count. The grid depends
+count from seq_lens with the same helper). Small-q launches (speculative verify steps, while
+paths.small_q_split(); on by default since the H100 A/B) split the same way per q-block program, cutting the keys
+that q-block sees; their row-wise reduce finds each row's sequence and q-block and derives the same count. The grid depends
 only on host-known sizes (B, max_query_len, segments; num_segments from an upper bound on the lengths, so one
 CUDA graph serves every context): no syncs.
 FP8 caches (fp8.py): the kernels take their bytes and a KV_FMT constexpr; K/V tiles are decoded to fp16 after
@@ -26,13 +25,12 @@ import torch
 import triton
 import triton.language as tl
 
-from onecard.kernels import paths, workspace
+from onecard.kernels import paths
 from onecard.kernels.attention.fp8 import fmt_code, kernel_view, kv_decode, kv_store_value
 from onecard.kernels.attention.metadata import AttentionMetadata
 from onecard.kernels.triton_common import (
     AotConfig,
     compute_capability,
-    last_arrival,
     next_pow2,
     num_sms,
     pdl,
@@ -114,8 +112,7 @@ def _segment_tiles(n_tiles, num_segments, min_seg_tiles):
 
 @triton.jit
 def _filled_segments(n_tiles, num_segments, min_seg_tiles):
-    """How many of a sequence's split-KV segments hold keys (the rest exit at once): what the reduce merges and
-    the fused reduce counts arrivals to."""
+    """How many of a sequence's split-KV segments hold keys (the rest exit at once): what the reduce merges."""
     return tl.cdiv(n_tiles, _segment_tiles(n_tiles, num_segments, min_seg_tiles))
 
 
@@ -124,26 +121,16 @@ def _filled_segments(n_tiles, num_segments, min_seg_tiles):
 def _paged_attn_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, qsl_ptr, seqlen_ptr, bt_ptr,
                        scale_log2, stride_qt, stride_qh, stride_ot, stride_oh, stride_bt, block_size,
                        num_segments, min_seg_tiles, v_scale,
-                       k_ptr, v_ptr, qw_ptr, kw_ptr, pos_ptr, cs_ptr, slot_ptr, stride_kt, eps, cnt_ptr,
+                       k_ptr, v_ptr, qw_ptr, kw_ptr, pos_ptr, cs_ptr, slot_ptr, stride_kt, eps,
                        HQ: tl.constexpr, HKV: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
                        D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
-                       KV_FMT: tl.constexpr, PREFETCH: tl.constexpr = 0, QKN: tl.constexpr = False,
-                       PRELOAD: tl.constexpr = False, FUSED_REDUCE: tl.constexpr = False,
-                       BLOCK_SF: tl.constexpr = 16):
+                       KV_FMT: tl.constexpr, PREFETCH: tl.constexpr = 0, QKN: tl.constexpr = False):
     """QKN (decode-only launches, the model-dtype cache; paths.batch1_attn_qk): q_ptr, k_ptr, v_ptr are the
     projection's raw q | k | v rows (any float type; k and v rows strided by stride_kt, heads contiguous) and the
     kernel does qk_norm_rope_store's work itself: each program normalises and rotates its query rows (per-head
     RMSNorm with qw, neox RoPE at positions[token]); the program whose segment holds the sequence's last key
     normalises and rotates the new token's k (with kw) and stores k and v into the cache at slot_mapping[token]
-    (skipped when < 0) before its key tiles, which read them back (a CTA barrier orders the two).
-    PRELOAD (decode-only launches, PREFETCH 0; paths.attention_preload): a segment's first key tile is loaded
-    before the PDL wait except the new key's row, and processed ahead of the loop.
-    FUSED_REDUCE (decode-only splits of at most BLOCK_SF segments; paths.attention_fused_reduce): after its
-    partials, each program bumps cnt_ptr[seq * HKV + kvh] (kernels/workspace.py, region "attention"); the one
-    that arrives last of the sequence's filled segments merges the GROUP query heads of its KV head and stores
-    the output (the reduce kernel's arithmetic, _merge_weights / _merge_apply, one pass a head with the next
-    head's partials loading meanwhile), and puts the counter back to zero."""
-    tl.static_assert(not (PRELOAD and PREFETCH), "PRELOAD: the kernel's own prefetch off")
+    (skipped when < 0) before its key tiles, which read them back (a CTA barrier orders the two)."""
     seq = tl.program_id(0)
     qblk = tl.program_id(1)
     kvh = tl.program_id(2) // num_segments
@@ -167,18 +154,6 @@ def _paged_attn_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, qsl_ptr
         qw_sw = tl.load(qw_ptr + swap).to(tl.float32)
         kw = tl.load(kw_ptr + offs_d).to(tl.float32)
         kw_sw = tl.load(kw_ptr + swap).to(tl.float32)
-    if PRELOAD:
-        # decode-only (one query a sequence): this segment's first key tile, its block-table entries (the step's
-        # metadata) and the K/V of earlier steps' keys, before the wait; only the new key's row (written by the
-        # previous launch, or by this one with QKN) waits. Past-the-end segments load nothing.
-        pre_tiles = tl.cdiv(seq_len, BLOCK_N)
-        pre_pos = segment * _segment_tiles(pre_tiles, num_segments, min_seg_tiles) * BLOCK_N + tl.arange(0, BLOCK_N)
-        pre_blk = tl.load(bt_ptr + seq * stride_bt + pre_pos // block_size, mask=pre_pos < seq_len,
-                          other=0, cache_modifier=".cg").to(tl.int64)
-        pre_off = ((pre_blk * block_size + pre_pos % block_size)[:, None] * HKV + kvh) * D + offs_d[None, :]
-        pre_old = (pre_pos < seq_len - 1)[:, None]                        # keys of earlier steps
-        k_pre = tl.load(kc_ptr + pre_off, mask=pre_old, other=0)
-        v_pre = tl.load(vc_ptr + pre_off, mask=pre_old, other=0)
     pdl_enter(PDL)
     if qblk * BLOCK_Q >= q_len:
         return
@@ -231,15 +206,7 @@ def _paged_attn_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, qsl_ptr
         k_next, v_next = _tile_kv(kc_ptr, vc_ptr, blk_next, t0 * BLOCK_N + offs_n, kv_end, kvh, block_size,
                                   HKV, D)
         blk_next = _tile_blocks(bt_row, (t0 + 1) * BLOCK_N + offs_n, tl.where(t0 + 1 < t1, kv_end, 0), block_size)
-    t_loop = t0
-    if PRELOAD:                                                           # tile t0 from the preloaded rows
-        new_row = (pre_pos == seq_len - 1)[:, None]                       # its new key's row, now written
-        k_pre = tl.where(new_row, tl.load(kc_ptr + pre_off, mask=new_row, other=0), k_pre)
-        v_pre = tl.where(new_row, tl.load(vc_ptr + pre_off, mask=new_row, other=0), v_pre)
-        m_i, l_i, acc = _tile_update(q, k_pre, v_pre, pre_pos, pre_pos < kv_end, q_pos, m_i, l_i, acc, scale_log2,
-                                     KV_FMT)
-        t_loop = t0 + 1
-    for t in range(t_loop, t1):
+    for t in range(t0, t1):
         k_pos = t * BLOCK_N + offs_n                                      # [BN]
         k_ok = k_pos < kv_end
         if PREFETCH == 2:
@@ -275,77 +242,46 @@ def _paged_attn_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, part_ptr, ml_ptr, qsl_ptr
         tl.store(part_ptr + base[:, None] * D + offs_d[None, :], acc, mask=row_ok[:, None])
         tl.store(ml_ptr + base * 2, m_i, mask=row_ok)
         tl.store(ml_ptr + base * 2 + 1, l_i, mask=row_ok)
-        if FUSED_REDUCE:
-            # decode-only: the sequence's one query row is token q_start; segments past its end returned above
-            # without arriving, so the arrivals are its filled segments
-            n_seg = _filled_segments(n_tiles, num_segments, min_seg_tiles)
-            if last_arrival(cnt_ptr + seq * HKV + kvh, n_seg):
-                tok0 = q_start.to(tl.int64)
-                # n_seg <= BLOCK_SF: ONE pass per head, no loop, and head g + 1's loads are issued before head g's
-                # sums (which take CTA barriers: the compiler moves no load across them). Through _merge_segments'
-                # dynamic loop each head's loads waited for the head before: GROUP dependent L2 round trips
-                base0 = (tok0 * HQ + kvh * GROUP) * num_segments              # head g's rows: + g * num_segments
-                offs_s = tl.arange(0, BLOCK_SF)
-                s_ok = offs_s < n_seg
-                m_h, l_h = _merge_ml(ml_ptr, base0, offs_s, s_ok, ".cg")      # .cg: other SMs' partials, from L2
-                p_h = _merge_part(part_ptr, base0, offs_s, s_ok, offs_d, D, ".cg")
-                for g in tl.static_range(GROUP):
-                    if g + 1 < GROUP:
-                        b_n = base0 + (g + 1) * num_segments
-                        m_n, l_n = _merge_ml(ml_ptr, b_n, offs_s, s_ok, ".cg")
-                        p_n = _merge_part(part_ptr, b_n, offs_s, s_ok, offs_d, D, ".cg")
-                    _, alpha, w = _merge_weights(tl.full([], EMPTY_MAX, tl.float32), m_h)
-                    o, l_o = _merge_apply(tl.zeros([D], dtype=tl.float32), tl.full([], 0.0, tl.float32), alpha, w,
-                                          l_h, p_h)
-                    hh = kvh * GROUP + g
-                    tl.store(out_ptr + tok0 * stride_ot + hh * stride_oh + offs_d,
-                             (o / tl.maximum(l_o, SUM_FLOOR)).to(out_ptr.dtype.element_ty))
-                    if g + 1 < GROUP:
-                        m_h, l_h, p_h = m_n, l_n, p_n
 
 
 @triton.jit
-def _merge_segments(part_ptr, ml_ptr, base, n_seg, offs_d, D: tl.constexpr, BLOCK_S: tl.constexpr,
-                    CACHE: tl.constexpr):
+def _merge_segments(part_ptr, ml_ptr, base, n_seg, offs_d, D: tl.constexpr, BLOCK_S: tl.constexpr):
     """The output columns offs_d ([D] or a share of it) of the first ``n_seg`` split-KV partials at rows base..
-    (partials [.., D], (m, l) [.., 2]), BLOCK_S at a time (online rescale, _merge_pass); CACHE: the loads' cache
-    modifier."""
+    (partials [.., D], (m, l) [.., 2]), BLOCK_S at a time (online rescale, _merge_pass)."""
     m_run = tl.full([], EMPTY_MAX, tl.float32)
     l_run = tl.full([], 0.0, tl.float32)
     acc = tl.zeros(offs_d.shape, dtype=tl.float32)
     for s0 in range(0, n_seg, BLOCK_S):
-        m_run, l_run, acc = _merge_pass(m_run, l_run, acc, part_ptr, ml_ptr, base, s0, n_seg, offs_d, D, BLOCK_S,
-                                        CACHE)
+        m_run, l_run, acc = _merge_pass(m_run, l_run, acc, part_ptr, ml_ptr, base, s0, n_seg, offs_d, D, BLOCK_S)
     return acc / tl.maximum(l_run, SUM_FLOOR)
 
 
 @triton.jit
 def _merge_pass(m_run, l_run, acc, part_ptr, ml_ptr, base, s0, n_seg, offs_d, D: tl.constexpr,
-                BLOCK_S: tl.constexpr, CACHE: tl.constexpr):
+                BLOCK_S: tl.constexpr):
     """Partials s0 .. s0 + BLOCK_S (those < n_seg) folded into the running (max, sum, acc [D]) by the online
     rescale (_merge_weights, _merge_apply: the merge's arithmetic in one home)."""
     offs_s = s0 + tl.arange(0, BLOCK_S)
     s_ok = offs_s < n_seg
-    m, l = _merge_ml(ml_ptr, base, offs_s, s_ok, CACHE)
+    m, l = _merge_ml(ml_ptr, base, offs_s, s_ok)
     m_new, alpha, w = _merge_weights(m_run, m)
-    part = _merge_part(part_ptr, base, offs_s, s_ok, offs_d, D, CACHE)
+    part = _merge_part(part_ptr, base, offs_s, s_ok, offs_d, D)
     acc, l_run = _merge_apply(acc, l_run, alpha, w, l, part)
     return m_new, l_run, acc
 
 
 @triton.jit
-def _merge_ml(ml_ptr, base, offs_s, s_ok, CACHE: tl.constexpr):
+def _merge_ml(ml_ptr, base, offs_s, s_ok):
     """(m, l) [S] of segments offs_s (EMPTY_MAX and 0 where not s_ok)."""
-    m = tl.load(ml_ptr + (base + offs_s) * 2, mask=s_ok, other=EMPTY_MAX, cache_modifier=CACHE)
-    l = tl.load(ml_ptr + (base + offs_s) * 2 + 1, mask=s_ok, other=0.0, cache_modifier=CACHE)
+    m = tl.load(ml_ptr + (base + offs_s) * 2, mask=s_ok, other=EMPTY_MAX)
+    l = tl.load(ml_ptr + (base + offs_s) * 2 + 1, mask=s_ok, other=0.0)
     return m, l
 
 
 @triton.jit
-def _merge_part(part_ptr, base, offs_s, s_ok, offs_d, D: tl.constexpr, CACHE: tl.constexpr):
+def _merge_part(part_ptr, base, offs_s, s_ok, offs_d, D: tl.constexpr):
     """Partials [S, D] of segments offs_s (0 where not s_ok)."""
-    return tl.load(part_ptr + (base + offs_s)[:, None] * D + offs_d[None, :], mask=s_ok[:, None], other=0.0,
-                   cache_modifier=CACHE)
+    return tl.load(part_ptr + (base + offs_s)[:, None] * D + offs_d[None, :], mask=s_ok[:, None], other=0.0)
 
 
 @triton.jit
@@ -374,7 +310,7 @@ def _segment_reduce_kernel(part_ptr, ml_ptr, out_ptr, seqlen_ptr, stride_ot, str
     n_seg = _filled_segments(n_tiles, num_segments, min_seg_tiles)
     pdl_enter(PDL)
     offs_d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
-    o = _merge_segments(part_ptr, ml_ptr, (tok * HQ + h) * num_segments, n_seg, offs_d, D, BLOCK_S, "")
+    o = _merge_segments(part_ptr, ml_ptr, (tok * HQ + h) * num_segments, n_seg, offs_d, D, BLOCK_S)
     tl.store(out_ptr + tok * stride_ot + h * stride_oh + offs_d, o.to(out_ptr.dtype.element_ty))
 
 
@@ -401,14 +337,13 @@ def _segment_reduce_rows_kernel(part_ptr, ml_ptr, out_ptr, qsl_ptr, seqlen_ptr, 
     n_seg = _filled_segments(n_tiles, num_segments, min_seg_tiles)
     tok = (q_start + q_idx).to(tl.int64)
     offs_d = tl.arange(0, D)
-    o = _merge_segments(part_ptr, ml_ptr, (tok * HQ + h) * num_segments, n_seg, offs_d, D, BLOCK_S, "")
+    o = _merge_segments(part_ptr, ml_ptr, (tok * HQ + h) * num_segments, n_seg, offs_d, D, BLOCK_S)
     tl.store(out_ptr + tok * stride_ot + h * stride_oh + offs_d, o.to(out_ptr.dtype.element_ty))
 
 
 BLOCK_N = paths.ATTN_BLOCK_N
 ATTN_WARPS = paths.ATTN_WARPS
 MAX_SEGMENTS = paths.MAX_SEGMENTS
-FUSED_BLOCK_S = next_pow2(paths.FUSED_REDUCE_MAX_SEGMENTS)   # the fused reduce merges its segments in one pass
 SPLIT_MIN_SEQ_LEN = paths.SPLIT_MIN_SEQ_LEN
 attn_tiles = paths.attention_tiles       # (BLOCK_N, num_warps) by capability: the path table owns it
 
@@ -427,11 +362,8 @@ def launch_plan(md: AttentionMetadata, hq: int, hkv: int, device: torch.device) 
     decode_only = md.max_query_len == 1 and md.num_decode_tokens >= b
     gp = next_pow2(hq // hkv)
     bq = block_q(gp, md.max_query_len)
-    plan = paths.attention_launch(b, decode_only, md.max_seq_len, hkv, num_sms(device), compute_capability(device),
+    return paths.attention_launch(b, decode_only, md.max_seq_len, hkv, num_sms(device), compute_capability(device),
                                   bq * gp, md.max_query_len, triton.cdiv(md.max_query_len, bq))
-    if plan.fused_reduce and b * hkv > workspace.REGION_SIZE:             # more counters than the region holds
-        plan = plan._replace(fused_reduce=False)
-    return plan
 
 
 def split_plan(md: AttentionMetadata, hkv: int, device: torch.device, hq: int = 32) -> tuple[int, int]:
@@ -519,21 +451,19 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     qk = ((raw.k, raw.v, raw.q_weight, raw.k_weight, raw.positions, raw.cos_sin_cache, raw.slot_mapping,
            raw.k.stride(0), float(raw.eps)) if raw is not None
           else (q, q, q, q, md.slot_mapping, part, md.slot_mapping, 0, 0.0))
-    # the fused reduce's arrival counters, one per (sequence, KV head); unused otherwise (a stand-in of its type)
-    cnt = workspace.counters(q.device, "attention", b * hkv) if plan.fused_reduce else md.seq_lens
     _paged_attn_kernel[grid](
         q, kernel_view(k_cache), kernel_view(v_cache), out, part, ml, md.query_start_loc, md.seq_lens,
         md.block_table, scale * float(k_scale) * 1.4426950408889634, q.stride(0), q.stride(1), out.stride(0),
-        out.stride(1), md.block_table.stride(0), k_cache.shape[1], segs, min_tiles, float(v_scale), *qk, cnt,
+        out.stride(1), md.block_table.stride(0), k_cache.shape[1], segs, min_tiles, float(v_scale), *qk,
         HQ=hq, HKV=hkv, GROUP=group, GROUP_PAD=gp, D=d, BLOCK_Q=bq, BLOCK_N=block_n, PDL=use_pdl, KV_FMT=fmt,
-        PREFETCH=plan.prefetch, QKN=raw is not None, PRELOAD=plan.preload, FUSED_REDUCE=plan.fused_reduce,
-        BLOCK_SF=FUSED_BLOCK_S, num_warps=plan.num_warps, num_stages=plan.num_stages, launch_pdl=use_pdl)
+        PREFETCH=plan.prefetch, QKN=raw is not None, num_warps=plan.num_warps, num_stages=plan.num_stages,
+        launch_pdl=use_pdl)
     if plan.row_reduce:                                                   # small-q: rows found per sequence
         _segment_reduce_rows_kernel[(b, md.max_query_len, hq)](
             part, ml, out, md.query_start_loc, md.seq_lens, out.stride(0), out.stride(1), segs, block_n, min_tiles,
             HQ=hq, D=d, BLOCK_Q=bq, BLOCK_S=plan.reduce_block_s, PDL=use_pdl, num_warps=plan.reduce_warps,
             launch_pdl=use_pdl)
-    elif segs > 1 and not plan.fused_reduce:
+    elif segs > 1:
         # decode-only: every sequence's single query row is row i (query_start_loc = arange)
         split_d = plan.reduce_d_split if d % plan.reduce_d_split == 0 else 1
         _segment_reduce_kernel[(md.num_decode_tokens, hq, split_d)](
@@ -570,25 +500,15 @@ def aot_configs() -> list[AotConfig]:
             # QKN (raw q | k | v in fp32: the batch-1 attention block's accumulated sums): the decode tiles of
             # sm80+ (paths.batch1_attn_qk), the model-dtype cache
             variants += [(decode_bq, 80, "qkn")] if kv_fmt == 0 else []
-            # PRELOAD (paths.attention_preload: decode-only, sm80+; off), alone and with QKN, fp16 caches
-            variants += [(decode_bq, 80, "preload"), (decode_bq, 80, "qkn+preload")] if kv_fmt == 0 else []
-            # FUSED_REDUCE (paths.attention_fused_reduce: decode-only; off): alone on every target's tiles, with
-            # QKN on sm80+'s, the model-dtype cache
-            variants += ([(decode_bq, 80, "fused"), (decode_bq, 70, "fused"), (decode_bq, 80, "qkn+fused")]
-                         if kv_fmt == 0 else [])
             for bq, tiles_cc, prefetch in variants:                      # the tiles of sm80+ and of below
                 tag = ",pre-sm80" if tiles_cc < 80 else ""
-                qkn, preload = prefetch in ("qkn", "qkn+preload", "qkn+fused"), prefetch in ("preload", "qkn+preload")
-                fused = prefetch in ("fused", "qkn+fused")
-                prefetch = 0 if isinstance(prefetch, str) else prefetch
-                if preload and (act != "fp16" or kv_cc > 70):
-                    continue
+                qkn = prefetch == "qkn"
+                prefetch = 0 if qkn else prefetch
                 if (tag or prefetch) and (act != "fp16" or kv_cc > 70) or (prefetch and tag and kv_fmt):
                     continue
                 block_n, warps = attn_tiles(tiles_cc, bq * gp)
                 cx = {"HQ": hq, "HKV": hkv, "GROUP": group, "GROUP_PAD": gp, "D": d, "BLOCK_Q": bq,
-                      "BLOCK_N": block_n, "PDL": False, "KV_FMT": kv_fmt, "PREFETCH": prefetch, "QKN": qkn,
-                      "PRELOAD": preload, "FUSED_REDUCE": fused, "BLOCK_SF": FUSED_BLOCK_S}
+                      "BLOCK_N": block_n, "PDL": False, "KV_FMT": kv_fmt, "PREFETCH": prefetch, "QKN": qkn}
                 raw_t = "*fp32" if qkn else f"*{act}"
                 args = {"q_ptr": raw_t, "kc_ptr": cache, "vc_ptr": cache, "out_ptr": f"*{act}",
                         "part_ptr": "*fp32", "ml_ptr": "*fp32", "qsl_ptr": "*i32", "seqlen_ptr": "*i32",
@@ -596,11 +516,11 @@ def aot_configs() -> list[AotConfig]:
                         "stride_ot": "i32", "stride_oh": "i32", "stride_bt": "i32", "block_size": "i32",
                         "num_segments": "i32", "min_seg_tiles": "i32", "v_scale": "fp32",
                         "k_ptr": raw_t, "v_ptr": raw_t, "qw_ptr": f"*{act}", "kw_ptr": f"*{act}", "pos_ptr": "*i64",
-                        "cs_ptr": "*fp32", "slot_ptr": "*i64", "stride_kt": "i32", "eps": "fp32", "cnt_ptr": "*i32"}
+                        "cs_ptr": "*fp32", "slot_ptr": "*i64", "stride_kt": "i32", "eps": "fp32"}
                 out.append(AotConfig(_paged_attn_kernel, signature(args, cx), cx, warps, paths.ATTN_STAGES,
                                      max(min_cc, tiles_cc),
                                      f"paged_attn[bq={bq}{tag},{act}{kv_tag}{f',prefetch={prefetch}' * bool(prefetch)}"
-                                     f"{',qkn' * qkn}{',preload' * preload}{',fused' * fused}]"))
+                                     f"{',qkn' * qkn}]"))
         for segs in sorted({reduce_block_s(s) for s in range(2, MAX_SEGMENTS + 1)}):
             # the decode reduce as launched: D split over paths.REDUCE_D_SPLIT programs of DECODE_REDUCE_WARPS
             cx = {"HQ": hq, "D": d, "BLOCK_S": segs, "PDL": False, "BLOCK_D": d // paths.REDUCE_D_SPLIT}

@@ -31,7 +31,7 @@ import triton.language as tl
 
 from onecard.kernels import paths, workspace
 from onecard.kernels.fused_moe import slices
-from onecard.kernels.fused_moe.decode import topk_of, topk_rank_of
+from onecard.kernels.fused_moe.decode import topk_of
 from onecard.kernels.fused_moe.router_fold import FoldedRoute
 from onecard.kernels.fused_moe.stages import moe_inter_size, moe_stages
 from onecard.kernels.norm.triton import inv_rms, residual_add
@@ -73,10 +73,8 @@ def _zero_share(ptr, n, part, parts, BLOCK: tl.constexpr):
 def _norm_route_kernel(x_ptr, res_ptr, nw_ptr, gate_ptr, h_ptr, res_out_ptr, logits_ptr, topk_w_ptr, ids_ptr,
                        active_ptr, gu_ptr, out32_ptr, cnt_ptr, H, E, GU_N, eps,
                        TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_E: tl.constexpr,
-                       RENORM: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr, RANK: tl.constexpr = False,
-                       ROUTE: tl.constexpr = True):
-    """RANK (paths.batch1_rank_topk): the last arriver's top-k by rank (decode.topk_rank_of), same result.
-    not ROUTE (paths.batch1_slices_route): no last arriver, no routing written; the slices route from the logits."""
+                       RENORM: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr, ROUTE: tl.constexpr = True):
+    """not ROUTE (paths.batch1_slices_route): no last arriver, no routing written; the slices route from the logits."""
     e = tl.program_id(0)
     offs = tl.arange(0, BLOCK_H)
     m = offs < H
@@ -100,10 +98,7 @@ def _norm_route_kernel(x_ptr, res_ptr, nw_ptr, gate_ptr, h_ptr, res_out_ptr, log
         if last_arrival(cnt_ptr, E):
             offs_e = tl.arange(0, BLOCK_E)
             lg = tl.load(logits_ptr + offs_e, mask=offs_e < E, other=-float("inf"), cache_modifier=".cg")
-            if RANK:
-                vals, ids, offs_k = topk_rank_of(lg.to(tl.float32), offs_e, E, TOP_K, BLOCK_K, BLOCK_E, RENORM)
-            else:
-                vals, ids, offs_k = topk_of(lg.to(tl.float32), offs_e, E, TOP_K, BLOCK_K, BLOCK_E, RENORM)
+            vals, ids, offs_k = topk_of(lg.to(tl.float32), offs_e, E, TOP_K, BLOCK_K, BLOCK_E, RENORM)
             k_mask = offs_k < TOP_K
             tl.store(topk_w_ptr + offs_k, vals, mask=k_mask)
             tl.store(ids_ptr + offs_k, ids, mask=k_mask)
@@ -146,7 +141,7 @@ def norm_moe(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.
                              topk_w, ids, active, gu, out32, workspace.counters(dev, "router", 1), h, e,
                              gu.numel(), eps, TOP_K=top_k, BLOCK_K=next_pow2(top_k), BLOCK_H=next_pow2(h),
                              BLOCK_E=next_pow2(e), RENORM=renormalize, HAS_RES=residual is not None,
-                             PDL=use_pdl, RANK=paths.batch1_rank_topk(), ROUTE=not route_in_slices,
+                             PDL=use_pdl, ROUTE=not route_in_slices,
                              num_warps=NORM_ROUTE_WARPS, launch_pdl=use_pdl)
     if one_launch:
         slices.moe_slices(hn, out32, w_gate, w_up, w_down, ids, topk_w, top_k, use_pdl,
@@ -159,12 +154,12 @@ def norm_moe(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.
 def aot_configs(act: str, min_cc: int) -> list[AotConfig]:
     """The served shape (H 2048, E 128, k 8) with the residual (the model always has one here)."""
     out: list[AotConfig] = []
-    # x fp32: after attention_block's accumulating GEMVs; RANK (paths.batch1_rank_topk, off): on that path only;
-    # not ROUTE (paths.batch1_slices_route, on: the slices route themselves): on that path, renormalised, only
-    for renorm, x_t, rank, route in itertools.product((True, False), (act, "fp32"), (False, True), (True, False)):
-        if (rank and x_t != "fp32") or (not route and (rank or x_t != "fp32" or not renorm)):
+    # x fp32: after attention_block's accumulating GEMVs; not ROUTE (paths.batch1_slices_route, on: the slices
+    # route themselves): on that path, renormalised, only
+    for renorm, x_t, route in itertools.product((True, False), (act, "fp32"), (True, False)):
+        if not route and (x_t != "fp32" or not renorm):
             continue
-        cx = dict(TOP_K=8, BLOCK_K=8, BLOCK_H=2048, BLOCK_E=128, RENORM=renorm, HAS_RES=True, PDL=False, RANK=rank,
+        cx = dict(TOP_K=8, BLOCK_K=8, BLOCK_H=2048, BLOCK_E=128, RENORM=renorm, HAS_RES=True, PDL=False,
                   ROUTE=route)                                            # (an AOT compile takes no defaults)
         args = dict(x_ptr=f"*{x_t}", res_ptr=f"*{act}", nw_ptr=f"*{act}", gate_ptr=f"*{act}", h_ptr=f"*{act}",
                     res_out_ptr=f"*{act}", logits_ptr=f"*{act}", topk_w_ptr="*fp32", ids_ptr="*i32",
@@ -172,7 +167,7 @@ def aot_configs(act: str, min_cc: int) -> list[AotConfig]:
                     GU_N="i32", eps="fp32")
         out.append(AotConfig(_norm_route_kernel, signature(args, cx), cx, NORM_ROUTE_WARPS, 1, min_cc,
                              f"norm_route[renorm={renorm}{',x=fp32' if x_t == 'fp32' else ''}"
-                             f"{',rank' if rank else ''}{'' if route else ',noroute'},{act}]"))
+                             f"{'' if route else ',noroute'},{act}]"))
     return out
 
 

@@ -107,8 +107,7 @@ def _softmax_keys(x, offs, E, BLOCK_E: tl.constexpr):
     """-> (p, key) shaped as x ([BE], or [R, BE]: one row of logits per R, each its own softmax): the fp32 softmax
     of logits x along the last axis and one int64 key per expert: the probability's bits (p >= 0: ordered as
     integers) above the reversed index, so the larger key is the larger p and, among ties, the lower index (a
-    single max per round of topk_of; distinct, so topk_rank_of's ranks are too); -1 past E. _key_value and
-    _key_index read a key back."""
+    single max per round of topk_of); -1 past E. _key_value and _key_index read a key back."""
     AX: tl.constexpr = len(x.shape) - 1
     p = tl.exp(x - tl.max(x, axis=AX, keep_dims=True))
     p = p / tl.sum(p, axis=AX, keep_dims=True)
@@ -175,24 +174,6 @@ def topk_slot_of(x, offs, E, slot, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, R
     # weight (>= 0) above the id: one max over the rows, which agree
     packed = tl.max((w.to(tl.int32, bitcast=True).to(tl.int64) << 32) | _key_index(mine, BLOCK_E), axis=0)
     return (packed & 0xFFFFFFFF).to(tl.int32), _key_value(packed)
-
-
-@triton.jit
-def topk_rank_of(x, offs, E, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr,
-                 RENORM: tl.constexpr):
-    """topk_of's result (the same int64 keys, so the same experts, order and ties), found by rank instead of
-    TOP_K rounds of max: each key's rank is the number of keys above it (one [BE, BE] compare and row sum), and
-    slot k takes the key of rank k (one [BK, BE] select and sum). A handful of cross-warp reductions instead of
-    TOP_K + 2 chained ones: the batch-1 router's last arriver runs this on the decode step's critical path."""
-    p, key = _softmax_keys(x, offs, E, BLOCK_E)
-    rank = tl.sum((key[None, :] > key[:, None]).to(tl.int32), axis=1)    # [BE]: 0 = the largest
-    offs_k = tl.arange(0, BLOCK_K)
-    sel = (rank[None, :] == offs_k[:, None]) & (offs_k < TOP_K)[:, None]   # [BK, BE]: one True per row < TOP_K
-    vals = tl.sum(tl.where(sel, p[None, :], 0.0), axis=1)                 # [BK] (lanes >= TOP_K: 0, as topk_of)
-    ids = tl.sum(tl.where(sel, offs[None, :], 0), axis=1).to(tl.int32)
-    if RENORM:
-        vals = vals / tl.sum(vals, axis=0)
-    return vals, ids, offs_k
 
 
 @triton.jit
@@ -305,7 +286,6 @@ __all__ = [
     "router_logits",
     "softmax_topk",
     "topk_of",
-    "topk_rank_of",
     "weight_args",
 ]
 

@@ -80,15 +80,13 @@ def _moe_decode_kernel(x_ptr, a_ptr, out_ptr, qa_ptr, za_ptr, sa_ptr, ga_ptr, qb
                        TOP_K: tl.constexpr, BLOCK_TOPK: tl.constexpr, BLOCK_T: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_K8: tl.constexpr, STAGE: tl.constexpr,
                        FLOAT_W: tl.constexpr, PER_ROW: tl.constexpr, PDL: tl.constexpr,
-                       PRE_ACT: tl.constexpr = False, INT_DOT: tl.constexpr = False,
-                       FAST_SILU: tl.constexpr = False):
+                       PRE_ACT: tl.constexpr = False, INT_DOT: tl.constexpr = False):
     """STAGE 1: gu[pair, mat*N + n] += x[t] @ W_mat[e] (mat 0 = gate (qa..), 1 = up (qb..)) over one K split.
     STAGE 2: out[t, n] += topk_w[pair] * (silu(gu[pair, :K]) * gu[pair, K:]) @ Wd[e] (qa.. = qb.. = down);
     PRE_ACT (T > 1): a_ptr holds silu(gate) * up already, [pairs, K] in the model dtype (paths.decode_moe_act_launch).
     INT_DOT (T > 1, fp16, one group per K tile; paths.int_dot): int4.int_dot_tile, the weights entering
     the dot as their exact n - z and the group's scale multiplying each tile's fp32 sum; stage 2 then loads the
     silu launch's rows (PRE_ACT).
-    FAST_SILU (paths.decode_fast_silu): stage 2's silu in activation/triton.silu_mul's FAST form.
     active_ptr[slot] = expert + 1 (0: no expert in this slot, the program does nothing).
     PDL: stage 1 reads the routing the kernel just before wrote, so it waits first. Stage 2's routing is two
     kernels old (complete before any stage-2 program can start, see triton_common), so it reads the routing
@@ -159,15 +157,13 @@ def _moe_decode_kernel(x_ptr, a_ptr, out_ptr, qa_ptr, za_ptr, sa_ptr, ga_ptr, qb
         if BLOCK_T == 1:
             acc = _decode_tile_mac(acc, q0, s0, z0, t_begin, t_end, x_ptr, a_ptr, a_row, q_ptr, z_ptr, s_ptr,
                                    g_ptr, offs_r, offs_n, n_mask, z_shift, k8, K, N, stride_a, offs_t, tok_mask,
-                                   pair, DT, BLOCK_T, BLOCK_N, BLOCK_K8, STAGE, FLOAT_W, PER_ROW, PRE_ACT, INT_DOT,
-                                   FAST_SILU)
+                                   pair, DT, BLOCK_T, BLOCK_N, BLOCK_K8, STAGE, FLOAT_W, PER_ROW, PRE_ACT, INT_DOT)
         for it in range(t_loop, t_end):
             q, s_u, z_u = _decode_tile_load(q_ptr, s_ptr, z_ptr, it, t_end, live, offs_r, offs_n, n_mask, z_shift,
                                             k8, N, group_size, num_groups, BLOCK_K8, BLOCK_N, FLOAT_W)
             acc = _decode_tile_mac(acc, q, s_u, z_u, it, t_end, x_ptr, a_ptr, a_row, q_ptr, z_ptr, s_ptr, g_ptr,
                                    offs_r, offs_n, n_mask, z_shift, k8, K, N, stride_a, offs_t, tok_mask, pair,
-                                   DT, BLOCK_T, BLOCK_N, BLOCK_K8, STAGE, FLOAT_W, PER_ROW, PRE_ACT, INT_DOT,
-                                   FAST_SILU)
+                                   DT, BLOCK_T, BLOCK_N, BLOCK_K8, STAGE, FLOAT_W, PER_ROW, PRE_ACT, INT_DOT)
     if live:
         if BLOCK_T == 1:
             res = tl.sum(acc, axis=0)                                     # [BN]
@@ -197,33 +193,18 @@ def _gated_input(src, r, j: tl.constexpr, r_mask):
     INPUT of gemv_tile_mac. src = (a_ptr, a_row, stride_a, K), the row's parts rather than its pointer: the
     address is formed after k, as the kernel did before the GEMV step was shared (a row pointer formed
     before the loop reordered the PTX)."""
-    return _gated_row(src, r, j, r_mask, False)
-
-
-@triton.jit
-def _gated_input_fast(src, r, j: tl.constexpr, r_mask):
-    """_gated_input with silu_mul's FAST form (paths.decode_fast_silu)."""
-    return _gated_row(src, r, j, r_mask, True)
-
-
-@triton.jit
-def _gated_row(src, r, j: tl.constexpr, r_mask, FAST: tl.constexpr):
-    """The two INPUTs' body (an INPUT's signature has no room for FAST)."""
     a_ptr, a_row, stride_a, K = src
     k = r * 8 + j
     gv = tl.load(a_ptr + a_row * stride_a + k, mask=r_mask, other=0.0)
     uv = tl.load(a_ptr + a_row * stride_a + K + k, mask=r_mask, other=0.0)
-    return silu_mul(gv, uv, FAST)
+    return silu_mul(gv, uv)
 
 
 @triton.jit
-def _decode_input_row(x_ptr, a_ptr, a_row, stride_a, r, j: tl.constexpr, r_mask, K, STAGE: tl.constexpr,
-                      FAST_SILU: tl.constexpr):
+def _decode_input_row(x_ptr, a_ptr, a_row, stride_a, r, j: tl.constexpr, r_mask, K, STAGE: tl.constexpr):
     """fp32 [BK8] inputs 8r + j of one pair: x's row (stage 1) or silu(gate) * up from the gu sums (stage 2)."""
     if STAGE == 1:
         return row_input(x_ptr + a_row * stride_a, r, j, r_mask)
-    elif FAST_SILU:
-        return _gated_input_fast((a_ptr, a_row, stride_a, K), r, j, r_mask)
     else:
         return _gated_input((a_ptr, a_row, stride_a, K), r, j, r_mask)
 
@@ -249,8 +230,7 @@ def _decode_tile_load(q_ptr, s_ptr, z_ptr, it, t_end, live, offs_r, offs_n, n_ma
 def _decode_tile_mac(acc, q, s_u, z_u, it, t_end, x_ptr, a_ptr, a_row, q_ptr, z_ptr, s_ptr, g_ptr, offs_r, offs_n,
                      n_mask, z_shift, k8, K, N, stride_a, offs_t, tok_mask, pair, DT: tl.constexpr,
                      BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K8: tl.constexpr, STAGE: tl.constexpr,
-                     FLOAT_W: tl.constexpr, PER_ROW: tl.constexpr, PRE_ACT: tl.constexpr, INT_DOT: tl.constexpr,
-                     FAST_SILU: tl.constexpr):
+                     FLOAT_W: tl.constexpr, PER_ROW: tl.constexpr, PRE_ACT: tl.constexpr, INT_DOT: tl.constexpr):
     """acc += inputs [rows of tile it] @ dequant(tile) for the tokens routed here (nothing past t_end).
     INT_DOT: acc [BN, INT_DOT_ROWS] += int4.int_dot_tile on x's rows by token (stage 1) or the silu launch's rows
     by pair (stage 2, T > 1)."""
@@ -272,7 +252,7 @@ def _decode_tile_mac(acc, q, s_u, z_u, it, t_end, x_ptr, a_ptr, a_row, q_ptr, z_
                                     BLOCK_N)
             else:
                 acc = gemv_tile_mac(acc, q, s_u, z_u, (a_ptr, a_row, stride_a, K), r, r_mask,
-                                    _gated_input_fast if FAST_SILU else _gated_input, BLOCK_K8, BLOCK_N)
+                                    _gated_input, BLOCK_K8, BLOCK_N)
         else:
             for j in tl.static_range(8):
                 k = r * 8 + j                                                 # [BK8] input rows
@@ -285,18 +265,18 @@ def _decode_tile_mac(acc, q, s_u, z_u, it, t_end, x_ptr, a_ptr, a_row, q_ptr, z_
                     w = _dequant_tile_j(q, j, s_u, z_u, s_ptr, z_ptr, g_ptr, k, r_mask, offs_n, n_mask, z_shift,
                                         N, PER_ROW)                           # [BK8, BN] fp32
                 if BLOCK_T == 1:
-                    av = _decode_input_row(x_ptr, a_ptr, a_row, stride_a, r, j, r_mask, K, STAGE, FAST_SILU)
+                    av = _decode_input_row(x_ptr, a_ptr, a_row, stride_a, r, j, r_mask, K, STAGE)
                     acc += w.to(tl.float32) * av[:, None]
                 else:
                     a = _decode_inputs(x_ptr, a_ptr, k, r_mask, stride_a, offs_t, tok_mask, pair, K, DT, STAGE,
-                                       PRE_ACT, FAST_SILU)
+                                       PRE_ACT)
                     acc += dot(a, w.to(DT))                                   # [BT, BN]
     return acc
 
 
 @triton.jit
 def _decode_inputs(x_ptr, a_ptr, k, r_mask, stride_a, offs_t, tok_mask, pair, K, DT: tl.constexpr,
-                   STAGE: tl.constexpr, PRE_ACT: tl.constexpr, FAST_SILU: tl.constexpr):
+                   STAGE: tl.constexpr, PRE_ACT: tl.constexpr):
     """[BT, len(k)] inputs k of the tokens routed here, model dtype, 0 where masked: x's rows (stage 1), the
     silu launch's rows (PRE_ACT) or silu(gate) * up from the gu sums."""
     am = tok_mask[:, None] & r_mask[None, :]
@@ -308,7 +288,7 @@ def _decode_inputs(x_ptr, a_ptr, k, r_mask, stride_a, offs_t, tok_mask, pair, K,
         a_off = pair.to(tl.int64)[:, None] * stride_a + k[None, :]
         gv = tl.load(a_ptr + a_off, mask=am, other=0.0)
         uv = tl.load(a_ptr + a_off + K, mask=am, other=0.0)
-        a = silu_mul(gv, uv, FAST_SILU).to(DT)
+        a = silu_mul(gv, uv).to(DT)
     return a
 
 
@@ -368,12 +348,11 @@ def moe_stages(x: torch.Tensor, gu: torch.Tensor, out32: torch.Tensor, w_gate: M
     # stage 2 of the exact-integer dot (T > 1) loads silu(gate) * up (computing it there spills: 255 registers
     # on sm90)
     pre_act = bt > 1 and not float_w and (paths.decode_moe_act_launch(t) or int_dot)
-    fast = paths.decode_fast_silu() and not float_w and not pr2          # the measured loops: int4, one group a tile
-    a2 = silu_and_mul(gu, x.dtype, fast) if pre_act else gu              # [T*k, I] model dtype | [T*k, 2I] fp32
+    a2 = silu_and_mul(gu, x.dtype) if pre_act else gu                    # [T*k, I] model dtype | [T*k, 2I] fp32
     _moe_decode_kernel[(tiles2, s2, slots)](
         x, a2, out32, *down, *down, topk_ids, topk_w, active, t, n2, k2, gs2, ng2,
         gst2, a2.stride(0), n2, tiles2, per2, STAGE=2, PER_ROW=bool(pr2), PRE_ACT=pre_act,
-        INT_DOT=int_dot and not pr2, FAST_SILU=fast and not pre_act, **common)
+        INT_DOT=int_dot and not pr2, **common)
 
 
 def stages_aot_configs(act: str, min_cc: int) -> list[AotConfig]:
@@ -386,7 +365,7 @@ def stages_aot_configs(act: str, min_cc: int) -> list[AotConfig]:
         for float_w, per_row in ((False, False), (False, True), (True, False)):
             for stage in (1, 2):
                 cx = dict(TOP_K=8, BLOCK_TOPK=8, BLOCK_T=bt, BLOCK_N=bn, BLOCK_K8=bk8, STAGE=stage,
-                          FLOAT_W=float_w, PER_ROW=per_row, PDL=False, PRE_ACT=False, INT_DOT=False, FAST_SILU=False)
+                          FLOAT_W=float_w, PER_ROW=per_row, PDL=False, PRE_ACT=False, INT_DOT=False)
                 wt = f"*{act}" if float_w else "*i32"
                 args = dict(x_ptr=f"*{act}", a_ptr=f"*{act}" if stage == 1 else "*fp32", out_ptr="*fp32",
                             qa_ptr=wt, za_ptr="*i32", sa_ptr="*fp16", ga_ptr="*i32",
@@ -399,10 +378,6 @@ def stages_aot_configs(act: str, min_cc: int) -> list[AotConfig]:
                     args.update(za_ptr=wt, sa_ptr=wt, ga_ptr=wt, zb_ptr=wt, sb_ptr=wt, gb_ptr=wt)
                 out.append(AotConfig(_moe_decode_kernel, signature(args, cx), cx, warps, stages, cc_from,
                                      f"moe_decode[{name},stage={stage},float={float_w},per_row={per_row},{act}]"))
-                if stage == 2 and not float_w and not per_row:            # silu inline in its FAST form
-                    out.append(AotConfig(_moe_decode_kernel, signature(args, dict(cx, FAST_SILU=True)),
-                                         dict(cx, FAST_SILU=True), warps, stages, cc_from,
-                                         f"moe_decode[{name},stage=2,float={float_w},per_row={per_row},fast_silu,{act}]"))
                 if stage == 2 and bt > 1 and not float_w:                 # the separate silu launch's input
                     cx = dict(cx, PRE_ACT=True)
                     args = dict(args, a_ptr=f"*{act}")

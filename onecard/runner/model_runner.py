@@ -86,7 +86,7 @@ class ModelRunner:
                 self.compile_pool.close()
             raise
         # derived weights of the batch-1 paths (the folded routers), before the memory profile counts them
-        folds = self.model.build_router_folds(self.device) if hasattr(self.model, "build_router_folds") else 0
+        folds = self.model.build_router_folds(self.device)
         if folds:
             logger.info("batch-1 folded routers: %.1f MiB (paths.BATCH1_ROUTER_FOLD)", folds / 2**20)
         self.load_seconds = time.perf_counter() - t0

@@ -221,7 +221,7 @@ def test_pre_sm80_tiles_do_not_spill(compiled):
     # levels 1 and 2 (fp16; bench/attn_sweep.py's A/B); MoE: decode 1, 16 (stage 2 also on the separate silu
     # launch's output, paths.decode_moe_act_launch); sorted; the split-KV reduce at each
     # BLOCK_S (2 .. 128 segments merged per step), and its row-wise variant (split small-q launches) at BLOCK_Q 2, 8
-    assert len(rows) == 2 * 2 + 2 + 1 + 4 + 1 + 2 + 7 + 7 * 2, [r[2] for r in rows]
+    assert len(rows) == 2 * 2 + 2 + 4 + 1 + 2 + 7 + 7 * 2, [r[2] for r in rows]
     assert all(r[6] == 0 for r in rows), [(r[2], r[6]) for r in rows]
 
 

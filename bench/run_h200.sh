@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU facts, kernel checks, tiny-checkpoint engine checks, the full-size benchmark.
 # Usage (repo root, on the H200): OUT=/some/dir bash bench/run_h200.sh [parts...]
-# parts: next15 removaltests decode15 half2tests decode14 fold foldfull ab decode12 slicestrace3 decode11 slicestrace slices slicestests resttests specverify apimem probe kernels checks full asyncab kvdtype capab capbisect hosttier loadab nopdl pdl16 emu70 longctx attnsweep gputests startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
+# parts: next15 removaltests kvl2 decode15 half2tests decode14 fold foldfull ab decode12 slicestrace3 decode11 slicestrace slices slicestests resttests specverify apimem probe kernels checks full asyncab kvdtype capab capbisect hosttier loadab nopdl pdl16 emu70 longctx attnsweep gputests startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
 #   emu70: the full-size bench with every kernel-path decision on sm70's branch (ONECARD_EMULATE_CC=70): run it
 #          beside `full` in one call for the relative figure (a functional check, not a V100 timing)
 #   specverify: issue 30: verify-step latency vs tokens per sequence (1..9) at batch 1 and 16 (the cost model's
@@ -140,6 +140,10 @@ for p in $parts; do
               "$OUT/switch_ab_emu70.json" --scenarios 1x512 --policies fill+no_slices_half2,fill \
               | tee "$OUT/switch_ab_emu70.log" | grep -v '^{'
           python3 bench/ab_table.py "$OUT/switch_ab_emu70.log" ;;
+    kvl2) log kvl2  # issue 25 item 3, a probe (~1 min): one layer's batch-1 decode attention at 32k and 64k after an
+          # L2 flush, with the first 25/40/60% of its KV read into L2 first (evict_last or not, with a layer's other
+          # weights streamed between or not): would prefetching the next layer's KV during the MoE pay?
+          timeout 240 python3 bench/kv_l2_probe.py "$OUT/kv_l2_probe.json" --ctx 32768,65536 ;;
     removaltests) log removaltests  # the GPU tests of what the 2026-12-07 removal touched (~8 min; run after next15
           # on the warm machine): every kernel against its reference at the real shapes (attention, split-KV, the
           # decode MoE's silu, the router), graphs = eager and async = sync in the engine, the precompile (also at a

@@ -276,8 +276,8 @@ def batch1_attn_qk(cc: int) -> bool:
 # 90, the tile held across the wait); and split-KV decode attention merging its own segments in the last program to
 # arrive instead of the reduce launch (H100, 2026-12-07, decode10: batch 1 at 512 tokens 444.6 -> 381.0 tok/s,
 # batch 16 3,132 -> 2,791; the last arriver's merge of GROUP heads is a serial tail longer than the launch it
-# saves), nor that merge spread over the o_proj GEMV's programs (457.1 -> 427.7). Under PDL the reduce launch
-# costs little; the chain's dependent L2 round trips are what cost.
+# saves); that merge spread over the o_proj GEMV's programs lost too (457.1 -> 427.7). Under PDL the reduce
+# launch costs little; the chain's dependent L2 round trips are what cost.
 
 
 # Not kept (measured and removed): the batch-1 router's top-k by rank (a [E, E] compare of the int64 keys and two

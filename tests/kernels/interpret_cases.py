@@ -162,6 +162,8 @@ CASES = ([f"gemm{i}-{dt}" for i in range(len(GEMM)) for dt in (F32, F16)] + ["de
          + [f"qk_norm_rope-{dt}" for dt in (F32, F16)] + [f"qk_norm_rope_store-{dt}" for dt in (F32, F16)]
          + [f"attn_in{i}-{dt}" for i in range(len(ATTN_IN)) for dt in (F32, F16)]
          + [f"silu_and_mul-{dt}" for dt in (F32, F16)]
+         # bench/kv_l2_probe.py's KV touch kernel (the rows it reads, through a shuffled block table)
+         + [f"kvtouch{i}-{dt}" for i in (0, 1) for dt in (F32, F16)]
          + [f"verifyattn{i}-{dt}" for i in range(len(VERIFY_ATTN)) for dt in (F32, F16)]
          + FP8_CASES)
 
@@ -840,7 +842,27 @@ def run_case(name: str, seed: int) -> float:
         from onecard.kernels.activation import triton as tk
         x = torch.randn(3, 2 * 1100).to(dt)
         return _rel(tk.silu_and_mul(x), ref.silu_and_mul(x))
+    if kind.startswith("kvtouch"):                                        # 0: evict_last loads, 1: plain
+        return _kv_touch_case(kind == "kvtouch0", dt, seed)
     raise KeyError(name)
+
+
+def _kv_touch_case(evict_last: bool, dt, seed: int) -> float:
+    """bench/kv_l2_probe.kv_touch over the first 37 of 70 positions (3 programs of 16, the last part masked) of a
+    paged cache with a shuffled block table: each program's sum against the same rows' sum from the sequence's
+    contiguous K and V."""
+    import torch
+    from kernels_testlib import make_paged_batch
+
+    sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "bench")))
+    from kv_l2_probe import TOUCH_POS, kv_touch
+
+    kc, vc, md, ks, vs = make_paged_batch([70], [1], 2, 32, 16, dtype=dt, seed=seed)
+    n = 37
+    got = kv_touch(kc, vc, md.block_table[0], n, evict_last)
+    rows = (ks[0][:n].float() + vs[0][:n].float()).sum(dim=(1, 2))          # [n] each position's K + V sum
+    want = torch.stack([rows[i:i + TOUCH_POS].sum() for i in range(0, n, TOUCH_POS)])
+    return _rel(got, want)
 
 
 def main() -> None:

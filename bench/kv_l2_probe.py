@@ -1,0 +1,145 @@
+"""Would batch-1 decode at long contexts gain from the next layer's KV streamed into L2 ahead of its attention?
+A probe for issue 25 item 3, no engine change: one layer's decode attention at the served shape (32 q / 4 KV heads,
+D 128, 16-token blocks, shuffled block table, graphs' bound 65,536: the shipped split) over one sequence of CTX
+keys, timed inside CUDA graphs after the L2 was flushed, with and without part of its KV read into L2 first.
+
+Why: at 32k the batch-1 step is the 512-token step plus its 3.2 GB of KV read at ~98% of the copy rate
+(BENCHMARKS.md): the attention is bandwidth-bound while the rest of a layer (GEMVs, the MoE slices) is latency-bound
+and leaves the HBM mostly idle. Read during the previous layer's MoE, the first share of a layer's 67 MB of KV could
+come from the 50 MB L2 instead. The attention's programs all run in one wave and share the bandwidth, so its time
+should fall with the bytes left in HBM, if the lines survive in L2 until it runs.
+
+Scenarios (each a sequence captured COPIES times in one graph; the attention's time is the sequence's minus the same
+sequence without the attention, medians over ROUNDS; the flush rewrites a buffer of 4 x the L2):
+  cold                  flush, attention
+  pf{X}_{policy}        flush, the first X of the KV's positions read by ``_kv_touch_kernel`` (loads with Triton's
+                        eviction policy ``evict_last`` or the default), attention
+  pf{X}_{policy}_stream the same with STREAM_MB of other data read between (the MoE's and the GEMVs' weights of a
+                        layer, ~19 + 10 MB, which run between the prefetch and the attention in the model)
+and ``touch_us``: the read of X alone after a flush (what it would cost serially; in the model it would overlap the
+MoE, on a side stream). Writes OUT (JSON) and prints one line per scenario.
+
+Usage (a GPU): python bench/kv_l2_probe.py OUT.json [--ctx 32768,65536]
+CPU: tests/kernels/test_kv_l2_probe.py runs the touch kernel under TRITON_INTERPRET against torch.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "kernels"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+HQ, HKV, D, BLOCK = 32, 4, 128, 16
+BOUND = 65536                    # the served max_model_len: the CUDA graphs' split
+FRACTIONS = (0.25, 0.4, 0.6)
+STREAM_MB = 29
+COPIES, REPLAYS, ROUNDS = 8, 10, 5
+TOUCH_POS = 16                   # positions per program of the touch kernel
+
+
+@triton.jit
+def _kv_touch_kernel(kc_ptr, vc_ptr, bt_ptr, out_ptr, n_pos, block_size, ROW: tl.constexpr,
+                     BLOCK_P: tl.constexpr, LAST: tl.constexpr):
+    """Read the K and V rows (all KV heads: ROW = HKV * D elements, contiguous per slot) of positions
+    [pid * BLOCK_P, + BLOCK_P) < n_pos of sequence 0 through its block table; LAST: with eviction priority
+    evict_last. out[pid] = the rows' sum (keeps the loads; what the test compares)."""
+    pid = tl.program_id(0)
+    pos = pid * BLOCK_P + tl.arange(0, BLOCK_P)
+    ok = pos < n_pos
+    blk = tl.load(bt_ptr + pos // block_size, mask=ok, other=0).to(tl.int64)
+    row = (blk * block_size + pos % block_size)[:, None] * ROW + tl.arange(0, ROW)[None, :]   # [BP, ROW]
+    if LAST:
+        k = tl.load(kc_ptr + row, mask=ok[:, None], other=0.0, eviction_policy="evict_last")
+        v = tl.load(vc_ptr + row, mask=ok[:, None], other=0.0, eviction_policy="evict_last")
+    else:
+        k = tl.load(kc_ptr + row, mask=ok[:, None], other=0.0)
+        v = tl.load(vc_ptr + row, mask=ok[:, None], other=0.0)
+    tl.store(out_ptr + pid, tl.sum(tl.sum(k.to(tl.float32) + v.to(tl.float32), axis=1), axis=0))
+
+
+def kv_touch(k_cache: torch.Tensor, v_cache: torch.Tensor, block_table_row: torch.Tensor, n_pos: int,
+             evict_last: bool, out: torch.Tensor | None = None) -> torch.Tensor:
+    """k_cache, v_cache [blocks, block_size, Hkv, D]; block_table_row [max_blocks] int32 -> per-program sums [P] fp32."""
+    _, bs, hkv, d = k_cache.shape
+    grid = triton.cdiv(n_pos, TOUCH_POS)
+    if out is None:
+        out = torch.empty(max(grid, 1), dtype=torch.float32, device=k_cache.device)
+    if grid:
+        _kv_touch_kernel[(grid,)](k_cache, v_cache, block_table_row, out, n_pos, bs, ROW=hkv * d,
+                                  BLOCK_P=TOUCH_POS, LAST=evict_last, num_warps=4)
+    return out
+
+
+def _median_us(fn) -> float:
+    from kernels_gpu import bench_graph
+
+    return statistics.median(bench_graph(fn, COPIES, REPLAYS) for _ in range(ROUNDS))
+
+
+def probe(ctx: int) -> dict:
+    from kernels_testlib import make_paged_batch
+
+    from onecard.kernels.attention import triton as at_t
+
+    dev = torch.device("cuda")
+    l2 = torch.cuda.get_device_properties(dev).L2_cache_size
+    kc, vc, md, _, _ = make_paged_batch([ctx], [1], HKV, D, BLOCK, dtype=torch.float16)
+    kc, vc = kc.to(dev), vc.to(dev)
+    md = type(md)(md.slot_mapping.to(dev), md.query_start_loc.to(dev), md.seq_lens.to(dev),
+                  md.block_table.to(dev), 1, BOUND, 1)
+    q = torch.randn(1, HQ, D, device=dev, dtype=torch.float16)
+    flush = torch.zeros(l2, dtype=torch.float32, device=dev)               # 4 bytes each: 4 x the L2, rewritten
+    stream = torch.ones(STREAM_MB * 2**20 // 2, dtype=torch.float16, device=dev)
+    sink = torch.empty(ctx // TOUCH_POS + 1, dtype=torch.float32, device=dev)
+    row = md.block_table[0]
+    kv_bytes = 2 * ctx * HKV * D * 2
+
+    def seq(frac: float, last: bool, streamed: bool, attend: bool):
+        def run():
+            flush.add_(1.0)
+            if frac:
+                kv_touch(kc, vc, row, int(frac * ctx), last, sink)
+            if streamed:
+                stream.sum()
+            if attend:
+                at_t.paged_attention(q, kc, vc, md, D ** -0.5)
+        return run
+
+    base_cold = _median_us(seq(0.0, False, False, False))
+    out = {"ctx": ctx, "kv_mb": kv_bytes / 2**20, "l2_mb": l2 / 2**20, "stream_mb": STREAM_MB,
+           "segments": at_t.split_plan(md, HKV, dev)[0]}
+    cold = _median_us(seq(0.0, False, False, True)) - base_cold
+    out["cold_us"] = cold
+    print(f"ctx {ctx}: KV {out['kv_mb']:.0f} MB, L2 {out['l2_mb']:.0f} MB, {out['segments']} segments: "
+          f"attention cold {cold:.1f} us ({kv_bytes / cold / 1e6:.0f} GB/s)", flush=True)
+    for frac in FRACTIONS:
+        touch = _median_us(seq(frac, True, False, False)) - base_cold
+        out[f"touch{frac}_us"] = touch
+        for last in (True, False):
+            for streamed in (False, True):
+                name = f"pf{frac}_{'last' if last else 'normal'}{'_stream' if streamed else ''}"
+                without = _median_us(seq(frac, last, streamed, False))
+                t = _median_us(seq(frac, last, streamed, True)) - without
+                out[name + "_us"] = t
+                print(f"  {name}: attention {t:.1f} us (saves {cold - t:.1f}; the touch alone {touch:.1f} us)",
+                      flush=True)
+    return out
+
+
+def main() -> None:
+    path = sys.argv[1]
+    ctxs = [int(c) for c in sys.argv[sys.argv.index("--ctx") + 1].split(",")] if "--ctx" in sys.argv else [32768]
+    res = {"device": torch.cuda.get_device_name(), "runs": [probe(c) for c in ctxs]}
+    Path(path).write_text(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()

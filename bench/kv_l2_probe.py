@@ -16,8 +16,14 @@ sequence without the attention, medians over ROUNDS; the flush rewrites a buffer
                         eviction policy ``evict_last`` or the default), attention
   pf{X}_{policy}_stream the same with STREAM_MB of other data read between (the MoE's and the GEMVs' weights of a
                         layer, ~19 + 10 MB, which run between the prefetch and the attention in the model)
-and ``touch_us``: the read of X alone after a flush (what it would cost serially; in the model it would overlap the
-MoE, on a side stream). Writes OUT (JSON) and prints one line per scenario.
+and ``touch{X}_us``: the read of X alone after a flush (what it would cost serially). Then as the model would run
+it, the net figure:
+  chain                 flush, the batch-1 MoE block (fused_moe norm_moe at T = 1: the shipped slices, random
+                        GPTQ experts at the served shape), attention
+  chain_pf{X}           flush, the MoE block with the touch of X (evict_last) on a side stream beside it (forked
+                        before, joined after), attention
+each minus the flush alone: ``chain_pf{X}_saves_us`` = chain - chain_pf{X} is what a layer would gain (the MoE's
+own slowdown from the touch's reads included). Writes OUT (JSON) and prints one line per scenario.
 
 Usage (a GPU): python bench/kv_l2_probe.py OUT.json [--ctx 32768,65536]
 CPU: tests/kernels/test_kv_l2_probe.py runs the touch kernel under TRITON_INTERPRET against torch.
@@ -85,12 +91,16 @@ def _median_us(fn) -> float:
 
 
 def probe(ctx: int) -> dict:
+    from kernels_gpu import TOPK, E, H, I, rand_gptq
     from kernels_testlib import make_paged_batch
 
     from onecard.kernels.attention import triton as at_t
+    from onecard.kernels.fused_moe import triton as moe_t
+    from onecard.kernels.triton_common import set_pdl
 
+    set_pdl(1)                                                            # as the runner does (ONECARD_PDL_MAX_TOKENS)
     dev = torch.device("cuda")
-    l2 = torch.cuda.get_device_properties(dev).L2_cache_size
+    l2 = getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 50 * 2**20)   # H100 / H200: 50 MB
     kc, vc, md, _, _ = make_paged_batch([ctx], [1], HKV, D, BLOCK, dtype=torch.float16)
     kc, vc = kc.to(dev), vc.to(dev)
     md = type(md)(md.slot_mapping.to(dev), md.query_start_loc.to(dev), md.seq_lens.to(dev),
@@ -101,6 +111,26 @@ def probe(ctx: int) -> dict:
     sink = torch.empty(ctx // TOUCH_POS + 1, dtype=torch.float32, device=dev)
     row = md.block_table[0]
     kv_bytes = 2 * ctx * HKV * D * 2
+    wg, wu, wd = rand_gptq(H, I, E), rand_gptq(H, I, E), rand_gptq(I, H, E)
+    wr = (torch.randn(E, H, device=dev) / H ** 0.5).half()
+    x, res = torch.randn(1, H, device=dev).half(), torch.randn(1, H, device=dev).half()
+    nw = (1 + 0.1 * torch.randn(H, device=dev)).half()
+    aux = torch.cuda.Stream(dev)
+
+    def chain(frac: float, attend: bool):
+        def run():
+            flush.add_(1.0)
+            if frac:
+                cur = torch.cuda.current_stream()
+                aux.wait_stream(cur)                                      # fork after the flush
+                with torch.cuda.stream(aux):
+                    kv_touch(kc, vc, row, int(frac * ctx), True, sink)
+            moe_t.norm_moe(x, res, nw, 1e-6, wr, wg, wu, wd, TOPK, True)
+            if frac:
+                torch.cuda.current_stream().wait_stream(aux)              # join before the attention
+            if attend:
+                at_t.paged_attention(q, kc, vc, md, D ** -0.5)
+        return run
 
     def seq(frac: float, last: bool, streamed: bool, attend: bool):
         def run():
@@ -131,6 +161,16 @@ def probe(ctx: int) -> dict:
                 out[name + "_us"] = t
                 print(f"  {name}: attention {t:.1f} us (saves {cold - t:.1f}; the touch alone {touch:.1f} us)",
                       flush=True)
+    out["moe_us"] = _median_us(chain(0.0, False)) - base_cold
+    out["chain_us"] = _median_us(chain(0.0, True)) - base_cold
+    print(f"  chain (MoE block {out['moe_us']:.1f} us, then attention): {out['chain_us']:.1f} us", flush=True)
+    for frac in FRACTIONS:
+        t = _median_us(chain(frac, True)) - base_cold
+        moe = _median_us(chain(frac, False)) - base_cold
+        out[f"chain_pf{frac}_us"], out[f"chain_pf{frac}_moe_us"] = t, moe
+        out[f"chain_pf{frac}_saves_us"] = out["chain_us"] - t
+        print(f"  chain_pf{frac}: {t:.1f} us (saves {out['chain_us'] - t:.1f}; the MoE with the touch beside it "
+              f"{moe:.1f} us)", flush=True)
     return out
 
 

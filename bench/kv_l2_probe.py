@@ -12,8 +12,9 @@ should fall with the bytes left in HBM, if the lines survive in L2 until it runs
 Scenarios (each a sequence captured COPIES times in one graph; the attention's time is the sequence's minus the same
 sequence without the attention, medians over ROUNDS; the flush rewrites a buffer of 4 x the L2):
   cold                  flush, attention
-  pf{X}_{policy}        flush, the first X of the KV's positions read by ``_kv_touch_kernel`` (loads with Triton's
-                        eviction policy ``evict_last`` or the default), attention
+  pf{X}_{policy}        flush, the first X of the KV's positions read by attention/triton.kv_touch (the
+                        kernel paths.BATCH1_KV_PREFETCH runs; loads with Triton's eviction policy ``evict_last``,
+                        or the default), attention
   pf{X}_{policy}_stream the same with STREAM_MB of other data read between (the MoE's and the GEMVs' weights of a
                         layer, ~19 + 10 MB, which run between the prefetch and the attention in the model)
 and ``touch{X}_us``: the read of X alone after a flush (what it would cost serially). Then as the model would run
@@ -26,7 +27,7 @@ each minus the flush alone: ``chain_pf{X}_saves_us`` = chain - chain_pf{X} is wh
 own slowdown from the touch's reads included). Writes OUT (JSON) and prints one line per scenario.
 
 Usage (a GPU): python bench/kv_l2_probe.py OUT.json [--ctx 32768,65536]
-CPU: tests/kernels/test_kv_l2_probe.py runs the touch kernel under TRITON_INTERPRET against torch.
+The touch kernel's own check: interpret_cases.py's kvtouch cases (CPU), tests/gpu/test_kv_prefetch_gpu.py.
 """
 from __future__ import annotations
 
@@ -36,8 +37,6 @@ import sys
 from pathlib import Path
 
 import torch
-import triton
-import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "kernels"))
@@ -48,40 +47,6 @@ BOUND = 65536                    # the served max_model_len: the CUDA graphs' sp
 FRACTIONS = (0.25, 0.4, 0.6)
 STREAM_MB = 29
 COPIES, REPLAYS, ROUNDS = 8, 10, 5
-TOUCH_POS = 16                   # positions per program of the touch kernel
-
-
-@triton.jit
-def _kv_touch_kernel(kc_ptr, vc_ptr, bt_ptr, out_ptr, n_pos, block_size, ROW: tl.constexpr,
-                     BLOCK_P: tl.constexpr, LAST: tl.constexpr):
-    """Read the K and V rows (all KV heads: ROW = HKV * D elements, contiguous per slot) of positions
-    [pid * BLOCK_P, + BLOCK_P) < n_pos of sequence 0 through its block table; LAST: with eviction priority
-    evict_last. out[pid] = the rows' sum (keeps the loads; what the test compares)."""
-    pid = tl.program_id(0)
-    pos = pid * BLOCK_P + tl.arange(0, BLOCK_P)
-    ok = pos < n_pos
-    blk = tl.load(bt_ptr + pos // block_size, mask=ok, other=0).to(tl.int64)
-    row = (blk * block_size + pos % block_size)[:, None] * ROW + tl.arange(0, ROW)[None, :]   # [BP, ROW]
-    if LAST:
-        k = tl.load(kc_ptr + row, mask=ok[:, None], other=0.0, eviction_policy="evict_last")
-        v = tl.load(vc_ptr + row, mask=ok[:, None], other=0.0, eviction_policy="evict_last")
-    else:
-        k = tl.load(kc_ptr + row, mask=ok[:, None], other=0.0)
-        v = tl.load(vc_ptr + row, mask=ok[:, None], other=0.0)
-    tl.store(out_ptr + pid, tl.sum(tl.sum(k.to(tl.float32) + v.to(tl.float32), axis=1), axis=0))
-
-
-def kv_touch(k_cache: torch.Tensor, v_cache: torch.Tensor, block_table_row: torch.Tensor, n_pos: int,
-             evict_last: bool, out: torch.Tensor | None = None) -> torch.Tensor:
-    """k_cache, v_cache [blocks, block_size, Hkv, D]; block_table_row [max_blocks] int32 -> per-program sums [P] fp32."""
-    _, bs, hkv, d = k_cache.shape
-    grid = triton.cdiv(n_pos, TOUCH_POS)
-    if out is None:
-        out = torch.empty(max(grid, 1), dtype=torch.float32, device=k_cache.device)
-    if grid:
-        _kv_touch_kernel[(grid,)](k_cache, v_cache, block_table_row, out, n_pos, bs, ROW=hkv * d,
-                                  BLOCK_P=TOUCH_POS, LAST=evict_last, num_warps=4)
-    return out
 
 
 def _median_us(fn) -> float:
@@ -108,8 +73,7 @@ def probe(ctx: int) -> dict:
     q = torch.randn(1, HQ, D, device=dev, dtype=torch.float16)
     flush = torch.zeros(l2, dtype=torch.float32, device=dev)               # 4 bytes each: 4 x the L2, rewritten
     stream = torch.ones(STREAM_MB * 2**20 // 2, dtype=torch.float16, device=dev)
-    sink = torch.empty(ctx // TOUCH_POS + 1, dtype=torch.float32, device=dev)
-    row = md.block_table[0]
+    sink = torch.empty(ctx, dtype=torch.float32, device=dev)             # >= a sum per chunk
     kv_bytes = 2 * ctx * HKV * D * 2
     wg, wu, wd = rand_gptq(H, I, E), rand_gptq(H, I, E), rand_gptq(I, H, E)
     wr = (torch.randn(E, H, device=dev) / H ** 0.5).half()
@@ -124,7 +88,7 @@ def probe(ctx: int) -> dict:
                 cur = torch.cuda.current_stream()
                 aux.wait_stream(cur)                                      # fork after the flush
                 with torch.cuda.stream(aux):
-                    kv_touch(kc, vc, row, int(frac * ctx), True, sink)
+                    at_t.kv_touch(kc, vc, md, int(frac * ctx), sink)
             moe_t.norm_moe(x, res, nw, 1e-6, wr, wg, wu, wd, TOPK, True)
             if frac:
                 torch.cuda.current_stream().wait_stream(aux)              # join before the attention
@@ -136,7 +100,7 @@ def probe(ctx: int) -> dict:
         def run():
             flush.add_(1.0)
             if frac:
-                kv_touch(kc, vc, row, int(frac * ctx), last, sink)
+                at_t.kv_touch(kc, vc, md, int(frac * ctx), sink, evict_last=last)
             if streamed:
                 stream.sum()
             if attend:

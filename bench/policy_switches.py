@@ -79,9 +79,12 @@ def switch_setters() -> dict:
               "moe_slices": "batch1_moe_slices",                          # batch 1 only
               "slices_route": "batch1_slices_route",                      # (with moe_slices only)
               "router_fold": "batch1_router_fold",                        # (with b1_acc, moe_slices, slices_route)
-              "slices_half2": "batch1_slices_half2"}                      # (with moe_slices; fp16)
+              "slices_half2": "batch1_slices_half2",                      # (with moe_slices; fp16)
+              "kv_prefetch": "batch1_kv_prefetch"}                        # batch 1, model-dtype caches
     return {**{short: partial(paths.set_switch, name) for short, name in on_off.items()},
             **{name: _attr_override(slices, "SLICES_CONFIG", cfg) for name, cfg in SLICES_POLICIES.items()},
+            # the KV read into L2 ahead of each layer's attention (with kv_prefetch): other budgets than the 24 MB
+            **{f"kvpf{mb}": _attr_override(paths, "KV_PREFETCH_MB", mb) for mb in (12, 36)},
             "gemv4": _table_override(gemm.SMALL_PROGRAMS_PER_SM, "gemv", 4),
             "moe1pps8": _table_override(stages.DECODE_CONFIGS, "decode1",
                                         stages.DECODE_CONFIGS["decode1"][:5] + (8,)),

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU facts, kernel checks, tiny-checkpoint engine checks, the full-size benchmark.
 # Usage (repo root, on the H200): OUT=/some/dir bash bench/run_h200.sh [parts...]
-# parts: next15 removaltests kvl2 decode15 half2tests decode14 fold foldfull ab decode12 slicestrace3 decode11 slicestrace slices slicestests resttests specverify apimem probe kernels checks full asyncab kvdtype capab capbisect hosttier loadab nopdl pdl16 emu70 longctx attnsweep gputests startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
+# parts: next15 removaltests kvl2 kvpf kvpftests decode15 half2tests decode14 fold foldfull ab decode12 slicestrace3 decode11 slicestrace slices slicestests resttests specverify apimem probe kernels checks full asyncab kvdtype capab capbisect hosttier loadab nopdl pdl16 emu70 longctx attnsweep gputests startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
 #   emu70: the full-size bench with every kernel-path decision on sm70's branch (ONECARD_EMULATE_CC=70): run it
 #          beside `full` in one call for the relative figure (a functional check, not a V100 timing)
 #   specverify: issue 30: verify-step latency vs tokens per sequence (1..9) at batch 1 and 16 (the cost model's
@@ -140,6 +140,21 @@ for p in $parts; do
               "$OUT/switch_ab_emu70.json" --scenarios 1x512 --policies fill+no_slices_half2,fill \
               | tee "$OUT/switch_ab_emu70.log" | grep -v '^{'
           python3 bench/ab_table.py "$OUT/switch_ab_emu70.log" ;;
+    kvpf) log kvpf  # issue 25 item 3 (prepared 2026-12-07, not run): the batch-1 read of the next layer's KV into L2
+          # during each MoE (paths.BATCH1_KV_PREFETCH, off): the probe (part kvl2), then in one engine at 1x512,
+          # 1x32768 and 1x65536 the shipped path against the read at 24 MB a layer (and 12, 36); ~8 min with the
+          # build. Its GPU tests: part kvpftests
+          bash "$0" kvl2
+          [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30 > /dev/null
+          log kvpf-ab
+          timeout "${AB_TIMEOUT:-330}" python3 bench/long_context.py /tmp/q30 "$OUT/switch_ab.json" \
+              --scenarios "${AB_SCENARIOS:-1x32768,1x512,1x65536}" \
+              --policies "${SWITCH_POLICIES:-fill,fill+kv_prefetch,fill+kv_prefetch+kvpf12,fill+kv_prefetch+kvpf36}" \
+              | tee "$OUT/switch_ab.log" | grep -v '^{'
+          python3 bench/ab_table.py "$OUT/switch_ab.log" ;;
+    kvpftests) log kvpftests  # part kvpf's GPU tests (~3 min): the tiny coder's tokens with the read on = off
+          # (graphs and eager), kv_touch against its reference at the served shape
+          timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kv_prefetch_gpu.py 2>&1 | tail -6 ;;
     kvl2) log kvl2  # issue 25 item 3, a probe (~1 min): one layer's batch-1 decode attention at 32k and 64k after an
           # L2 flush, with the first 25/40/60% of its KV read into L2 first (evict_last or not, with a layer's other
           # weights streamed between or not): would prefetching the next layer's KV during the MoE pay?

@@ -364,6 +364,31 @@ def batch1_router_fold(tokens: int) -> bool:
             and batch1_slices_route())
 
 
+# Batch-1 decode reading the next layer's KV into L2 while this layer's MoE runs (layers/kv_prefetch.py,
+# attention/triton.kv_touch on a side stream: forked after a layer's attention block, joined at the end of the
+# forward, so the main chain gains no dependency). Why: at long contexts the attention is bound by its KV bytes
+# (32k: 67 MB a layer at ~98% of the copy rate, BENCHMARKS.md) while the rest of a layer is bound by latency and
+# leaves the HBM mostly idle; the first KV_PREFETCH_MB of a layer's KV (positions from 0; evict_last loads) can
+# then come from the 50 MB L2. Costs: a layer's MoE shares the bandwidth with the reads, and up to
+# KV_PREFETCH_MB / 2 KB positions x 2 KB of reads a layer at every context (a short one reads what it has).
+# Model-dtype caches, CUDA, the Triton backend. OFF: not measured yet (bench/kv_l2_probe.py, then the A/B in
+# bench/run_h200.sh kvpf). ``set_switch("batch1_kv_prefetch", True)`` turns it on in a process.
+BATCH1_KV_PREFETCH = _switch("batch1_kv_prefetch", False)
+KV_PREFETCH_MB = 24                   # KV bytes read into L2 ahead of a layer's attention (its first positions)
+KV_PREFETCH_CHUNK = 16                # positions a program of the read (kv_touch's sums, one per chunk)
+
+
+def batch1_kv_prefetch(tokens: int) -> bool:
+    """Does a ``tokens``-token decode step read each next layer's KV into L2 during this layer's MoE (batch 1)?"""
+    return tokens == 1 and switch("batch1_kv_prefetch")
+
+
+def kv_prefetch_positions(kv_heads: int, head_dim: int, elem_bytes: int) -> int:
+    """Positions of a layer's KV (K and V rows of every KV head) that KV_PREFETCH_MB holds, whole chunks."""
+    per = 2 * kv_heads * head_dim * elem_bytes
+    return max(KV_PREFETCH_CHUNK, KV_PREFETCH_MB * 2**20 // per // KV_PREFETCH_CHUNK * KV_PREFETCH_CHUNK)
+
+
 # Decode MoE at T > 1: silu(gate) * up as a launch of its own between the two stages, stage 2 then loading it as
 # stage 1 loads x. Without it every stage-2 program recomputes silu for its K tile (exp and a division per value,
 # each value once per column tile of the down projection: 16 times at the served shape). Identical values either

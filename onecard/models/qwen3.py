@@ -13,6 +13,7 @@ MoE layer calls the norm and the experts as one op, ``norm_moe``, which its batc
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import torch
@@ -25,6 +26,7 @@ from onecard.kernels.attention.metadata import AttentionMetadata
 from onecard.kernels.fused_moe import router_fold
 from onecard.kernels.fused_moe.router_fold import RouterFold
 from onecard.kernels.types import MoEWeight
+from onecard.layers.kv_prefetch import KvPrefetch
 from onecard.layers.linear import Linear
 from onecard.layers.rotary import rope_cache
 from onecard.models.weights import ExpertProj, ExpertsSpec, LinearSpec, Param, Spec
@@ -141,10 +143,14 @@ class DecoderLayer(nn.Module):
         self.input_layernorm: torch.Tensor | None = None
         self.post_attention_layernorm: torch.Tensor | None = None
 
-    def forward(self, x, residual, positions, cos_sin, kv_cache, md):
+    def forward(self, x, residual, positions, cos_sin, kv_cache, md, after_attention: Callable[[], None] | None = None):
+        """``after_attention``: called once the attention block has run, before the MLP (the forward's KV
+        prefetch, layers/kv_prefetch.py)."""
         fold = self._router_fold(x)                                       # the router inside o_proj's launch
         h, residual, *handed = self.self_attn.forward_residual(x, residual, self.input_layernorm, positions, cos_sin,
                                                                kv_cache, md, router_fold=fold)
+        if after_attention is not None:
+            after_attention()
         if self.is_moe:                                                   # norm + router + experts: one op
             m = self.mlp
             return ops.norm_moe(h, residual, self.post_attention_layernorm, self.eps, m.gate, m.w_gate, m.w_up,
@@ -223,10 +229,15 @@ class Qwen3ForCausalLM(nn.Module):
         identical layers launch identical kernels, so one of each kind records them all). None: every layer."""
         x = F.embedding(input_ids, self.embed_tokens)                      # [T, H]
         residual = None
-        pairs = (zip(self.layers, kv_caches) if layer_ids is None
-                 else ((self.layers[i], kv_caches[i]) for i in layer_ids))
-        for layer, kv in pairs:
-            x, residual = layer(x, residual, positions, self.cos_sin, kv, md)
+        pairs = list(zip(self.layers, kv_caches) if layer_ids is None
+                     else ((self.layers[i], kv_caches[i]) for i in layer_ids))
+        # batch 1: each next layer's KV read into L2 during this layer's MoE (paths.batch1_kv_prefetch; None: off)
+        prefetch = KvPrefetch.for_step(self, input_ids, [kv for _, kv in pairs], md)
+        for j, (layer, kv) in enumerate(pairs):
+            x, residual = layer(x, residual, positions, self.cos_sin, kv, md,
+                                None if prefetch is None else partial(prefetch.after_attention, j))
+        if prefetch is not None:
+            prefetch.join()
         x, _ = ops.rms_norm(x, self.norm, self.eps, residual)
         return x
 

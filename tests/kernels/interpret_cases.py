@@ -109,6 +109,9 @@ SPLITKV = [(2, 1, [1, 70, 700], {}), (3, 1, [1, 70, 700], {}), (7, 1, [1, 70, 70
            (3, 1, [1, 70, 700], {"prefetch": 2}), (40, 1, [1, 2100], {"prefetch": 2, "block_n": 32}),
            (2, 2, [1, 70, 700], {"prefetch": 2, "block_n": 16, "reduce_block_s": 2})]
 SPLITKV_BOUND = 4096
+# kvtouch{i}: (sequence 0's length, max_positions, evict_last): fewer positions than the sequence (the last chunk
+# partly masked), more (chunks past its end sum to 0), the plain loads of bench/kv_l2_probe.py's other arm
+KV_TOUCH = [(70, 37, True), (70, 200, True), (70, 48, False)]
 SPLITKV_CASES = ([f"splitkv{i}-{dt}" for i in range(len(SPLITKV)) for dt in (F32, F16)]
                  + [f"splitkv{i}-fp8e5m2" for i in (1, 3, 4, 5, 7, 8, 10, 11)]
                  + [f"splitkv{i}-sm70-{dt}" for i in (1, 3, 7, 10) for dt in (F16, "fp8e5m2")])
@@ -162,8 +165,8 @@ CASES = ([f"gemm{i}-{dt}" for i in range(len(GEMM)) for dt in (F32, F16)] + ["de
          + [f"qk_norm_rope-{dt}" for dt in (F32, F16)] + [f"qk_norm_rope_store-{dt}" for dt in (F32, F16)]
          + [f"attn_in{i}-{dt}" for i in range(len(ATTN_IN)) for dt in (F32, F16)]
          + [f"silu_and_mul-{dt}" for dt in (F32, F16)]
-         # bench/kv_l2_probe.py's KV touch kernel (the rows it reads, through a shuffled block table)
-         + [f"kvtouch{i}-{dt}" for i in (0, 1) for dt in (F32, F16)]
+         # the batch-1 KV read into L2 (switch "batch1_kv_prefetch", attention/triton.kv_touch): the rows it reads
+         + [f"kvtouch{i}-{dt}" for i in range(len(KV_TOUCH)) for dt in (F32, F16)]
          + [f"verifyattn{i}-{dt}" for i in range(len(VERIFY_ATTN)) for dt in (F32, F16)]
          + FP8_CASES)
 
@@ -842,26 +845,24 @@ def run_case(name: str, seed: int) -> float:
         from onecard.kernels.activation import triton as tk
         x = torch.randn(3, 2 * 1100).to(dt)
         return _rel(tk.silu_and_mul(x), ref.silu_and_mul(x))
-    if kind.startswith("kvtouch"):                                        # 0: evict_last loads, 1: plain
-        return _kv_touch_case(kind == "kvtouch0", dt, seed)
+    if kind.startswith("kvtouch"):
+        return _kv_touch_case(int(kind[7:]), dt, seed)
     raise KeyError(name)
 
 
-def _kv_touch_case(evict_last: bool, dt, seed: int) -> float:
-    """bench/kv_l2_probe.kv_touch over the first 37 of 70 positions (3 programs of 16, the last part masked) of a
-    paged cache with a shuffled block table: each program's sum against the same rows' sum from the sequence's
-    contiguous K and V."""
-    import torch
+def _kv_touch_case(i: int, dt, seed: int) -> float:
+    """attention/triton.kv_touch against ref.kv_touch (KV_TOUCH[i]) on a paged cache with a shuffled block table:
+    every chunk's sum, the chunks past the sequence's end zero."""
     from kernels_testlib import make_paged_batch
 
-    sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "bench")))
-    from kv_l2_probe import TOUCH_POS, kv_touch
+    from onecard.kernels.attention import ref
+    from onecard.kernels.attention import triton as tk
 
-    kc, vc, md, ks, vs = make_paged_batch([70], [1], 2, 32, 16, dtype=dt, seed=seed)
-    n = 37
-    got = kv_touch(kc, vc, md.block_table[0], n, evict_last)
-    rows = (ks[0][:n].float() + vs[0][:n].float()).sum(dim=(1, 2))          # [n] each position's K + V sum
-    want = torch.stack([rows[i:i + TOUCH_POS].sum() for i in range(0, n, TOUCH_POS)])
+    seq_len, max_positions, evict_last = KV_TOUCH[i]
+    kc, vc, md, _, _ = make_paged_batch([seq_len], [1], 2, 32, 16, dtype=dt, seed=seed)
+    got = tk.kv_touch(kc, vc, md, max_positions, evict_last=evict_last)
+    want = ref.kv_touch(kc.float(), vc.float(), md, max_positions)
+    assert got.shape == want.shape and bool((want[-(-seq_len // 16):] == 0).all()), (got.shape, want)
     return _rel(got, want)
 
 

@@ -362,3 +362,18 @@ def test_slices_config_by_capability():
     assert slices.config(70) is slices.SLICES_CONFIG_PRE_AMPERE and slices.config(75) is slices.SLICES_CONFIG_PRE_AMPERE
     assert slices.config(80) is slices.SLICES_CONFIG and slices.config(90) is slices.SLICES_CONFIG
     assert slices.SLICES_CONFIG_PRE_AMPERE[4] == 1
+
+
+def test_kv_prefetch_reads_its_budget_in_whole_chunks_at_batch_1_only():
+    """paths.BATCH1_KV_PREFETCH (off until measured): batch 1 only; the served layer (4 KV heads, D 128, fp16: 2 KB
+    of K and V a position) reads KV_PREFETCH_MB of its first positions, whole chunks; a tiny layer at least one."""
+    assert paths.switches()["batch1_kv_prefetch"] is paths.BATCH1_KV_PREFETCH is False
+    positions = paths.kv_prefetch_positions(4, 128, 2)
+    assert positions == paths.KV_PREFETCH_MB * 2**20 // 2048 and positions % paths.KV_PREFETCH_CHUNK == 0
+    assert paths.kv_prefetch_positions(4096, 128, 4) == paths.KV_PREFETCH_CHUNK
+    paths.set_switch("batch1_kv_prefetch", True)
+    try:
+        assert paths.batch1_kv_prefetch(1) and not paths.batch1_kv_prefetch(2)
+    finally:
+        paths.set_switch("batch1_kv_prefetch", None)
+    assert not paths.batch1_kv_prefetch(1)

@@ -13,6 +13,7 @@ import torch
 
 from onecard.kernels.attention.fp8 import dequantize, quantize
 from onecard.kernels.attention.metadata import AttentionMetadata
+from onecard.kernels.paths import KV_PREFETCH_CHUNK
 
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -54,3 +55,21 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         scores = scores.masked_fill(k_pos[None, None, :] > q_pos[None, :, None], float("-inf"))
         out[q0:q1] = torch.einsum("hnl,lhd->nhd", torch.softmax(scores, dim=-1), v)
     return out.to(q.dtype)
+
+
+def kv_touch(k_cache: torch.Tensor, v_cache: torch.Tensor, md: AttentionMetadata, max_positions: int,
+             out: torch.Tensor | None = None, evict_last: bool = True) -> torch.Tensor:
+    """The read that puts a batch-1 step's next layer's KV in L2 (paths.batch1_kv_prefetch): the K and V rows of
+    positions below min(seq_lens[0], max_positions) of sequence 0, model-dtype caches. -> fp32
+    [ceil(max_positions / paths.KV_PREFETCH_CHUNK)]: each chunk's sum of those rows (0 past the end), what keeps
+    the reads in the kernel and what a test compares; ``out``: written instead of a new tensor; ``evict_last``:
+    the kernel's L2 priority for the rows (no value here)."""
+    chunk = KV_PREFETCH_CHUNK
+    n = min(int(md.seq_lens[0]), max_positions)
+    rows = (gather_kv(k_cache, md.block_table[0], n) + gather_kv(v_cache, md.block_table[0], n)).sum(dim=(1, 2))
+    sums = torch.zeros(-(-max_positions // chunk), dtype=torch.float32, device=k_cache.device)
+    sums.index_add_(0, torch.arange(n, device=k_cache.device) // chunk, rows)
+    if out is None:
+        return sums
+    out.copy_(sums)
+    return out

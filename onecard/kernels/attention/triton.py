@@ -473,6 +473,42 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     return out
 
 
+@triton.jit
+def _kv_touch_kernel(kc_ptr, vc_ptr, bt_ptr, seqlen_ptr, out_ptr, max_pos, block_size, ROW: tl.constexpr,
+                     CHUNK: tl.constexpr, LAST: tl.constexpr):
+    """Read the K and V rows (every KV head: ROW = Hkv * D elements, contiguous per slot) of positions
+    [pid * CHUNK, + CHUNK) below min(seq_lens[0], max_pos) of sequence 0, through its block table; LAST: with
+    eviction priority evict_last (the attention reads them again soon; not LAST: bench/kv_l2_probe.py's other
+    arm); out[pid] = their sum (0 past the end), which keeps the loads. Nothing waits on it (a side stream):
+    the step's metadata and the cache only."""
+    pid = tl.program_id(0)
+    n = tl.minimum(tl.load(seqlen_ptr, cache_modifier=".cg"), max_pos)
+    pos = pid * CHUNK + tl.arange(0, CHUNK)
+    ok = pos < n
+    blk = tl.load(bt_ptr + pos // block_size, mask=ok, other=0, cache_modifier=".cg").to(tl.int64)
+    row = (blk * block_size + pos % block_size)[:, None] * ROW + tl.arange(0, ROW)[None, :]   # [CHUNK, ROW]
+    if LAST:
+        k = tl.load(kc_ptr + row, mask=ok[:, None], other=0.0, eviction_policy="evict_last")
+        v = tl.load(vc_ptr + row, mask=ok[:, None], other=0.0, eviction_policy="evict_last")
+    else:
+        k = tl.load(kc_ptr + row, mask=ok[:, None], other=0.0)
+        v = tl.load(vc_ptr + row, mask=ok[:, None], other=0.0)
+    tl.store(out_ptr + pid, tl.sum(tl.sum(k.to(tl.float32) + v.to(tl.float32), axis=1), axis=0))
+
+
+def kv_touch(k_cache: torch.Tensor, v_cache: torch.Tensor, md: AttentionMetadata, max_positions: int,
+             out: torch.Tensor | None = None, evict_last: bool = True) -> torch.Tensor:
+    """As ref.kv_touch; ``out``: where the sums go (a buffer reused under CUDA graphs), else a new one."""
+    _, bs, hkv, d = k_cache.shape
+    assert k_cache.is_contiguous() and v_cache.is_contiguous() and fmt_code(k_cache) == 0, "model-dtype caches"
+    chunks = triton.cdiv(max_positions, paths.KV_PREFETCH_CHUNK)
+    if out is None:
+        out = torch.empty(chunks, dtype=torch.float32, device=k_cache.device)
+    _kv_touch_kernel[(chunks,)](k_cache, v_cache, md.block_table, md.seq_lens, out, max_positions, bs,
+                                ROW=hkv * d, CHUNK=paths.KV_PREFETCH_CHUNK, LAST=evict_last, num_warps=4)
+    return out
+
+
 KV_FORMATS = (("", 0, 70), (",kv=e5m2", 1, 70), (",kv=e4m3", 2, 89))   # (name tag, KV_FMT, min cc)
 
 
@@ -537,10 +573,15 @@ def aot_configs() -> list[AotConfig]:
                         "block_n": "i32", "min_seg_tiles": "i32"}
                 out.append(AotConfig(_segment_reduce_rows_kernel, signature(args, cx), cx, paths.REDUCE_WARPS, 1,
                                      act_cc, f"segment_reduce_rows[bq={bq},s={segs},{act}]"))
+        # the batch-1 KV read into L2 ahead of the attention (paths.batch1_kv_prefetch), model-dtype caches
+        cx = {"ROW": hkv * d, "CHUNK": paths.KV_PREFETCH_CHUNK, "LAST": True}
+        args = {"kc_ptr": f"*{act}", "vc_ptr": f"*{act}", "bt_ptr": "*i32", "seqlen_ptr": "*i32", "out_ptr": "*fp32",
+                "max_pos": "i32", "block_size": "i32"}
+        out.append(AotConfig(_kv_touch_kernel, signature(args, cx), cx, 4, 1, act_cc, f"kv_touch[{act}]"))
     return out
 
 
-__all__ = ["RawQK", "aot_configs", "attn_tiles", "block_q", "num_segments", "paged_attention", "split_plan",
-           "store_kv"]
+__all__ = ["RawQK", "aot_configs", "attn_tiles", "block_q", "kv_touch", "num_segments", "paged_attention",
+           "split_plan", "store_kv"]
 
 settle_cache_keys(globals())   # Triton cache keys, helpers first (triton_common.settle_cache_keys)

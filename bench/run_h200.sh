@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU facts, kernel checks, tiny-checkpoint engine checks, the full-size benchmark.
 # Usage (repo root, on the H200): OUT=/some/dir bash bench/run_h200.sh [parts...]
-# parts: next15 removaltests kvl2 kvpf kvpftests decode15 half2tests decode14 fold foldfull ab decode12 slicestrace3 decode11 slicestrace slices slicestests resttests specverify apimem probe kernels checks full asyncab kvdtype capab capbisect hosttier loadab nopdl pdl16 emu70 longctx attnsweep gputests startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
+# parts: next15 removaltests kvl2 kvpf kvpftests half2tests slicestests slicestrace3 switchab ab resttests specverify apimem probe kernels checks full asyncab kvdtype capab capbisect hosttier loadab nopdl pdl16 emu70 longctx attnsweep gputests startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
 #   emu70: the full-size bench with every kernel-path decision on sm70's branch (ONECARD_EMULATE_CC=70): run it
 #          beside `full` in one call for the relative figure (a functional check, not a V100 timing)
 #   specverify: issue 30: verify-step latency vs tokens per sequence (1..9) at batch 1 and 16 (the cost model's
@@ -19,6 +19,15 @@ export PYTHONPATH="$PWD${EXTRA_PYTHONPATH:+:$EXTRA_PYTHONPATH}" TOKENIZERS_PARAL
 OUT="${OUT:-/tmp/onecard_out}"; mkdir -p "$OUT"
 parts="${*:-probe kernels checks full floor}"
 log() { echo "=== $* ($(date +%T))"; }
+# abrun SCENARIOS POLICIES [SECONDS]: bench/long_context.py's A/B in ONE engine (one graph set per policy, runs
+# alternating, medians of 3) on the full-size checkpoint (built first if missing); each scenario's JSON line is
+# kept as it finishes, then bench/ab_table.py's markdown table of every finished scenario
+abrun() {
+  [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30 > /dev/null
+  timeout "${3:-240}" python3 bench/long_context.py /tmp/q30 "$OUT/switch_ab.json" --scenarios "$1" --policies "$2" \
+      | tee "$OUT/switch_ab.log" | grep -v '^{'
+  python3 bench/ab_table.py "$OUT/switch_ab.log"
+}
 for p in $parts; do
   case $p in
     apimem) log apimem  # issue 28: only the engine process may hold GPU memory (nvidia-smi), bundled model
@@ -80,78 +89,18 @@ for p in $parts; do
           # after the kernels alone (graph replay; the M=1/16 GEMMs and T=1/16 MoE with each switch on) and before
           # the GPU tests of the kernels and the engine (~6 min; each scenario's JSON line is kept as it finishes;
           # AB_TIMEOUT: the A/B's seconds, default 220; AB_TESTS=0: no tests)
-          [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30 > /dev/null
           timeout "${AB_KTIMEOUT:-100}" python3 bench/kernels_gpu.py --quick --only "${AB_KERNELS:-attention block,M=1,T=1}"
-          timeout "${AB_TIMEOUT:-220}" python3 bench/long_context.py /tmp/q30 "$OUT/switch_ab.json" --scenarios "${AB_SCENARIOS:-1x512,16x512}" \
-              --policies "${SWITCH_POLICIES:-fill,fill+no_slices_half2}" \
-              | tee "$OUT/switch_ab.log" | grep -v '^{'
-          python3 bench/ab_table.py "$OUT/switch_ab.log"                # the markdown table (every finished scenario)
+          abrun "${AB_SCENARIOS:-1x512,16x512}" "${SWITCH_POLICIES:-fill,fill+no_slices_half2}" "${AB_TIMEOUT:-220}"
           [ "${AB_TESTS:-1}" = 1 ] && timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kernels_gpu.py \
               tests/gpu/test_engine_gpu.py 2>&1 | tail -8 ;;
-    decode11) log decode11  # issue 25, next (prepared 2026-12-07, not run): the MoE block alone with cold experts
-          # (bench/kernels_gpu.py's "cold experts" rows), then in one engine at 1x512 and 1x32768: the shipped slices
-          # routing per warp (fill), routed by norm-route instead (no_slices_route: the per-warp routing changed
-          # what that A/B measured), BLOCK_I 16 (as prepared it also had their L2 prefetch, removed since)
-          # (slices16: 384 programs on 132 SMs, against 192 leaving 60 SMs with two) and BLOCK_K8 16 on 4 warps
-          # (slices3216); ~7 min with the build. Its GPU tests: part slicestests
-          AB_TESTS=0 AB_TIMEOUT="${AB_TIMEOUT:-280}" AB_KTIMEOUT=150 AB_KERNELS="norm_moe T=1" \
-            AB_SCENARIOS="${AB_SCENARIOS:-1x512,1x32768}" \
-            SWITCH_POLICIES="${SWITCH_POLICIES:-fill,fill+no_slices_route,fill+slices16,fill+slices3216}" \
-            bash "$0" switchab ;;
-    decode12) log decode12  # issue 25 (ran 2026-12-07 13:07 with the policies of that day, BENCHMARKS.md): the
-          # slices' gate/up loop pipelined by Triton (shipped since as "fill": stages 3). Now, in one engine at 1x512
-          # and 1x32768: fill, +slices_one_ahead (the loop before), +slices_st8, +slices16_st3 (BLOCK_I 16 on 8
-          # warps), +slices_st3h512 (BLOCK_H 512), the ones that day left unmeasured; then the GPU tests (part
-          # slicestests); then the MoE block alone (L2-hot and cold-experts rows). ~8 min with the build
-          [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30 > /dev/null
-          log decode12-ab
-          timeout "${AB_TIMEOUT:-220}" python3 bench/long_context.py /tmp/q30 "$OUT/switch_ab.json" \
-              --scenarios "${AB_SCENARIOS:-1x512,1x32768}" \
-              --policies "${SWITCH_POLICIES:-fill,fill+slices_one_ahead,fill+slices_st8,fill+slices16_st3,fill+slices_st3h512}" \
-              | tee "$OUT/switch_ab.log" | grep -v '^{'
-          python3 bench/ab_table.py "$OUT/switch_ab.log"
-          bash "$0" slicestests
-          log decode12-kernels
-          timeout "${AB_KTIMEOUT:-60}" python3 bench/kernels_gpu.py --quick --only "norm_moe T=1" ;;
-    fold) log fold  # issue 25: the router folded into o_proj, no norm-route launch (paths.BATCH1_ROUTER_FOLD,
-          # fused_moe/router_fold.py), A/B'd in one engine at 1x512 and 1x32768 against the shipped path; then its
-          # GPU tests (the tiny coder's greedy tokens with it, graphs = eager = the two-launch stages, under
-          # emulated sm70 too) and the slices tests not run yet. ~7 min with the build
-          [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30 > /dev/null
-          log fold-ab
-          timeout "${AB_TIMEOUT:-200}" python3 bench/long_context.py /tmp/q30 "$OUT/switch_ab.json" \
-              --scenarios "${AB_SCENARIOS:-1x512,1x32768}" --policies "${SWITCH_POLICIES:-fill,fill+router_fold}" \
-              | tee "$OUT/switch_ab.log" | grep -v '^{'
-          python3 bench/ab_table.py "$OUT/switch_ab.log"
-          log fold-tests
-          timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_moe_slices_gpu.py \
-            -k "router-fold or emulated or routing-in-slices-one-ahead or routing-in-slices]" 2>&1 | tail -8 ;;
-    decode15) log decode15  # issue 25 (2026-12-07): the batch-1 MoE slices' dots in packed fp16 (int4.half2_dot8,
-          # paths.BATCH1_SLICES_HALF2, shipped on) against their fp32 dots, in one engine at 1x512 and 1x32768, then
-          # under emulated sm70 (the pre-Ampere loop) at 1x512 (~5 min with the build). As run on 2026-12-07 it
-          # also A/B'd the dense GEMV's packed dot (lost, removed; BENCHMARKS.md)
-          [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30 > /dev/null
-          timeout "${AB_TIMEOUT:-240}" python3 bench/long_context.py /tmp/q30 "$OUT/switch_ab.json" \
-              --scenarios "${AB_SCENARIOS:-1x512,1x32768}" --policies "${SWITCH_POLICIES:-fill+no_slices_half2,fill}" \
-              | tee "$OUT/switch_ab.log" | grep -v '^{'
-          python3 bench/ab_table.py "$OUT/switch_ab.log"
-          log decode15-emu70
-          ONECARD_EMULATE_CC=70 timeout "${AB_EMU_TIMEOUT:-150}" python3 bench/long_context.py /tmp/q30 \
-              "$OUT/switch_ab_emu70.json" --scenarios 1x512 --policies fill+no_slices_half2,fill \
-              | tee "$OUT/switch_ab_emu70.log" | grep -v '^{'
-          python3 bench/ab_table.py "$OUT/switch_ab_emu70.log" ;;
     kvpf) log kvpf  # issue 25 item 3 (prepared 2026-12-07, not run): the batch-1 read of the next layer's KV into L2
           # during each MoE (paths.BATCH1_KV_PREFETCH, off): the probe (part kvl2), then in one engine at 1x512,
           # 1x32768 and 1x65536 the shipped path against the read at 24 MB a layer (and 12, 36); ~8 min with the
           # build. Its GPU tests: part kvpftests
           bash "$0" kvl2
-          [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30 > /dev/null
           log kvpf-ab
-          timeout "${AB_TIMEOUT:-330}" python3 bench/long_context.py /tmp/q30 "$OUT/switch_ab.json" \
-              --scenarios "${AB_SCENARIOS:-1x32768,1x512,1x65536}" \
-              --policies "${SWITCH_POLICIES:-fill,fill+kv_prefetch,fill+kv_prefetch+kvpf12,fill+kv_prefetch+kvpf36}" \
-              | tee "$OUT/switch_ab.log" | grep -v '^{'
-          python3 bench/ab_table.py "$OUT/switch_ab.log" ;;
+          abrun "${AB_SCENARIOS:-1x32768,1x512,1x65536}" \
+            "${SWITCH_POLICIES:-fill,fill+kv_prefetch,fill+kv_prefetch+kvpf12,fill+kv_prefetch+kvpf36}" "${AB_TIMEOUT:-330}" ;;
     kvpftests) log kvpftests  # part kvpf's GPU tests (~3 min): the tiny coder's tokens with the read on = off
           # (graphs and eager), kv_touch against its reference at the served shape
           timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kv_prefetch_gpu.py 2>&1 | tail -6 ;;
@@ -176,33 +125,13 @@ for p in $parts; do
           # sm70, the router fold) and the MoE kernel rows at the real shapes (~6 min)
           timeout 500 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_moe_slices_gpu.py tests/gpu/test_kernels_gpu.py \
             -k "slices or norm_moe" 2>&1 | tail -8 ;;
-    decode14) log decode14  # issue 25 (2026-12-07, after the router fold): the slices' gate/up loop with more tiles
-          # in flight, in one engine at 1x512 and 1x32768: fill (shipped), +slices_k64_st3 (BLOCK_K8 64: 4 steps of
-          # 16 KB), +slices_st4 (4 deep), +slices_k64_st4 (~4 min with the build)
-          [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30 > /dev/null
-          timeout "${AB_TIMEOUT:-300}" python3 bench/long_context.py /tmp/q30 "$OUT/switch_ab.json" \
-              --scenarios "${AB_SCENARIOS:-1x512,1x32768}" \
-              --policies "${SWITCH_POLICIES:-fill,fill+slices_k64_st3,fill+slices_st4,fill+slices_k64_st4}" \
-              | tee "$OUT/switch_ab.log" | grep -v '^{'
-          python3 bench/ab_table.py "$OUT/switch_ab.log" ;;
-    foldfull) log foldfull  # bench/full_size.py onecard: the shipped path, then with the router folded
-          # (BENCH_POLICY): decode, prefill, TTFT and the full-size logits against the reference backend (~5 min)
-          [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30 > /dev/null
-          timeout 280 python3 bench/full_size.py onecard /tmp/q30 "$OUT/onecard.json"
-          BENCH_POLICY=fill+router_fold timeout 280 python3 bench/full_size.py onecard /tmp/q30 "$OUT/onecard_fold.json" ;;
     slicestrace3) log slicestrace3  # bench/slices_trace.py on the shipped slices (the gate/up loop pipelined 3 deep),
           # then on the one-ahead loop (the pre-Ampere config), to compare the phases (~3 min with the build)
           [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30 > /dev/null
           timeout 150 python3 bench/slices_trace.py /tmp/q30 "$OUT/slices_trace.json" 512
           SLICES_TRACE_CONFIG=32,32,1024,8,1 timeout 150 python3 bench/slices_trace.py /tmp/q30 \
             "$OUT/slices_trace_one_ahead.json" 512 ;;
-    slices) log slices  # issue 25: the batch-1 MoE's expert stages in one launch (paths.BATCH1_MOE_SLICES; with
-          # BATCH1_SLICES_ROUTE routing themselves), A/B'd in one engine at 1x512 and 1x32768 after the MoE block
-          # alone (the shipped SLICES_CONFIG and six others; ~5 min with the build). GPU tests: part slicestests
-          AB_TESTS=0 AB_TIMEOUT="${AB_TIMEOUT:-200}" AB_KERNELS="norm_moe T=1" \
-            AB_SCENARIOS="${AB_SCENARIOS:-1x512,1x32768}" SWITCH_POLICIES="${SWITCH_POLICIES:-fill+no_moe_slices+no_slices_route,fill+no_slices_route,fill+no_slices_route+slices16,fill}" \
-            bash "$0" switchab ;;
-    slicestests) log slicestests  # part slices' GPU tests (~3 min): the coder's greedy tokens with the slices in
+    slicestests) log slicestests  # the batch-1 MoE slices' GPU tests (~3 min): the coder's greedy tokens with them in
           # graphs == eager == the two-launch stages; the precompile covers them; the slices rows vs reference
           timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_moe_slices_gpu.py \
             tests/gpu/test_precompile_gpu.py::test_precompile_covers_the_moe_slices \

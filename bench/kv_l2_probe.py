@@ -1,7 +1,8 @@
 """Would batch-1 decode at long contexts gain from the next layer's KV streamed into L2 ahead of its attention?
-A probe for issue 25 item 3, no engine change: one layer's decode attention at the served shape (32 q / 4 KV heads,
-D 128, 16-token blocks, shuffled block table, graphs' bound 65,536: the shipped split) over one sequence of CTX
-keys, timed inside CUDA graphs after the L2 was flushed, with and without part of its KV read into L2 first.
+The premise of paths.BATCH1_KV_PREFETCH (issue 25 item 3), alone: one layer's decode attention at the served
+shape (32 q / 4 KV heads, D 128, 16-token blocks, shuffled block table, graphs' bound 65,536: the shipped split)
+over one sequence of CTX keys, timed inside CUDA graphs after the L2 was flushed, with and without part of its KV
+read into L2 first.
 
 Why: at 32k the batch-1 step is the 512-token step plus its 3.2 GB of KV read at ~98% of the copy rate
 (BENCHMARKS.md): the attention is bandwidth-bound while the rest of a layer (GEMVs, the MoE slices) is latency-bound

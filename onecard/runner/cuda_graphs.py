@@ -17,7 +17,7 @@ padded layout's rows for a verify step). Pad rows write no KV (slot -1); a padde
 pad rows, so the kernels' rule "query row j sits at position seq_len - query_len + j" keeps every real row at
 its true position and the causal mask keeps the pad rows (which come after) out of every real row's attention;
 sequences past B attend to their own q keys of whatever blocks their stale table row names. Outputs of pad rows
-are dropped. Inside a graph nothing syncs with the host: the attention metadata uses ``max_seq_len`` = the
+are dropped. Inside a graph nothing syncs with the host: the attention metadata uses ``max_seq_len`` =
 max_model_len (decode) or max_model_len + q - 1 (verify), which sets the split only; kernels read the real
 lengths from ``seq_lens`` on the device, and the block table is wide enough for a padded sequence's last key.
 (Decode graphs per context class, a smaller bound's split for short contexts, were measured and removed: the

@@ -6,8 +6,10 @@ forward's layers in order, ``after_attention(j)`` is called by layer j once its 
 a side stream from the main one and launches ``dispatch.kv_touch`` over layer j + 1's cache there), and ``join()``
 once after the last layer (the main stream waits for the side stream: a CUDA-graph capture must end joined, and
 nothing else waits on it, so the main chain gains no dependency). The side stream and the sums' buffer are the
-model's, made on the first step that prefetches (outside a capture: the graph runner warms up every graph
-eagerly before capturing it). The reads change no value: a step computes the same with or without them.
+model's (``Qwen3ForCausalLM.kv_prefetch_buffers``), made on the first step that prefetches (outside a capture:
+the graph runner warms up every graph eagerly before capturing it) and never freed: a captured graph writes the
+buffer it was captured with, and another budget (a benchmark's policy) gets a buffer of its own. The reads change
+no value: a step computes the same with or without them.
 """
 from __future__ import annotations
 
@@ -37,12 +39,14 @@ class KvPrefetch:
         if k.dtype != model.dtype:                                        # fp8 caches: the switch does not apply
             return None
         positions = paths.kv_prefetch_positions(k.shape[2], k.shape[3], k.element_size())
-        state = getattr(model, "_kv_prefetch_state", None)
-        if state is None or state[1].device != k.device or state[1].numel() < -(-positions // paths.KV_PREFETCH_CHUNK):
-            state = (torch.cuda.Stream(k.device),
-                     torch.empty(-(-positions // paths.KV_PREFETCH_CHUNK), dtype=torch.float32, device=k.device))
-            model._kv_prefetch_state = state
-        return KvPrefetch(state[0], state[1], caches, md, positions)
+        chunks = -(-positions // paths.KV_PREFETCH_CHUNK)
+        buffers = model.kv_prefetch_buffers                               # (device, chunks) -> (stream, sums)
+        if (k.device, chunks) not in buffers:
+            stream = next((s for (d, _), (s, _) in buffers.items() if d == k.device), None)
+            buffers[(k.device, chunks)] = (stream or torch.cuda.Stream(k.device),
+                                           torch.empty(chunks, dtype=torch.float32, device=k.device))
+        stream, sums = buffers[(k.device, chunks)]
+        return KvPrefetch(stream, sums, caches, md, positions)
 
     def after_attention(self, j: int) -> None:
         """Layer j's attention block has run: read layer j + 1's KV on the side stream (nothing after the last)."""

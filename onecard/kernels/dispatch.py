@@ -20,10 +20,11 @@ Ops (all tensors on one device; "T" = flattened tokens):
       float8_e4m3fn for an fp8 cache (stored = value / scale, see onecard/kv_dtype.py and attention/fp8.py)
   paged_attention(q[T,Hq,D], k_cache, v_cache, md: AttentionMetadata, scale, k_scale=1.0, v_scale=1.0)
       -> [T,Hq,D]  (causal, GQA; an fp8 cache is read as stored x k_scale / v_scale)
-  kv_touch(k_cache, v_cache, md, max_positions, out=None, evict_last=True) -> fp32 [ceil(max_positions / KV_PREFETCH_CHUNK)]: reads
-      sequence 0's K and V rows below min(seq_lens[0], max_positions) (model-dtype caches) and returns each
-      chunk's sum: on the Triton backend with eviction priority evict_last, the batch-1 read of the next layer's
-      KV into L2 (paths.batch1_kv_prefetch, layers/kv_prefetch.py)
+  kv_touch(k_cache, v_cache, md, max_positions, out=None, evict_last=True)
+      -> fp32 [ceil(max_positions / KV_PREFETCH_CHUNK)]: reads sequence 0's K and V rows below
+      min(seq_lens[0], max_positions) (model-dtype caches) and returns each chunk's sum: on the Triton backend
+      with eviction priority evict_last, the batch-1 read of the next layer's KV into L2
+      (paths.batch1_kv_prefetch, layers/kv_prefetch.py)
   rms_norm(x[T,H], weight[H], eps, residual[T,H]|None) -> (out[T,H], residual_out[T,H])
       residual None: residual_out = x; else residual_out = x + residual; out = norm(residual_out) * weight
       (statistics in fp32; outputs in residual's dtype, x's without one; x may be fp32 with a residual)

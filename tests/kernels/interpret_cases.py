@@ -109,9 +109,6 @@ SPLITKV = [(2, 1, [1, 70, 700], {}), (3, 1, [1, 70, 700], {}), (7, 1, [1, 70, 70
            (3, 1, [1, 70, 700], {"prefetch": 2}), (40, 1, [1, 2100], {"prefetch": 2, "block_n": 32}),
            (2, 2, [1, 70, 700], {"prefetch": 2, "block_n": 16, "reduce_block_s": 2})]
 SPLITKV_BOUND = 4096
-# kvtouch{i}: (sequence 0's length, max_positions, evict_last): fewer positions than the sequence (the last chunk
-# partly masked), more (chunks past its end sum to 0), the plain loads of bench/kv_l2_probe.py's other arm
-KV_TOUCH = [(70, 37, True), (70, 200, True), (70, 48, False)]
 SPLITKV_CASES = ([f"splitkv{i}-{dt}" for i in range(len(SPLITKV)) for dt in (F32, F16)]
                  + [f"splitkv{i}-fp8e5m2" for i in (1, 3, 4, 5, 7, 8, 10, 11)]
                  + [f"splitkv{i}-sm70-{dt}" for i in (1, 3, 7, 10) for dt in (F16, "fp8e5m2")])
@@ -124,6 +121,9 @@ FP8_EXACT = ["e5m2_encode_all", "e4m3_encode_all", "store_kv-fp8e4m3"]
 FP8_CASES = (FP8_EXACT + [f"qk_norm_rope_store-fp8{f}" for f in ("e5m2", "e4m3")]
              + [f"attn{i}-fp8e5m2" for i in range(len(ATTN))] + [f"attn{i}-sm70-fp8e5m2" for i in (1, 2)]
              + [f"attn{i}-fp8e4m3" for i in (0, 2)])
+# kvtouch{i}: (sequence 0's length, max_positions, evict_last): fewer positions than the sequence (the last chunk
+# partly masked), more (chunks past its end sum to 0), the plain loads of bench/kv_l2_probe.py's other arm
+KV_TOUCH = [(70, 37, True), (70, 200, True), (70, 48, False)]
 CASES = ([f"gemm{i}-{dt}" for i in range(len(GEMM)) for dt in (F32, F16)] + ["dequant"]
          + [f"moe{i}-{w}-{dt}" for i in range(len(MOE)) for w in ("float", "gptq") for dt in (F32, F16)]
          + [f"g128moe{i}-{dt}" for i in range(len(MOE_G128)) for dt in (F32, F16)]
@@ -394,8 +394,8 @@ def _attn_block_case(i: int, dt, seed: int, attn_qk: bool = False, split: int = 
 def _coder_b1acc_case(seed: int, slices: bool = False, route: bool = False, fold: bool = False) -> float:
     """The bundled tiny coder (g128 GPTQ MoE, fp16) decoding 1 token after a 6-token prefill, its
     attention blocks on the accumulating batch-1 path (fp32 sums into the next norm_moe / rms_norm) with the
-    attention launch's own q/k norm + RoPE + KV store, against the reference backend
-    on the same cache: relative error of the final hidden rows and of the caches. ``slices``: the MoE blocks'
+    attention launch's own q/k norm + RoPE + KV store, against the reference backend on the same cache: relative
+    error of the final hidden rows and of the caches. ``slices``: the MoE blocks'
     expert stages in one launch (switch "batch1_moe_slices"; else the two-launch stages); ``route``: routing themselves
     (switch "batch1_slices_route"); ``fold``: the router folded into o_proj, no norm-route launch (switch
     "batch1_router_fold": every MoE layer must have taken it)."""
@@ -433,7 +433,8 @@ def _coder_b1acc_case(seed: int, slices: bool = False, route: bool = False, fold
     else:
         raise AssertionError(f"seed {seed}: no token in 32 draws routes clear of ties")
     ref_cache = trial
-    switches = {"batch1_accumulate": True, "batch1_attn_qk": True, "batch1_moe_slices": slices, "batch1_slices_route": route, "batch1_router_fold": fold}
+    switches = {"batch1_accumulate": True, "batch1_attn_qk": True, "batch1_moe_slices": slices,
+                "batch1_slices_route": route, "batch1_router_fold": fold}
     for name, on in switches.items():
         paths.set_switch(name, on)
     try:

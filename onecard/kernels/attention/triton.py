@@ -10,9 +10,10 @@ max(ceil(tiles / num_segments), min_seg_tiles) tiles (_segment_tiles), each writ
 segments past the sequence's end exit at once, and a reduce kernel merges the filled ones (it derives their
 count from seq_lens with the same helper). Small-q launches (speculative verify steps, while
 paths.small_q_split(); on by default since the H100 A/B) split the same way per q-block program, cutting the keys
-that q-block sees; their row-wise reduce finds each row's sequence and q-block and derives the same count. The grid depends
-only on host-known sizes (B, max_query_len, segments; num_segments from an upper bound on the lengths, so one
-CUDA graph serves every context): no syncs.
+that q-block sees; their row-wise reduce finds each row's sequence and q-block and derives the same count. The
+grid depends only on host-known sizes (B, max_query_len, segments; num_segments from an upper bound on the
+lengths, so one CUDA graph serves every context): no syncs.
+kv_touch: the batch-1 read of a layer's KV into L2 ahead of its attention (paths.batch1_kv_prefetch).
 FP8 caches (fp8.py): the kernels take their bytes and a KV_FMT constexpr; K/V tiles are decoded to fp16 after
 the load (e5m2: a shift; e4m3: the sm89+ conversion), k_scale is folded into the softmax scale and v_scale
 into the output (or the split-KV partials), so the inner loop gains one conversion per element.

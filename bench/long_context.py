@@ -198,7 +198,7 @@ class Policies:
         hkv = int(self.core.config.model.hf_config.get("num_key_value_heads", 4))
         self._set(spec)
         try:
-            bound = g.graph_key(gbs, 1)[2]                                 # the graph try_run replays
+            bound = g.bound(1)                                             # the decode graph's metadata bound
             segs, min_tiles = paths.split_kv(gbs, True, bound, hkv, sms, cc)
         finally:
             paths.set_split_kv_policy(None)

@@ -127,31 +127,31 @@ class CUDAGraphRunner:
                      for q in {1} | {q for _, q in self.verify_shapes}}
         self._steps_in_flight = steps_in_flight and self.use_graphs
         self._copied: torch.cuda.Event | None = None       # behind the last step's copies from the pinned twins
-        self.graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}   # (b, q, max_seq_len) -> graph
-        self.outputs: dict[tuple[int, int, int], torch.Tensor] = {}
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}   # (b, q) -> graph
+        self.outputs: dict[tuple[int, int], torch.Tensor] = {}
         self.shapes: set[tuple[int, int]] = set()          # (b, q) shapes try_run serves
         self.pool = None
         self.capture_stats: dict[str, float] = {}
         self.replays: Counter[tuple[int, int]] = Counter()   # steps served per (b, q) shape
 
-    def graph_key(self, bs: int, q: int) -> tuple[int, int, int]:
-        """(b, q, the metadata bound) of the graph of ``bs`` sequences of ``q`` query rows: max_model_len for a
-        decode graph, max_model_len + q - 1 (a padded sequence's last key) for a verify graph."""
-        return bs, q, self.max_model_len + q - 1
+    def bound(self, q: int) -> int:
+        """The metadata bound (max_seq_len) of a graph of ``q`` query rows a sequence: max_model_len for a decode
+        graph, max_model_len + q - 1 (a padded sequence's last key) for a verify graph. It sets the split only."""
+        return self.max_model_len + q - 1
 
-    def _metadata(self, bs: int, q: int, max_seq_len: int) -> AttentionMetadata:
+    def _metadata(self, bs: int, q: int) -> AttentionMetadata:
         return AttentionMetadata(
             slot_mapping=self.slot_mapping[:bs * q], query_start_loc=self._qsl[q][:bs + 1],
             seq_lens=self.seq_lens[:bs], block_table=self.block_table[:bs], max_query_len=q,
-            max_seq_len=max_seq_len, num_decode_tokens=bs if q == 1 else 0)
+            max_seq_len=self.bound(q), num_decode_tokens=bs if q == 1 else 0)
 
-    def _forward(self, key: tuple[int, int, int]) -> torch.Tensor:
-        bs, q, max_seq_len = key
+    def _forward(self, key: tuple[int, int]) -> torch.Tensor:
+        bs, q = key
         t = bs * q
-        return self.model(self.input_ids[:t], self.positions[:t], self.kv_caches, self._metadata(bs, q, max_seq_len))
+        return self.model(self.input_ids[:t], self.positions[:t], self.kv_caches, self._metadata(bs, q))
 
-    def _capture_one(self, key: tuple[int, int, int]) -> None:
-        bs, q, _ = key
+    def _capture_one(self, key: tuple[int, int]) -> None:
+        bs, q = key
         self.seq_lens[:bs].fill_(q)                     # a sane warm-up: every row sees its own keys
         for _ in range(2):  # warm up: Triton JIT / autotune outside the capture
             self._forward(key)
@@ -166,10 +166,10 @@ class CUDAGraphRunner:
 
     @torch.inference_mode()
     def capture(self) -> None:
-        decode = [self.graph_key(bs, 1) for bs in reversed(self.batch_sizes)]
-        verify = [self.graph_key(b, q) for b, q in sorted(self.verify_shapes, key=lambda s: (-s[0] * s[1], -s[1]))]
+        decode = [(bs, 1) for bs in reversed(self.batch_sizes)]
+        verify = sorted(self.verify_shapes, key=lambda s: (-s[0] * s[1], -s[1]))
         if not self.use_graphs:                         # off CUDA: the same layouts, run eagerly
-            self.shapes = {(b, q) for b, q, _ in decode + verify}
+            self.shapes = set(decode + verify)
             return
         for kind, keys in (("decode", decode), ("verify", verify)):
             if not keys:
@@ -184,7 +184,7 @@ class CUDAGraphRunner:
             self.capture_stats[f"{kind}_bytes"] = float(free0 - torch.cuda.mem_get_info()[0])
             self.capture_stats[f"{kind}_graphs"] = float(len(keys))
         self.seq_lens.fill_(1)
-        self.shapes = {(b, q) for b, q, _ in decode + verify}
+        self.shapes = set(decode + verify)
         logger.info("captured CUDA graphs for decode batch sizes %s (%d graphs, %.1f s) and %d verify shapes (%.1f s, "
                     "%.0f MiB)", self.batch_sizes, len(decode), self.capture_stats.get("decode_s", 0.0), len(verify),
                     self.capture_stats.get("verify_s", 0.0), self.capture_stats.get("verify_bytes", 0.0) / 2**20)
@@ -238,12 +238,11 @@ class CUDAGraphRunner:
         if fill is not None:
             fill(self.input_ids[:bs * q], inputs)
         self.replays[(bs, q)] += 1
-        key = self.graph_key(bs, q)
         if self.use_graphs:
-            self.graphs[key].replay()
-            out = self.outputs[key]
+            self.graphs[(bs, q)].replay()
+            out = self.outputs[(bs, q)]
         else:
-            out = self._forward(key)
+            out = self._forward((bs, q))
         if q == 1:
             return out[:n]
         return out.index_select(0, self.real_rows[:inputs.input_ids.shape[0]])      # [T, H], input order

@@ -6,9 +6,10 @@ forward's layers in order, ``after_attention(j)`` is called by layer j once its 
 a side stream from the main one and launches ``dispatch.kv_touch`` over layer j + 1's cache there), and ``join()``
 once after the last layer (the main stream waits for the side stream: a CUDA-graph capture must end joined, and
 nothing else waits on it, so the main chain gains no dependency). The side stream and the sums' buffer are the
-model's (``Qwen3ForCausalLM.kv_prefetch_buffers``), made on the first step that prefetches (outside a capture:
-the graph runner warms up every graph eagerly before capturing it) and never freed: a captured graph writes the
-buffer it was captured with, and another budget (a benchmark's policy) gets a buffer of its own. The reads change
+model's (``Qwen3ForCausalLM.kv_prefetch_stream`` and ``kv_prefetch_sums``, one buffer per budget), made on the
+first step that prefetches (outside a capture: the graph runner warms up every graph eagerly before capturing it)
+and never freed: a captured graph writes the buffer it was captured with, and another budget (a benchmark's
+policy) gets a buffer of its own. The reads change
 no value: a step computes the same with or without them.
 """
 from __future__ import annotations
@@ -38,15 +39,13 @@ class KvPrefetch:
         k = caches[0][0]
         if k.dtype != model.dtype:                                        # fp8 caches: the switch does not apply
             return None
-        positions = paths.kv_prefetch_positions(k.shape[2], k.shape[3], k.element_size())
-        chunks = -(-positions // paths.KV_PREFETCH_CHUNK)
-        buffers = model.kv_prefetch_buffers                               # (device, chunks) -> (stream, sums)
-        if (k.device, chunks) not in buffers:
-            stream = next((s for (d, _), (s, _) in buffers.items() if d == k.device), None)
-            buffers[(k.device, chunks)] = (stream or torch.cuda.Stream(k.device),
-                                           torch.empty(chunks, dtype=torch.float32, device=k.device))
-        stream, sums = buffers[(k.device, chunks)]
-        return KvPrefetch(stream, sums, caches, md, positions)
+        positions = paths.kv_prefetch_positions(k.shape[2], k.shape[3], k.element_size())   # whole chunks
+        if model.kv_prefetch_stream is None:
+            model.kv_prefetch_stream = torch.cuda.Stream(k.device)
+        if positions not in model.kv_prefetch_sums:
+            model.kv_prefetch_sums[positions] = torch.empty(positions // paths.KV_PREFETCH_CHUNK, dtype=torch.float32,
+                                                            device=k.device)
+        return KvPrefetch(model.kv_prefetch_stream, model.kv_prefetch_sums[positions], caches, md, positions)
 
     def after_attention(self, j: int) -> None:
         """Layer j's attention block has run: read layer j + 1's KV on the side stream (nothing after the last)."""

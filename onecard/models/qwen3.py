@@ -221,8 +221,9 @@ class Qwen3ForCausalLM(nn.Module):
         self.cos_sin = rope_cache(c, a.head_dim, max_positions)            # [P, D] fp32
         self.dtype = torch.float32
         self.weights_bytes = 0
-        # layers/kv_prefetch.py's side stream and sums buffers, (device, chunks) -> (stream, sums): made on first use
-        self.kv_prefetch_buffers: dict[tuple[torch.device, int], tuple[Any, torch.Tensor]] = {}
+        # layers/kv_prefetch.py's side stream and its sums buffers (positions -> [positions / chunk] fp32): first use
+        self.kv_prefetch_stream: Any = None
+        self.kv_prefetch_sums: dict[int, torch.Tensor] = {}
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], md: AttentionMetadata,

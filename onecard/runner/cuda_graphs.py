@@ -89,6 +89,13 @@ def verify_query_len(inputs: ModelInputs) -> int | None:
     return int(q_lens.max())
 
 
+def graph_bound(max_model_len: int, q: int) -> int:
+    """The metadata bound (max_seq_len) of a graph of ``q`` query rows a sequence: max_model_len for a decode graph,
+    max_model_len + q - 1 (a padded sequence's last key) for a verify graph. It sets the attention's split only
+    (runner/precompile.py's dry run records the same launches with it)."""
+    return max_model_len + q - 1
+
+
 class CUDAGraphRunner:
     def __init__(self, model, kv_caches, batch_sizes: list[int], max_blocks_per_seq: int, max_model_len: int,
                  device: torch.device, steps_in_flight: bool = False,
@@ -135,9 +142,8 @@ class CUDAGraphRunner:
         self.replays: Counter[tuple[int, int]] = Counter()   # steps served per (b, q) shape
 
     def bound(self, q: int) -> int:
-        """The metadata bound (max_seq_len) of a graph of ``q`` query rows a sequence: max_model_len for a decode
-        graph, max_model_len + q - 1 (a padded sequence's last key) for a verify graph. It sets the split only."""
-        return self.max_model_len + q - 1
+        """graph_bound of this runner's graphs of ``q`` query rows a sequence."""
+        return graph_bound(self.max_model_len, q)
 
     def _metadata(self, bs: int, q: int) -> AttentionMetadata:
         return AttentionMetadata(

@@ -27,6 +27,7 @@ from torch import nn
 
 from onecard.kernels import dispatch, paths
 from onecard.kernels.attention.metadata import AttentionMetadata
+from onecard.runner.cuda_graphs import graph_bound
 from onecard.runner.input_batch import leading_decodes
 
 logger = logging.getLogger(__name__)
@@ -115,13 +116,14 @@ def dry_run(runner) -> None:
     # residual; later ones a residual and the previous layer's output, e.g. the batch-1 MoE's fp32 sums)
     layer_ids = reps + reps
     for bs in runner.graph_batch_sizes():                                 # the decode graphs
-        ids, pos, md = batch([1] * bs, [1] * bs, runner.block_size, runner.device, max_seq_len=sched.max_model_len,
-                             table_width=-(-sched.max_model_len // runner.block_size))
+        bound = graph_bound(sched.max_model_len, 1)
+        ids, pos, md = batch([1] * bs, [1] * bs, runner.block_size, runner.device, max_seq_len=bound,
+                             table_width=-(-bound // runner.block_size))
         model(ids, pos, runner.kv_caches, md, layer_ids)
     for bs, q in runner.verify_graph_shapes():                            # the verify graphs (speculation)
-        ids, pos, md = batch([q] * bs, [1] * bs, runner.block_size, runner.device,
-                             max_seq_len=sched.max_model_len + q - 1,
-                             table_width=-(-(sched.max_model_len + q - 1) // runner.block_size))
+        bound = graph_bound(sched.max_model_len, q)
+        ids, pos, md = batch([q] * bs, [1] * bs, runner.block_size, runner.device, max_seq_len=bound,
+                             table_width=-(-bound // runner.block_size))
         model.compute_logits(model(ids, pos, runner.kv_caches, md, layer_ids))
     for q, c, long in dry_shapes(sched.max_num_seqs, sched.max_num_batched_tokens, sched.max_model_len):
         ids, pos, md = batch(q, c, runner.block_size, runner.device, max_seq_len=sched.max_model_len if long else None)

@@ -5,8 +5,10 @@ H200's measured time of the same kernel where BENCHMARKS.md has one.
 
 Model (every figure an assumption written here, so that it can be argued with and rerun):
   * rates: HBM 750 GB/s achievable; Triton kernels (tl.dot is FMA code on sm70) 15.7 TFLOP/s fp32 FMA; cuBLAS
-    fp16 GEMMs 100 TFLOP/s on tensor cores; int4 dequantization 4 integer/convert ops per weight element,
-    issued at the FMA pipe's instruction rate (7.85 T instr/s = 15.7 TFLOP/s / 2);
+    fp16 GEMMs 100 TFLOP/s on tensor cores; SDPA's memory-efficient attention (the prefill attention below sm80,
+    paths.prefill_sdpa) 50 TFLOP/s on tensor cores (half the GEMMs' rate: its softmax runs on the CUDA cores);
+    int4 dequantization 4 integer/convert ops per weight element, issued at the FMA pipe's instruction rate
+    (7.85 T instr/s = 15.7 TFLOP/s / 2);
   * roofline time = max(bytes / bandwidth, compute / rate);
   * "bound" = max(roofline, H200 measured): the decode kernels are latency-bound on the H200 (3-10x their
     bytes' time, BENCHMARKS.md) and a V100 (1.53 GHz vs 1.98, 80 SMs vs 132, HBM2 latency) is no faster on
@@ -35,8 +37,9 @@ from full_size import NKV, NQ, TOPK, D, E, G, H, I, L, V, gptq_bytes
 from onecard.core.spec.cost import expected_distinct_experts
 from onecard.kernels import paths
 
-V100 = {"bw": 750e9, "fma": 15.7e12, "tc": 100e12}
-H200 = {"bw": 4.3e12, "fma": 67e12, "tc": 750e12}     # copy bandwidth measured; fp32 FMA spec; bf16 matmul measured
+V100 = {"bw": 750e9, "fma": 15.7e12, "tc": 100e12, "sdpa": 50e12}
+H200 = {"bw": 4.3e12, "fma": 67e12, "tc": 750e12, "sdpa": 375e12}   # copy bandwidth measured; fp32 FMA spec;
+                                                                    # bf16 matmul measured; sdpa: half of it
 DEQUANT_OPS = 4                                       # per weight element (shift, mask, subtract, convert; scale FMA)
 HOST_MATMUL_S = 10e-6                                 # one eager torch.matmul launch (assumed)
 CTX = 512
@@ -50,7 +53,7 @@ class Kernel:
     count: int                 # launches per step (per layer x layers, or once)
     bytes: float               # per launch
     flops: float               # per launch, at the kernel's rate
-    unit: str                  # "fma" (Triton on sm70) | "tc" (cuBLAS tensor cores)
+    unit: str                  # "fma" (Triton on sm70) | "tc" (cuBLAS tensor cores) | "sdpa" (its attention)
     dequant: float = 0.0       # weight elements dequantized per launch
     h200_us: float | None = None   # measured per launch
     host_s: float = 0.0        # host time per launch that the GPU waits for (per-expert loop)
@@ -144,14 +147,17 @@ def decode(bs: int, h200: dict[str, float], ctx: int = CTX) -> list[Kernel]:
 
 def prefill(h200: dict[str, float]) -> list[Kernel]:
     """One 4,096-token prefill on the sm70 paths: dense GEMMs dequantize + cuBLAS (>= 65 rows), the MoE
-    dequantizes all experts and runs one cuBLAS GEMM per expert (>= 256 tokens), attention is Triton (FMA)."""
+    dequantizes all experts and runs one cuBLAS GEMM per expert (>= 256 tokens), attention is SDPA's
+    memory-efficient kernel (paths.prefill_sdpa; tensor cores)."""
     t, cc = PREFILL, 70
     assert paths.choose("dense_gemm", t, cc) == "cublas" and paths.choose("moe", t, cc) == "per-expert"
+    assert paths.prefill_sdpa(t, cc)
     qkv_n = (NQ + 2 * NKV) * D
     act = t * H * 2
     p = t * TOPK
-    # causal: each query block of 8 tokens x 8 heads reads the keys up to its last token (no L2 reuse counted)
-    kv_reads = (t / 8) * NKV * (t / 2) * D * 2 * 2
+    # causal: each program's block of 64 query rows of one head reads the keys up to its last row (no L2 reuse
+    # counted; the Triton kernel's 8 tokens x 8 heads of one KV head read as many)
+    kv_reads = (t / 64) * NQ * (t / 2) * D * 2 * 2
     experts_w = 3 * E * H * I
     return [
         Kernel("rms_norm x 2", 2 * L, 3 * act, 0, "fma"),
@@ -160,8 +166,9 @@ def prefill(h200: dict[str, float]) -> list[Kernel]:
         Kernel("qkv + o_proj GEMMs (cuBLAS fp16)", L, act * 3 + (H * qkv_n + NQ * D * H) * 2 + t * qkv_n * 2,
                gemm(t, H, qkv_n) + gemm(t, NQ * D, H), "tc"),
         Kernel("q/k-norm + RoPE + KV store", L, t * qkv_n * 2 * 2, 0, "fma"),
-        Kernel("paged attention, causal 4k (Triton, FMA on sm70)", L, kv_reads + 2 * t * NQ * D * 2,
-               4.0 * NQ * D * t * t / 2, "fma", h200_us=h200.get("attn")),
+        Kernel("gather K and V for SDPA (the sequence's blocks)", L, 2 * 2 * t * NKV * D * 2, 0, "fma"),
+        Kernel("attention, causal 4k (SDPA memory-efficient, tensor cores on sm70)", L,
+               kv_reads + 2 * t * NQ * D * 2 * 2, 4.0 * NQ * D * t * t / 2, "sdpa"),
         Kernel("router (cuBLAS) + routing", L, act + E * H * 2 + t * E * 2, gemm(t, H, E), "tc"),
         Kernel("dequantize all experts, 3 projections (Triton)", L, 3 * E * gptq_bytes(H, I) + experts_w * 2, 0,
                "fma", dequant=experts_w, h200_us=h200.get("moe_dequant")),
@@ -177,7 +184,7 @@ H200_BS1 = {"rms": 14 / 8, "qkv": 5.8, "rope": 20 / 8, "attn": 33 / 8, "reduce":
             "moe": 145 / 8, "lm_head": 144}
 H200_BS16 = {"rms": 3.9 / 2, "qkv": 10.0, "rope": 2.8, "attn": 11.6, "reduce": 2.6, "o": 10.0, "route": 5.2 + 4.5,
              "moe": 80.7, "finish": 1.1, "lm_head": 147}
-H200_PREFILL = {"attn": 530, "moe_dequant": 3 * 152, "moe_gemm": 3 * 186}
+H200_PREFILL = {"moe_dequant": 3 * 152, "moe_gemm": 3 * 186}   # (its attention, 530: the Triton kernel, not SDPA)
 
 
 def table(kernels: list[Kernel], tokens: int) -> dict:

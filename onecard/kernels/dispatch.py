@@ -19,7 +19,8 @@ Ops (all tensors on one device; "T" = flattened tokens):
       -> None (in place; -1 skipped). The cache's dtype is its format: the model dtype, or torch.float8_e5m2 /
       float8_e4m3fn for an fp8 cache (stored = value / scale, see onecard/kv_dtype.py and attention/fp8.py)
   paged_attention(q[T,Hq,D], k_cache, v_cache, md: AttentionMetadata, scale, k_scale=1.0, v_scale=1.0)
-      -> [T,Hq,D]  (causal, GQA; an fp8 cache is read as stored x k_scale / v_scale)
+      -> [T,Hq,D]  (causal, GQA; an fp8 cache is read as stored x k_scale / v_scale). With md's host copies
+      (eager steps) the Triton backend sends prefill chunks to PyTorch's SDPA below sm80 (attention/sdpa.py)
   kv_touch(k_cache, v_cache, md, max_positions, out=None, evict_last=True)
       -> fp32 [ceil(max_positions / KV_PREFETCH_CHUNK)]: reads sequence 0's K and V rows below
       min(seq_lens[0], max_positions) (model-dtype caches) and returns each chunk's sum: on the Triton backend
@@ -111,9 +112,10 @@ def _impl(op: str, device: torch.device):
 
 def init_paths(device: torch.device) -> dict[str, object]:
     """Decide at start-up what depends on the device (the runner calls it before the first forward): the
-    capability every choice uses (kernels/paths.capability: ONECARD_EMULATE_CC honoured) and, on sm80+, which
-    dtypes PyTorch's grouped GEMM runs (a tiny probe; the prefill MoE path is chosen from it, never learnt from
-    a failing prefill). -> what was decided, for the log."""
+    capability every choice uses (kernels/paths.capability: ONECARD_EMULATE_CC honoured), on sm80+ which
+    dtypes PyTorch's grouped GEMM runs, below sm80 whether SDPA's memory-efficient kernel runs the prefill
+    attention (tiny probes; the prefill paths are chosen from them, never learnt from a failing prefill).
+    -> what was decided, for the log."""
     if device.type != "cuda" or backend_for(device) != "triton":
         return {}
     from onecard.kernels.fused_moe import grouped
@@ -122,6 +124,10 @@ def init_paths(device: torch.device) -> dict[str, object]:
     out: dict[str, object] = {"capability": cc, "real_capability": paths.real_capability(device),
                               "emulated": paths.emulated_capability() is not None}
     out["grouped_gemm_dtypes"] = sorted(grouped.supported_dtypes(device)) if not grouped.per_expert(device) else []
+    if paths.prefill_sdpa(paths.SPLIT_MAX_QUERY + 1, cc):                # below sm80: SDPA's kernel probed
+        from onecard.kernels.attention import sdpa
+
+        out["prefill_attention_sdpa"] = sdpa.available(device)
     return out
 
 

@@ -498,6 +498,24 @@ def attention_tiles(cc: int, block_m: int) -> tuple[int, int]:
     return (32, 8) if block_m <= 16 else (16, 8)
 
 
+# Prefill attention below sm80 on PyTorch's SDPA (attention/sdpa.py): there tl.dot is FMA code, and a chunk of n
+# new tokens over L positions is 4 n L Hq D FLOPs a layer against 4 L Hkv D bytes of KV, 8 n FLOPs a byte at the
+# served shape: compute-bound from n ~ 3 on a V100 (15.7 TFLOP/s FMA / ~750 GB/s = 21 FLOPs a byte). A 4,096-token
+# prompt's attention is 137 GFLOP a layer, ~8.8 ms at the FMA rate, half of that prefill (bench/v100_estimate.py);
+# the memory-efficient SDPA kernel runs it on tensor cores. A sequence with more than SPLIT_MAX_QUERY new tokens in
+# an eager step takes it; shorter ones (decodes, speculative verify rows, a prompt's last few tokens) stay on the
+# Triton kernel, whose split-KV spreads their keys over every SM (SDPA's grid is heads x 64-query blocks: 32
+# programs for a short chunk) and which the CUDA graphs capture. Not timed on a V100 (none here): the arithmetic
+# above decided it; ONECARD_EMULATE_CC=70 runs it on a newer card (tests/gpu). set_switch("prefill_sdpa", False)
+# keeps every sequence on the Triton kernel.
+PREFILL_SDPA = _switch("prefill_sdpa", True)
+
+
+def prefill_sdpa(query_len: int, cc: int) -> bool:
+    """Does a sequence with ``query_len`` new tokens in an eager step take SDPA's attention (capability ``cc``)?"""
+    return query_len > SPLIT_MAX_QUERY and not tensor_core_dot(cc) and switch("prefill_sdpa")
+
+
 # The knobs of a decode-only attention launch that ``set_decode_attention_override`` may replace (benchmarks,
 # tests; bench/attn_sweep.py sweeps them): DecodeAttention's fields.
 DECODE_ATTN_KNOBS = ("segments", "min_seg_tiles", "block_n", "num_warps", "num_stages", "reduce_block_s",
@@ -715,7 +733,11 @@ def describe(cc: int | None, quantized: bool) -> dict[str, str]:
         gd = "bf16" if cc >= GROUPED_BF16_MIN_CC else "the serving dtype"
         moe = (f"prefill (>= {GROUPED_MIN_TOKENS} tokens): dequantize + PyTorch grouped GEMM in {gd}; "
                f"smaller batches: triton fused MoE (tl.dot tensor cores)")
-    return {"attention": f"triton paged attention ({dot}){pdl}", "dense_gemm": dense, "moe": moe,
+    attention = f"triton paged attention ({dot}){pdl}"
+    if prefill_sdpa(SPLIT_MAX_QUERY + 1, cc):
+        attention += (f"; prefill chunks of > {SPLIT_MAX_QUERY} tokens: PyTorch SDPA, memory-efficient kernel "
+                      "(tensor cores)")
+    return {"attention": attention, "dense_gemm": dense, "moe": moe,
             "sampling": sampling}
 
 
@@ -743,6 +765,7 @@ __all__ = [
     "int_dot",
     "next_pow2",
     "per_expert_moe",
+    "prefill_sdpa",
     "real_capability",
     "set_decode_attention_override",
     "set_emulated_capability",

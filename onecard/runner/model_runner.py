@@ -176,11 +176,29 @@ class ModelRunner:
         free1, _ = torch.cuda.mem_get_info()
         reserved = torch.cuda.memory_reserved()
         non_torch = max(0, (total - free1) - reserved - (total - free0 - torch.cuda.memory_reserved()))
-        budget = total * self.config.cache.gpu_memory_utilization - peak - non_torch
+        reserve = self._attention_reserve()
+        budget = total * self.config.cache.gpu_memory_utilization - peak - non_torch - reserve
         budget = min(budget, free1 - (256 << 20))
-        logger.info("memory profile: total %.2f GiB, peak torch %.2f GiB, non-torch %.2f GiB, KV budget %.2f GiB",
-                    total / 2**30, peak / 2**30, non_torch / 2**30, budget / 2**30)
+        logger.info("memory profile: total %.2f GiB, peak torch %.2f GiB, non-torch %.2f GiB, prefill attention "
+                    "reserve %.2f GiB, KV budget %.2f GiB", total / 2**30, peak / 2**30, non_torch / 2**30,
+                    reserve / 2**30, budget / 2**30)
         return max(0, int(budget // self.block_bytes))
+
+    def _attention_reserve(self) -> int:
+        """Bytes the prefill attention on SDPA (below sm80: paths.prefill_sdpa) may hold beyond what the profile's
+        short sequences showed: a max_model_len sequence's gathered K and V and a full chunk's output copies
+        (attention/sdpa.workspace_bytes); 0 where the Triton kernel takes every chunk."""
+        from onecard.kernels import paths
+        from onecard.kernels.attention import sdpa
+
+        if (dispatch.backend_for(self.device) != "triton"
+                or not paths.prefill_sdpa(paths.SPLIT_MAX_QUERY + 1, paths.capability(self.device))
+                or not sdpa.available(self.device, self.head_dim)):
+            return 0
+        sched = self.config.scheduler
+        hq = int(self.config.model.hf_config["num_attention_heads"])
+        return sdpa.workspace_bytes(sched.max_model_len, sched.max_num_batched_tokens, hq, self.num_kv_heads,
+                                    self.head_dim, self.dtype, self.kv_torch_dtype)
 
     @torch.inference_mode()
     def profile_forward(self, tokens: int, seqs: int, layer_ids: list[int] | None = None) -> None:
@@ -200,11 +218,14 @@ class ModelRunner:
             table[i, :blocks_per[i]] = torch.arange(nxt, nxt + blocks_per[i], dtype=torch.int32)
             slot.append(torch.arange(n, device=self.device) + nxt * bs)
             nxt += blocks_per[i]
-        cu = torch.tensor([0] + list(np.cumsum(lens)), dtype=torch.int32, device=self.device)
+        cu_host = np.zeros(seqs + 1, dtype=np.int32)
+        np.cumsum(lens, out=cu_host[1:])
+        cu = torch.from_numpy(cu_host).to(self.device)
         md = AttentionMetadata(
             slot_mapping=torch.cat(slot).long(), query_start_loc=cu,
             seq_lens=torch.tensor(lens, dtype=torch.int32, device=self.device), block_table=table,
-            max_query_len=max(lens), max_seq_len=max(lens))
+            max_query_len=max(lens), max_seq_len=max(lens), host_query_start_loc=cu_host,
+            host_seq_lens=np.asarray(lens, dtype=np.int32))
         hidden = self.model(ids, pos, self.kv_caches, md, layer_ids)
         last = hidden[cu[1:].long() - 1]
         logits = self.model.compute_logits(last.repeat((self.config.scheduler.max_num_seqs + seqs - 1) // seqs, 1))
@@ -338,7 +359,8 @@ class ModelRunner:
             slot_mapping=t(inputs.slot_mapping), query_start_loc=t(inputs.query_start_loc),
             seq_lens=t(inputs.seq_lens), block_table=t(inputs.block_table),
             max_query_len=inputs.max_query_len, max_seq_len=inputs.max_seq_len,
-            num_decode_tokens=inputs.num_decode_tokens)
+            num_decode_tokens=inputs.num_decode_tokens, host_query_start_loc=inputs.query_start_loc,
+            host_seq_lens=inputs.seq_lens)
         input_ids = t(inputs.input_ids)
         if fill is not None:
             fill(input_ids, inputs)

@@ -52,7 +52,8 @@ def batch(q_lens: list[int], ctx_lens: list[int], block_size: int, device: torch
     md = AttentionMetadata(
         slot_mapping=t(slots), query_start_loc=t(cu), seq_lens=t(np.asarray(seq_lens, dtype=np.int32)),
         block_table=t(table), max_query_len=max(q_lens), max_seq_len=max_seq_len or max(seq_lens),
-        num_decode_tokens=leading_decodes(q_lens))
+        num_decode_tokens=leading_decodes(q_lens), host_query_start_loc=cu,
+        host_seq_lens=np.asarray(seq_lens, dtype=np.int32))
     return torch.zeros(int(cu[-1]), dtype=torch.long, device=device), t(pos), md
 
 

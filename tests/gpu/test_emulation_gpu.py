@@ -1,6 +1,7 @@
 """GPU-only: the pre-sm80 code paths (what a V100 runs) on this card, through ONECARD_EMULATE_CC=70: every
 kernel-path decision (kernels/paths.py: cuBLAS prefill from 65 rows, per-expert MoE, the spill-free tiles,
-no PDL, fp16 grouped GEMMs, the dtype rules) takes sm70's branch while Triton compiles for the real card.
+no PDL, fp16 grouped GEMMs, the dtype rules, SDPA's attention for prefill chunks of more than 16 tokens) takes
+sm70's branch while Triton compiles for the real card.
 
 Each case runs in a fresh process with the variable set (the capability is read once per process):
   * the tiny checkpoints' greedy text, Triton vs reference, CUDA graphs vs eager, async vs sync
@@ -48,5 +49,7 @@ def test_full_size_logits_under_emulated_sm70(tmp_path):
     assert res["paths"]["capability"] == 70, res["paths"]
     # today's tolerance of the native path (BENCHMARKS.md: rel err 3.5e-4 to 4.5e-4, argmax 100%) with room
     # for the other summation orders of the sm70 tiles and the fp16 per-expert GEMMs
-    assert res["logits_rel_err_triton_vs_ref"] < 1e-3, res
-    assert res["argmax_agreement"] >= 0.99, res
+    # 16 tokens (the kernel's prefill tiles) and 80 (the chunk on SDPA's memory-efficient kernel: paths.prefill_sdpa)
+    for suffix in ("", "_80"):
+        assert res["logits_rel_err_triton_vs_ref" + suffix] < 1e-3, res
+        assert res["argmax_agreement" + suffix] >= 0.99, res

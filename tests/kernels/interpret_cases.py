@@ -89,6 +89,14 @@ ATTN_BLOCK = [(256, 4, 2, 64, "x32res", 40, False), (384, 2, 2, 64, "nores", 5, 
 # (seq_lens, query_lens, Hq, Hkv, block_size, num_decode_tokens): prefill, chunk over prefix, split-KV decode
 ATTN = [([5, 9, 1], [5, 9, 1], 8, 2, 4, 0), ([7, 70, 33], [1, 4, 1], 6, 2, 16, 1),
         ([130, 2100], [1, 1], 4, 1, 16, 2), ([17], [17], 4, 4, 8, 0)]
+# prefill chunks on PyTorch's SDPA below sm80 (paths.prefill_sdpa, attention/sdpa.py) beside the Triton kernel for
+# the launch's other sequences (metadata.select), the interpreter emulating sm70: (contexts, query rows, Hq, Hkv,
+# block size, leading decodes, the sequences SDPA must take). A decode, a 30-row chunk over 40 cached, a 5-row chunk
+# (the kernel's), a 120-row prompt: SDPA on 1 and 3, the kernel on 0 and 2 (not a prefix: rows gathered); every
+# sequence on SDPA (GQA 4:1, one chunk the whole context); two decodes and a 17-row chunk over 183 (the shortest
+# past the verify rows). attnsdpa0-fp8e5m2: case 0 over an fp8_e5m2 cache (bytes converted, not the kernel's).
+ATTN_SDPA = [([7, 70, 40, 120], [1, 30, 5, 120], 8, 2, 16, 1, [1, 3]), ([50, 33], [20, 33], 4, 1, 8, 0, [0, 1]),
+             ([5, 9, 200], [1, 1, 17], 6, 2, 16, 2, [2])]
 # a speculative verify step in the CUDA graphs' padded layout (runner/cuda_graphs.pad_verify): (contexts incl. the
 # real query rows, real query rows, graph batch b, rows per sequence q, Hq, Hkv, block size); the padded launch's
 # real rows must equal the unpadded reference
@@ -168,6 +176,7 @@ CASES = ([f"gemm{i}-{dt}" for i in range(len(GEMM)) for dt in (F32, F16)] + ["de
          # the batch-1 KV read into L2 (switch "batch1_kv_prefetch", attention/triton.kv_touch): the rows it reads
          + [f"kvtouch{i}-{dt}" for i in range(len(KV_TOUCH)) for dt in (F32, F16)]
          + [f"verifyattn{i}-{dt}" for i in range(len(VERIFY_ATTN)) for dt in (F32, F16)]
+         + [f"attnsdpa{i}-{dt}" for i in range(len(ATTN_SDPA)) for dt in (F32, F16)] + ["attnsdpa0-fp8e5m2"]
          + FP8_CASES)
 
 
@@ -519,6 +528,36 @@ def _splitkv_case(name: str, seed: int) -> float:
     return _rel(out, want)
 
 
+def _attn_sdpa_case(name: str, seed: int) -> float:
+    """ATTN_SDPA case: the Triton wrapper under the emulated sm70 (SDPA for the long chunks, the kernel for the
+    rest) against the float32 reference; raises if SDPA would not take exactly the case's sequences."""
+    import torch
+    from kernels_testlib import make_paged_batch
+
+    from onecard.kernels import paths
+    from onecard.kernels.attention import fp8, ref, sdpa
+    from onecard.kernels.attention import triton as tk
+
+    kind, _, rest = name.partition("-")
+    seq_lens, qlens, hq, hkv, bs, dec, want = ATTN_SDPA[int(kind[8:])]
+    dt = torch.float16 if rest in (F16, "fp8e5m2") else torch.float32
+    kc, vc, md, _, _ = make_paged_batch(seq_lens, qlens, hkv, 32, bs, dtype=dt, seed=seed, pad_rows=1)
+    if rest == "fp8e5m2":
+        kc, vc = fp8.quantize(kc, fp8.E5M2), fp8.quantize(vc, fp8.E5M2)
+    md.num_decode_tokens = dec
+    md.host_query_start_loc, md.host_seq_lens = md.query_start_loc.numpy(), md.seq_lens.numpy()
+    q = torch.randn(sum(qlens) + 1, hq, 32).to(dt)
+    s = 1 / math.sqrt(32)
+    paths.set_emulated_capability(70)
+    try:
+        took = sdpa.long_sequences(md, paths.capability(q.device))
+        if took != want:
+            raise AssertionError(f"SDPA takes sequences {took}, expected {want}")
+        return _rel(tk.paged_attention(q, kc, vc, md, s), ref.paged_attention(q, kc, vc, md, s))
+    finally:
+        paths.set_emulated_capability(None, clear=True)
+
+
 def _verify_attn_case(i: int, dt, seed: int) -> float:
     """Triton paged attention over the (b, q) padded layout vs the reference on the unpadded step (real rows)."""
     import torch
@@ -650,6 +689,8 @@ def run_case(name: str, seed: int) -> float:
     torch.manual_seed(seed)
     if name.startswith("splitkv"):
         return _splitkv_case(name, seed)
+    if name.startswith("attnsdpa"):
+        return _attn_sdpa_case(name, seed)
     if name.startswith("splitq"):
         from splitq_cases import splitq_case
         return splitq_case(name, seed)

@@ -93,7 +93,7 @@ def test_pre_ampere_backends(cc):
     assert "dequantize + cuBLAS" in b["dense_gemm"] and "tl.dot has no tensor cores before sm80" in b["dense_gemm"]
     assert "triton w4a16 GEMV" in b["dense_gemm"]
     assert b["moe"].startswith("prefill (>= 256 tokens): dequantize + one cuBLAS GEMM per expert")
-    assert b["attention"].startswith("triton paged attention")
+    assert b["attention"].startswith("triton paged attention") and "PyTorch SDPA, memory-efficient" in b["attention"]
 
 
 @pytest.mark.parametrize("cc", [SM80, SM86, SM89, SM90])
@@ -101,6 +101,7 @@ def test_ampere_plus_backends(cc):
     b = decide(cc, "float16", "gptq", "auto").backends
     for op in ("attention", "moe"):
         assert "tensor cores" in b[op] and "cuBLAS" not in b[op]
+    assert "SDPA" not in b["attention"]                                  # tl.dot has tensor cores: the kernel
     # dense GEMMs of prefill size go to cuBLAS on every GPU (dispatch, kernels/paths.DENSE_CUBLAS_MIN_M): the
     # description says so (it used to claim Triton only)
     assert "tensor cores" in b["dense_gemm"] and "(>= 128 tokens): dequantize + cuBLAS" in b["dense_gemm"]

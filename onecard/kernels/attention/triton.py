@@ -13,6 +13,8 @@ paths.small_q_split(); on by default since the H100 A/B) split the same way per 
 that q-block sees; their row-wise reduce finds each row's sequence and q-block and derives the same count. The
 grid depends only on host-known sizes (B, max_query_len, segments; num_segments from an upper bound on the
 lengths, so one CUDA graph serves every context): no syncs.
+Below sm80 the prefill chunks of an eager step go to PyTorch's SDPA instead (paths.prefill_sdpa, sdpa.py: tl.dot
+is FMA code there), the launch's other sequences to the kernel (metadata.select).
 kv_touch: the batch-1 read of a layer's KV into L2 ahead of its attention (paths.batch1_kv_prefetch).
 FP8 caches (fp8.py): the kernels take their bytes and a KV_FMT constexpr; K/V tiles are decoded to fp16 after
 the load (e5m2: a shift; e4m3: the sm89+ conversion), k_scale is folded into the softmax scale and v_scale
@@ -27,8 +29,9 @@ import triton
 import triton.language as tl
 
 from onecard.kernels import paths
+from onecard.kernels.attention import sdpa
 from onecard.kernels.attention.fp8 import fmt_code, kernel_view, kv_decode, kv_store_value
-from onecard.kernels.attention.metadata import AttentionMetadata
+from onecard.kernels.attention.metadata import AttentionMetadata, select
 from onecard.kernels.triton_common import (
     AotConfig,
     compute_capability,
@@ -417,6 +420,10 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     raw: RawQK | None = None) -> torch.Tensor:
     """``raw``: q is the projection's raw q (any float type) and the kernel normalises and rotates it and the new
     k and stores k, v (RawQK; decode-only launches into a model-dtype cache); out is then in the cache's dtype."""
+    if raw is None:
+        long = sdpa.long_sequences(md, paths.capability(q.device))
+        if long and sdpa.available(q.device, q.shape[2]):
+            return _with_sdpa(q, k_cache, v_cache, md, scale, k_scale, v_scale, long)
     t, hq, d = q.shape
     hkv = k_cache.shape[2]
     group = hq // hkv
@@ -471,6 +478,21 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
             part, ml, out, md.seq_lens, out.stride(0), out.stride(1), segs, block_n, min_tiles, HQ=hq, D=d,
             BLOCK_S=plan.reduce_block_s, PDL=use_pdl, BLOCK_D=d // split_d,
             num_warps=plan.reduce_warps, launch_pdl=use_pdl)
+    return out
+
+
+def _with_sdpa(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, md: AttentionMetadata, scale: float,
+               k_scale: float, v_scale: float, long: list[int]) -> torch.Tensor:
+    """paged_attention with the sequences ``long`` on SDPA (sdpa.py) and the others, if any, on the kernel."""
+    out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)             # padding rows stay zero
+    sdpa.attend_into(out, q, k_cache, v_cache, md, scale, k_scale, v_scale, long)
+    taken = set(long)
+    short = [i for i in range(md.num_seqs) if i not in taken]
+    if short:
+        sub, rows = select(md, short)
+        idx = torch.from_numpy(rows).to(q.device, non_blocking=True)
+        out.index_copy_(0, idx, paged_attention(q.index_select(0, idx), k_cache, v_cache, sub, scale, k_scale,
+                                                v_scale))
     return out
 
 

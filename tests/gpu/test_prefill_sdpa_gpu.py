@@ -1,0 +1,70 @@
+"""GPU-only: the prefill attention on SDPA's memory-efficient kernel (attention/sdpa.py: the path below sm80) at the
+served shape (32 query / 4 KV heads, D 128, fp16, 16-token blocks) on this card, the emulated sm70 choosing it:
+against the float32 reference alone and inside the Triton wrapper (a chunk beside decodes the kernel keeps), over
+fp16 and fp8_e5m2 caches, with its extra memory within sdpa.workspace_bytes. The engine's greedy text and the
+full-size logits under ONECARD_EMULATE_CC=70 (test_emulation_gpu.py) run it inside the model. Skipped without
+CUDA."""
+from __future__ import annotations
+
+import math
+import os
+import sys
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "kernels"))
+
+
+def _batch(seq_lens, q_lens, decodes, cache_dtype, seed=0):
+    from kernels_testlib import make_paged_batch
+
+    from onecard.kernels.attention import fp8
+    from onecard.kernels.attention.metadata import AttentionMetadata
+
+    kc, vc, md, _, _ = make_paged_batch(seq_lens, q_lens, 4, 128, 16, dtype=torch.float16, seed=seed)
+    if cache_dtype == "fp8_e5m2":
+        kc, vc = fp8.quantize(kc, fp8.E5M2), fp8.quantize(vc, fp8.E5M2)
+    dev = torch.device("cuda")
+    md = AttentionMetadata(slot_mapping=md.slot_mapping.to(dev), query_start_loc=md.query_start_loc.to(dev),
+                           seq_lens=md.seq_lens.to(dev), block_table=md.block_table.to(dev),
+                           max_query_len=md.max_query_len, max_seq_len=md.max_seq_len, num_decode_tokens=decodes,
+                           host_query_start_loc=md.query_start_loc.numpy(), host_seq_lens=md.seq_lens.numpy())
+    return kc.to(dev), vc.to(dev), md
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+@pytest.mark.parametrize("cache_dtype", ["fp16", "fp8_e5m2"])
+@pytest.mark.parametrize("lens", [([2048], [2048]), ([8192], [512]), ([5000, 300, 9000, 64], [1, 300, 17, 64])],
+                         ids=["prompt2k", "chunk512over8k", "mixed"])
+def test_sdpa_efficient_kernel_matches_reference(lens, cache_dtype):
+    from onecard.kernels import paths
+    from onecard.kernels.attention import ref, sdpa
+    from onecard.kernels.attention import triton as tk
+
+    seq_lens, q_lens = lens
+    decodes = 1 if q_lens[0] == 1 else 0
+    kc, vc, md = _batch(seq_lens, q_lens, decodes, cache_dtype)
+    q = torch.randn(sum(q_lens), 32, 128, dtype=torch.float16, device="cuda")
+    scale = 1 / math.sqrt(128)
+    want = ref.paged_attention(q.float(), kc, vc, md, scale)
+    assert sdpa.available(q.device)
+    alone = sdpa.paged_attention(q, kc, vc, md, scale)                     # the memory-efficient backend only
+    paths.set_emulated_capability(70)
+    try:
+        assert sdpa.long_sequences(md, 70) == [i for i, n in enumerate(q_lens) if n > paths.SPLIT_MAX_QUERY]
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        split = tk.paged_attention(q, kc, vc, md, scale)                    # SDPA + the kernel for the others
+        torch.cuda.synchronize()
+        extra = torch.cuda.max_memory_allocated() - base - split.numel() * split.element_size()
+    finally:
+        paths.set_emulated_capability(None, clear=True)
+    assert _rel(alone, want) < 1e-2 and _rel(split, want) < 1e-2
+    bound = sdpa.workspace_bytes(max(seq_lens), max(q_lens), 32, 4, 128, torch.float16, kc.dtype)
+    assert extra <= bound + (4 << 20), (extra, bound)                       # + the kernel half's small buffers

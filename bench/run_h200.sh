@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU facts, kernel checks, tiny-checkpoint engine checks, the full-size benchmark.
 # Usage (repo root, on the H200): OUT=/some/dir bash bench/run_h200.sh [parts...]
-# parts: next15 removaltests kvl2 kvpf kvpftests sdpatests half2tests slicestests slicestrace3 switchab ab resttests specverify apimem probe kernels checks full asyncab kvdtype capab capbisect hosttier loadab nopdl pdl16 emu70 longctx attnsweep gputests startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
+# parts: next15 removaltests kvl2 kvpf kvpftests preamperetests half2tests slicestests slicestrace3 switchab ab resttests specverify apimem probe kernels checks full asyncab kvdtype capab capbisect hosttier loadab nopdl pdl16 emu70 longctx attnsweep gputests startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
 #   emu70: the full-size bench with every kernel-path decision on sm70's branch (ONECARD_EMULATE_CC=70): run it
 #          beside `full` in one call for the relative figure (a functional check, not a V100 timing)
 #   specverify: issue 30: verify-step latency vs tokens per sequence (1..9) at batch 1 and 16 (the cost model's
@@ -104,12 +104,12 @@ for p in $parts; do
     kvpftests) log kvpftests  # part kvpf's GPU tests (~3 min): the tiny coder's tokens with the read on = off
           # (graphs and eager), kv_touch against its reference at the served shape
           timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kv_prefetch_gpu.py 2>&1 | tail -6 ;;
-    sdpatests) log sdpatests  # the prefill attention on SDPA's memory-efficient kernel below sm80 (paths.prefill_sdpa;
-          # prepared 2026-12-07, not run): the kernel at the served shape against the reference, alone and inside the
-          # Triton wrapper under the emulated sm70, with its memory; then the emulated engine's greedy text and the
-          # full-size logits at 16 and 80 tokens (~6 min with the build)
+    preamperetests) log preamperetests  # the pre-sm80 paths built 2026-12-07 (not run yet; ~6 min with the build):
+          # SDPA's memory-efficient kernel for prefill attention (paths.prefill_sdpa) and the decode MoE's row step
+          # (paths.decode_rows) at the served shapes against the reference under the emulated sm70, with the
+          # attention's memory; then the emulated engine's greedy text and the full-size logits at 16 and 80 tokens
           [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30 > /dev/null
-          timeout 500 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_prefill_sdpa_gpu.py \
+          timeout 500 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_pre_ampere_gpu.py \
             tests/gpu/test_emulation_gpu.py 2>&1 | tail -8 ;;
     kvl2) log kvl2  # issue 25 item 3, a probe (~1 min): one layer's batch-1 decode attention at 32k and 64k after an
           # L2 flush, with the first 25/40/60% of its KV read into L2 first (evict_last or not, with a layer's other

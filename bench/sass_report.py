@@ -23,28 +23,17 @@ sys.path.insert(0, str(ROOT / "tests" / "kernels"))
 TARGETS = (70, 90)
 
 
-def _resources(job: tuple[str, int, int]) -> tuple[str, int, int | None, int | None]:
-    import triton
-    from test_aot import jit_aligned_attrs, resource_usage  # tests/kernels is on sys.path
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+def _resources(job: tuple[str, str, int]) -> tuple[str, int, int | None, int | None]:
+    from test_aot import resource_usage  # tests/kernels is on sys.path
 
-    mod, i, cc = job
-    c = importlib.import_module(f"onecard.kernels.{mod}.triton").aot_configs()[i]
-    cx = dict(c.constexprs)
-    if "PDL" in cx:
-        cx["PDL"] = cc >= 90
-    src = ASTSource(fn=c.kernel, signature=c.signature, constexprs=cx, attrs=jit_aligned_attrs(c))
-    k = triton.compile(src, target=GPUTarget("cuda", cc, 32),
-                       options={"num_warps": c.num_warps, "num_stages": c.num_stages})
+    mod, name, cc = job
+    k = compile_config(mod, name, cc)
     reg, stack = resource_usage(k.asm["cubin"]) or (None, None)
-    return c.name, cc, reg, stack, loop_instructions(k.asm["cubin"])
+    return name, cc, reg, stack, loop_instructions(k.asm["cubin"])
 
 
-def loop_instructions(cubin: bytes) -> int | None:
-    """Instructions in the body of the kernel's longest backward branch (None: no loop)."""
+def _sass(cubin: bytes) -> str:
     import os
-    import re
     import subprocess
     import tempfile
 
@@ -54,14 +43,57 @@ def loop_instructions(cubin: bytes) -> int | None:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True).stdout
-    best = None
+        return subprocess.run([tool, "-sass", f.name], capture_output=True, text=True).stdout
+
+
+def _loops(sass: str) -> list[tuple[int, int]]:
+    """(first, last) address of each backward branch's body."""
+    import re
+
+    out = []
     for m in re.finditer(r"/\*([0-9a-f]{4,})\*/[^\n]*?\bBRA\b[^\n]*?(0x[0-9a-f]+)", sass):
         at, target = int(m.group(1), 16), int(m.group(2), 16)
         if target < at:
-            n = (at - target) // 16 + 1                                  # 16-byte instructions (sm70+)
-            best = n if best is None else max(best, n)
-    return best
+            out.append((target, at))
+    return out
+
+
+def loop_instructions(cubin: bytes) -> int | None:
+    """Instructions in the body of the kernel's longest backward branch (None: no loop)."""
+    loops = _loops(_sass(cubin))
+    return max(((b - a) // 16 + 1 for a, b in loops), default=None)   # 16-byte instructions (sm70+)
+
+
+def inner_loop_mix(cubin: bytes) -> dict[str, int]:
+    """Opcodes (without modifiers) of the innermost loop doing the kernel's most FFMAs: a GEMM's K loop, inside
+    any loop around it (bench/v100_estimate.py turns the mix into cycles)."""
+    import collections
+    import re
+
+    sass = _sass(cubin)
+    ops = [(int(m.group(1), 16), m.group(3).split(".")[0]) for m in
+           re.finditer(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass)]
+    mixes = [collections.Counter(op for at, op in ops if a <= at <= b) for a, b in _loops(sass)]
+    if not mixes:
+        return {}
+    most = max(m["FFMA"] for m in mixes)
+    return dict(min((m for m in mixes if m["FFMA"] == most), key=lambda m: sum(m.values())))
+
+
+def compile_config(mod: str, name: str, cc: int):
+    """One AOT config (kernels/<mod>/triton.aot_configs, by name) compiled for sm``cc`` as the JIT specializes it."""
+    import triton
+    from test_aot import jit_aligned_attrs  # tests/kernels is on sys.path
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    c = next(c for c in importlib.import_module(f"onecard.kernels.{mod}.triton").aot_configs() if c.name == name)
+    cx = dict(c.constexprs)
+    if "PDL" in cx:
+        cx["PDL"] = cc >= 90
+    src = ASTSource(fn=c.kernel, signature=c.signature, constexprs=cx, attrs=jit_aligned_attrs(c))
+    return triton.compile(src, target=GPUTarget("cuda", cc, 32),
+                          options={"num_warps": c.num_warps, "num_stages": c.num_stages})
 
 
 def main(out: str | None = None, only: list[str] | None = None) -> dict:
@@ -69,9 +101,9 @@ def main(out: str | None = None, only: list[str] | None = None) -> dict:
 
     jobs = []
     for mod in MODULES:
-        for i, c in enumerate(importlib.import_module(f"onecard.kernels.{mod}.triton").aot_configs()):
+        for c in importlib.import_module(f"onecard.kernels.{mod}.triton").aot_configs():
             if "bf16" not in c.name and (only is None or any(sub in c.name for sub in only)):
-                jobs += [(mod, i, cc) for cc in TARGETS if cc >= c.min_cc]
+                jobs += [(mod, c.name, cc) for cc in TARGETS if cc >= c.min_cc]
     with ProcessPoolExecutor(max_workers=2, mp_context=mp.get_context("spawn")) as pool:
         rows = list(pool.map(_resources, jobs))
     res: dict = {}

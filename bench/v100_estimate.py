@@ -9,6 +9,13 @@ Model (every figure an assumption written here, so that it can be argued with an
     paths.prefill_sdpa) 50 TFLOP/s on tensor cores (half the GEMMs' rate: its softmax runs on the CUDA cores);
     int4 dequantization 4 integer/convert ops per weight element, issued at the FMA pipe's instruction rate
     (7.85 T instr/s = 15.7 TFLOP/s / 2);
+  * the decode MoE at batch > 1 (fused_moe/stages.py, decode16-pre-sm80) by its sm70 SASS instead: the K loop's
+    opcodes (bench/sass_report.inner_loop_mix, compiled here) cost max(issue: one warp-instruction a cycle per
+    scheduler, 4 a SM; FP32-pipe ops (F*, H*2, IMAD) 2 cycles a warp on its 16 lanes; ALU ops likewise) per
+    warp and weight tile, times the tiles of the distinct experts, times the passes over each expert's tokens
+    (the 16-row dot: one; the row step, paths.decode_rows: ceil(n / 2) for its n tokens, n binomial under
+    uniform routing) at 1.53 GHz on 80 SMs. (FLOPs undercount that kernel: its dot multiplies 16 rows however
+    few tokens chose the expert);
   * roofline time = max(bytes / bandwidth, compute / rate);
   * "bound" = max(roofline, H200 measured): the decode kernels are latency-bound on the H200 (3-10x their
     bytes' time, BENCHMARKS.md) and a V100 (1.53 GHz vs 1.98, 80 SMs vs 132, HBM2 latency) is no faster on
@@ -33,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from full_size import NKV, NQ, TOPK, D, E, G, H, I, L, V, gptq_bytes
+from sass_report import compile_config, inner_loop_mix
 
 from onecard.core.spec.cost import expected_distinct_experts
 from onecard.kernels import paths
@@ -57,10 +65,13 @@ class Kernel:
     dequant: float = 0.0       # weight elements dequantized per launch
     h200_us: float | None = None   # measured per launch
     host_s: float = 0.0        # host time per launch that the GPU waits for (per-expert loop)
+    v100_compute_s: float | None = None   # compute time on the V100 from the kernel's SASS (decode MoE, bs > 1)
 
     def parts(self, dev: dict) -> dict[str, float]:
         """Seconds per launch that bytes, compute (FLOPs plus dequantization) and host launches each need."""
         compute = self.flops / dev[self.unit] + self.dequant * DEQUANT_OPS * 2 / dev["fma"]
+        if dev is V100 and self.v100_compute_s is not None:
+            compute = self.v100_compute_s
         return {"bytes": self.bytes / dev["bw"], "compute": compute, "host": self.host_s}
 
     def roofline(self, dev: dict) -> float:
@@ -101,6 +112,50 @@ def split_launch(bs: int, ctx: int, sms: int, cc: int) -> dict:
             "reduce_mb": bs * NQ * filled * D * 4 / 1e6 if segs > 1 else 0.0}
 
 
+V100_CLOCK, V100_SCHEDULERS = 1.53e9, 4
+FP_PIPE = ("FFMA", "FADD", "FMUL", "FMNMX", "FSETP", "FSEL", "HADD2", "HMUL2", "HFMA2", "IMAD")
+ALU_PIPE = ("LOP3", "SHF", "IADD3", "LEA", "ISETP", "PRMT", "SEL", "MOV", "PLOP3", "IABS", "I2F", "F2I")
+
+
+def loop_cycles(mix: dict[str, int]) -> int:
+    """Cycles a warp's pass of one K-loop iteration holds its scheduler (the pipe model in the docstring)."""
+    fp = sum(n for op, n in mix.items() if op in FP_PIPE)
+    alu = sum(n for op, n in mix.items() if op in ALU_PIPE)
+    return max(sum(mix.values()), 2 * fp, 2 * alu)
+
+
+def expected_passes(bs: int, rows: int) -> float:
+    """E[ceil(n / rows) | n >= 1] for an expert's n tokens, n ~ Binomial(bs, TOPK / E) (uniform routing)."""
+    from math import comb
+
+    p = TOPK / E
+    pmf = [comb(bs, n) * p ** n * (1 - p) ** (bs - n) for n in range(bs + 1)]
+    return sum(-(-n // rows) * pmf[n] for n in range(1, bs + 1)) / (1 - pmf[0])
+
+
+def moe_decode_sass(bs: int, distinct: float) -> dict:
+    """The decode MoE of a ``bs``-token step (1 < bs <= 16) on sm70 from its SASS: per stage the config it takes
+    (the row step or the 16-row dot), the K loop's instructions and cycles a warp, the passes; -> those and the
+    compute seconds of one launch pair."""
+    from onecard.kernels.fused_moe.stages import DECODE_CONFIGS
+
+    rows = paths.decode_rows(bs, 70)
+    _, bn, bk8, warps, _, _ = DECODE_CONFIGS["decode16-pre-sm80"]
+    passes = expected_passes(bs, rows) if rows else 1.0
+    out = {"rows": rows, "passes": passes, "stages": {}}
+    seconds = 0.0
+    for stage, weights in ((1, 2 * H * I), (2, I * H)):
+        kind = "rows" if rows else "float=False,per_row=False"
+        name = f"moe_decode[decode16-pre-sm80,stage={stage},{kind},fp16]"
+        mix = inner_loop_mix(compile_config("fused_moe", name, 70).asm["cubin"])
+        warp_tiles = distinct * weights / (bk8 * 8 * bn) * warps
+        s = warp_tiles * passes * loop_cycles(mix) / (V100_SMS * V100_SCHEDULERS * V100_CLOCK)
+        out["stages"][name] = {"loop_instructions": sum(mix.values()), "cycles": loop_cycles(mix), "us": s * 1e6}
+        seconds += s
+    out["us"] = seconds * 1e6
+    return out
+
+
 def decode(bs: int, h200: dict[str, float], ctx: int = CTX) -> list[Kernel]:
     """One decode step of ``bs`` sequences at ``ctx`` tokens of context, on the sm70 paths (Triton everywhere but
     lm_head; decode configs decode1 / decode16-pre-sm80, split-KV attention as split_launch has it)."""
@@ -137,7 +192,8 @@ def decode(bs: int, h200: dict[str, float], ctx: int = CTX) -> list[Kernel]:
                f"{' (normalising and routing themselves)' if fold else ''} "
                f"({distinct:.0f} distinct experts)", L,
                distinct * (2 * gptq_bytes(H, I) + gptq_bytes(I, H)), bs * TOPK * (gemm(1, H, 2 * I) + gemm(1, I, H)),
-               "fma", dequant=distinct * 3 * H * I, h200_us=h200.get("moe")),
+               "fma", dequant=distinct * 3 * H * I, h200_us=h200.get("moe"),
+               v100_compute_s=moe_decode_sass(bs, distinct)["us"] * 1e-6 if bs > 1 else None),
         Kernel("lm_head (fp16, cuBLAS)", 1, V * H * 2 + act, gemm(bs, H, V), "tc", h200_us=h200.get("lm_head")),
     ]
     if bs > 1:
@@ -244,6 +300,26 @@ def long_markdown(res: dict) -> str:
     return "\n".join(out)
 
 
+def sass_markdown(bs: int = 16) -> tuple[str, dict]:
+    """The batch-``bs`` decode MoE's compute on a V100 from its SASS, the row step (shipped) against the 16-row dot
+    (switch "pre_ampere_decode_rows" off): -> (a markdown table, the figures)."""
+    distinct = expected_distinct_experts(bs, E, TOPK)
+    res = {"rows": moe_decode_sass(bs, distinct)}
+    paths.set_switch("pre_ampere_decode_rows", False)
+    try:
+        res["dot"] = moe_decode_sass(bs, distinct)
+    finally:
+        paths.set_switch("pre_ampere_decode_rows", None)
+    out = [("| path | config (sm70 SASS) | K-loop instructions a warp | cycles a warp (pipe model) | passes | "
+            "compute µs a layer |"), "| --- | --- | ---: | ---: | ---: | ---: |"]
+    for path, r in res.items():
+        for name, st in r["stages"].items():
+            out.append(f"| {path} | {name} | {st['loop_instructions']:,} | {st['cycles']:,} | {r['passes']:.2f} | "
+                       f"{st['us']:.0f} |")
+        out.append(f"| {path} | **both stages** | | | | **{r['us']:.0f}** |")
+    return "\n".join(out), res
+
+
 def main(out: str | None = None) -> dict:
     no_attn = {"attn", "reduce"}                      # measured at 512-token contexts only
     long = {f"{bs} x {ctx:,}": table(decode(bs, {k: v for k, v in (H200_BS1 if bs == 1 else H200_BS16).items()
@@ -255,6 +331,10 @@ def main(out: str | None = None) -> dict:
                            "context": CTX, "group_size": G, "graph_bound": GRAPH_BOUND}}
     print(markdown("Decode, batch 1, 512-token context (per launch; 48 layers)", res["bs1"]), "\n")
     print(markdown("Decode, batch 16, 512-token contexts", res["bs16"]), "\n")
+    table_, res["moe_decode_sass_bs16"] = sass_markdown(16)
+    print("**The batch-16 decode MoE's compute on a V100, from its sm70 SASS (82 distinct experts, 202 MB: "
+          f"{202.06e6 / V100['bw'] * 1e6:.0f} µs of bytes)**\n")
+    print(table_, "\n")
     print(markdown("Prefill, one 4,096-token prompt", res["prefill4096"]), "\n")
     print("**Split-KV launches of the decode graph (policy fill, bound 65,536; derived from kernels/paths.py)**\n")
     print(split_markdown(), "\n")

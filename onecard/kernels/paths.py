@@ -433,6 +433,30 @@ def int_dot(tokens: int, cc: int) -> bool:
     return 2 <= tokens <= DECODE_MAX_TOKENS and tensor_core_dot(cc) and switch("decode_int_dot")
 
 
+# The decode MoE below sm80 at 1 < T <= DECODE_MAX_TOKENS (fused_moe/stages.py, ROWS): tl.dot is FMA code there
+# and multiplies its whole 16-row token block, so every weight of an expert costs 16 FMAs however few tokens
+# chose it (at batch 16 an expert has 128 / 82 ~ 1.6 tokens on average: the padded dot is ~10x the real work;
+# sm70 SASS of stage 1's K loop: 3,118 instructions for 128 weights a thread). Instead a program compacts the
+# tokens routed to its expert and takes them DECODE_ROWS_PRE_AMPERE at a time, each pass the GEMV's tile step on
+# that many rows (the nibbles decoded once for all of them, a shift and a LOP3 a weight, then an FMA a row; the
+# scale and zero once per tile): one pass for ~88% of experts at batch 16 under uniform routing, a pass per 2
+# tokens where many share one. sm70 SASS of the K loop a pass: 1,007 instructions for 128 weights a thread
+# (bench/v100_estimate.py's pipe model: 233 µs a layer at batch 16 against 926 for the dot, whose 202 MB take
+# 269 µs at 750 GB/s). Not timed on a V100 (none here): decided by that count (tests/kernels/test_aot.py,
+# bench/sass_report.py). ONECARD_EMULATE_CC=70 runs it on a newer card as a functional check only: sm80+ compiles
+# the dot it replaces to tensor cores (sm90 SASS: 697 instructions against the row step's 1,337), so an emulated
+# A/B there measures the wrong card. set_switch("pre_ampere_decode_rows", False) gives back the 16-row dot.
+DECODE_ROWS_PRE_AMPERE = 2
+PRE_AMPERE_DECODE_ROWS = _switch("pre_ampere_decode_rows", True)
+
+
+def decode_rows(tokens: int, cc: int) -> int:
+    """Token rows per pass of the decode MoE's compacted row step for a ``tokens``-token step (0: the dot)."""
+    if 1 < tokens <= DECODE_MAX_TOKENS and not tensor_core_dot(cc) and switch("pre_ampere_decode_rows"):
+        return DECODE_ROWS_PRE_AMPERE
+    return 0
+
+
 # Not kept (measured and removed): the decode MoE's silu with libdevice's fast exp and division (6 instructions a
 # value instead of 13; sm90 SASS of the down stage's K loop at batch 1 1,112 -> 934): alone it won (H100,
 # 2026-12-06, switchab: batch 1 at 512 tokens 418.8 -> 427.9 tok/s), but with the decode configs shipped the same
@@ -757,6 +781,7 @@ __all__ = [
     "choose_moe",
     "decode_attention_override",
     "decode_moe_act_launch",
+    "decode_rows",
     "dense_cublas_min_m",
     "describe",
     "device_props",

@@ -54,6 +54,11 @@ MOE_G128 = [(1, 256, 8, 200, 3), (1, 384, 6, 256, 2), (5, 256, 8, 200, 3), (16, 
 # dot as n - z, the scale multiplies each tile's sum; under the interpreter its dequantize step is the
 # shift-and-mask twin of the inline PTX, which tests/kernels/test_int4_ptx.py checks)
 MOE_INT = (2, 3, 4)
+# MOE_G128 cases at T > 1 under the emulated sm70, where the decode MoE takes the compacted row step instead of the
+# 16-row dot (switch "pre_ampere_decode_rows"; stages._rows_program: rows 2 at a time): as drawn; "skew": the
+# logits favour k experts by far, so that every token picks them and each has T rows (ceil(T / 2) passes); "act":
+# with silu(gate) * up as a launch of its own (stage 2 loads its rows)
+MOE_ROWS = (2, 3, 4)
 # (T, H, I, E, top_k, renormalize, residual?): the batch-1 block (one chunk of H per program; H not a multiple
 # of E; no residual; E not a power of two) on its two-launch expert stages (switch "batch1_moe_slices" off: the
 # slices, shipped on, have the MOE_SLICES cases) and T > 1 (RMSNorm + router + fused_moe)
@@ -137,6 +142,8 @@ CASES = ([f"gemm{i}-{dt}" for i in range(len(GEMM)) for dt in (F32, F16)] + ["de
          + [f"g128moe{i}-{dt}" for i in range(len(MOE_G128)) for dt in (F32, F16)]
          + [f"moeact{i}-{dt}" for i in MOE_ACT for dt in (F32, F16)]
          + [f"g128moeint{i}-{F16}" for i in MOE_INT]
+         + [f"g128moerows{i}-{dt}" for i in MOE_ROWS for dt in (F32, F16)]
+         + [f"g128moerowsskew{i}-{F16}" for i in MOE_ROWS] + [f"g128moerowsact{i}-{F16}" for i in MOE_ROWS]
          + [f"gemmint{i}-{F16}" for i in GEMM_INT]
          # the same at 1 < T <= 16 with the int dot forced off (on by default there): the dequantized-fp16 paths
          + [f"g128moenoint{i}-{F16}" for i in MOE_INT if MOE_G128[i][0] > 1]
@@ -682,7 +689,7 @@ def _moe_slices_fold_case(i: int, dt, seed: int, pre_ampere: bool = False, half2
     return max(_rel(o1, o2), _rel(r1, r2))
 
 
-def run_case(name: str, seed: int) -> float:
+def run_case(name: str, seed: int, skew: bool = False) -> float:
     import torch
     from kernels_testlib import make_paged_batch, random_gptq
 
@@ -756,11 +763,26 @@ def run_case(name: str, seed: int) -> float:
         from onecard.kernels.gptq_gemm import triton as tk
         w, _ = random_gptq(64, 24, 16, desc_act=True, seed=seed)
         return _rel(tk.dequantize(w, torch.float32), ref.dequantize_gptq(w))
+    if kind.startswith("g128moerows"):
+        from onecard.kernels import paths
+        variant = kind[11:].rstrip("0123456789")
+        case = kind[11 + len(variant):]
+        paths.set_emulated_capability(70)
+        paths.set_switch("decode_moe_act_launch", variant == "act")
+        try:
+            t = MOE_G128[int(case)][0]
+            assert paths.decode_rows(t, paths.capability()) == paths.DECODE_ROWS_PRE_AMPERE, t
+            return run_case(f"g128moe{case}-{rest}", seed, skew=variant == "skew")
+        finally:
+            paths.set_emulated_capability(None, clear=True)
+            paths.set_switch("decode_moe_act_launch", None)
     if kind.startswith("g128moe"):
         from onecard.kernels.fused_moe import ref
         from onecard.kernels.fused_moe import triton as tk
         t, h, e, i, top_k = MOE_G128[int(kind[7:])]
         x, logits = torch.randn(t, h).to(dt), torch.randn(t, e)
+        if skew:                                        # every token's top k: experts 0..k-1
+            logits[:, :top_k] += 20.0
         ws = [random_gptq(h, i, 128, experts=e, seed=seed + 1)[0], random_gptq(h, i, 128, experts=e, seed=seed + 2)[0],
               random_gptq(i, h, 128, experts=e, seed=seed + 3)[0]]
         return _rel(tk.fused_moe(x, logits, *ws, top_k, True), ref.fused_moe(x, logits, *ws, top_k, True))

@@ -205,6 +205,7 @@ def test_pre_sm80_tiles_do_not_spill(compiled):
     chosen there up to the per-expert cuBLAS prefill (attention.triton.attn_tiles, fused_moe.triton.choose_config)
     compile for sm70, as the JIT specializes them, with no stack frame (GPTQ without g_idx: the served
     checkpoint)."""
+    from onecard.kernels import paths
     from onecard.kernels.fused_moe.grouped import GROUPED_MIN_TOKENS
     from onecard.kernels.fused_moe.stages import choose_decode_config
     from onecard.kernels.fused_moe.triton import choose_config
@@ -212,6 +213,8 @@ def test_pre_sm80_tiles_do_not_spill(compiled):
     chosen = {f"moe_decode[{choose_decode_config(t, 70)},stage={s},float=False,per_row=False,fp16]"
               for t in (1, 16) for s in (1, 2)}
     chosen.add(f"moe_decode[{choose_decode_config(16, 70)},stage=2,float=False,per_row=False,pre_act,fp16]")
+    assert paths.decode_rows(16, 70) > 0                                  # T > 1: the compacted row step
+    chosen |= {f"moe_decode[{choose_decode_config(16, 70)},stage={s},rows,fp16]" for s in (1, 2)}
     chosen |= {f"moe[{choose_config(t, 70)},gated={g},float=False,fp16]"
                for t in range(17, GROUPED_MIN_TOKENS) for g in (True, False)}
     rows = [r for r in compiled if r[1] == 70 and r[2].endswith("(JIT-aligned)") and (
@@ -219,9 +222,10 @@ def test_pre_sm80_tiles_do_not_spill(compiled):
         or r[2].startswith("segment_reduce"))]
     # attention: decode, prefill, each with an fp16 and an fp8_e5m2 cache, and decode at the kernel's prefetch
     # levels 1 and 2 (fp16; bench/attn_sweep.py's A/B); MoE: decode 1, 16 (stage 2 also on the separate silu
-    # launch's output, paths.decode_moe_act_launch); sorted; the split-KV reduce at each
-    # BLOCK_S (2 .. 128 segments merged per step), and its row-wise variant (split small-q launches) at BLOCK_Q 2, 8
-    assert len(rows) == 2 * 2 + 2 + 4 + 1 + 2 + 7 + 7 * 2, [r[2] for r in rows]
+    # launch's output, paths.decode_moe_act_launch), 16 on the row step (paths.decode_rows, both stages); sorted;
+    # the split-KV reduce at each BLOCK_S (2 .. 128 segments merged per step), and its row-wise variant (split
+    # small-q launches) at BLOCK_Q 2, 8
+    assert len(rows) == 2 * 2 + 2 + 4 + 1 + 2 + 2 + 7 + 7 * 2, [r[2] for r in rows]
     assert all(r[6] == 0 for r in rows), [(r[2], r[6]) for r in rows]
 
 

@@ -1,7 +1,7 @@
 """The prefill attention on PyTorch's SDPA (attention/sdpa.py, below sm80) against the float32 reference on the CPU,
 the batch cut that leaves the other sequences to the Triton kernel (metadata.select), and which sequences the
 path takes (paths.prefill_sdpa). The Triton wrapper with both halves runs under the interpreter in
-interpret_cases.py's ``attnsdpa`` cases; the memory-efficient kernel itself in tests/gpu/test_prefill_sdpa_gpu.py."""
+interpret_cases.py's ``attnsdpa`` cases; the memory-efficient kernel itself in tests/gpu/test_pre_ampere_gpu.py."""
 from __future__ import annotations
 
 import math

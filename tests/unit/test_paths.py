@@ -377,3 +377,23 @@ def test_kv_prefetch_reads_its_budget_in_whole_chunks_at_batch_1_only():
     finally:
         paths.set_switch("batch1_kv_prefetch", None)
     assert not paths.batch1_kv_prefetch(1)
+
+
+def test_pre_ampere_paths_take_the_row_step_and_sdpa_only_below_sm80():
+    """Below sm80 (tl.dot is FMA code) the decode MoE at 1 < T <= 16 takes the compacted row step
+    (paths.decode_rows) and prefill chunks past the verify rows take SDPA (paths.prefill_sdpa); from sm80 neither;
+    their switches give back the 16-row dot and the Triton attention."""
+    assert paths.switches()["pre_ampere_decode_rows"] is paths.PRE_AMPERE_DECODE_ROWS is True
+    assert paths.switches()["prefill_sdpa"] is paths.PREFILL_SDPA is True
+    for cc in (70, 75):
+        assert [paths.decode_rows(t, cc) for t in (1, 2, 16, 17)] == [0, 2, 2, 0]
+        assert [paths.prefill_sdpa(n, cc) for n in (1, 16, 17, 4096)] == [False, False, True, True]
+    for cc in (80, 86, 89, 90):
+        assert paths.decode_rows(16, cc) == 0 and not paths.prefill_sdpa(4096, cc)
+    paths.set_switch("pre_ampere_decode_rows", False)
+    paths.set_switch("prefill_sdpa", False)
+    try:
+        assert paths.decode_rows(16, 70) == 0 and not paths.prefill_sdpa(4096, 70)
+    finally:
+        paths.set_switch("pre_ampere_decode_rows", None)
+        paths.set_switch("prefill_sdpa", None)

@@ -14,6 +14,9 @@ ids, routed weights and the compact ``active`` list (expert + 1 per slot; 0: the
 With the exact-integer dot (INT_DOT: paths.int_dot, T > 1: both stages, stage 2 on the silu launch's
 rows) a tile step is gptq_gemm/int4.int_dot_tile: a tensor-core
 dot of the exact n - z with the inputs, the scale once per tile, into a transposed [BN, 16] accumulator.
+Below sm80 at T > 1 (ROWS: paths.decode_rows; stage 2 on the silu launch's rows) there is no dot: a program
+takes the tokens routed to its expert two at a time, each pass the batch-1 GEMV's tile step on two rows
+(_rows_program), where the FMA dot would multiply all 16 rows of the block.
 Both accumulators must be zero before stage 1 (the routing launch zeroes them). With PDL (sm90,
 triton_common) stage 2 reads the routing and its first weight tile before its wait: the routing was written
 two launches earlier. Split-K is chosen on the host from static sizes so that a tuned number of programs per
@@ -37,6 +40,9 @@ from onecard.kernels.gptq_gemm.int4 import (
     nibbles,
     row_input,
     rows_input_t,
+    unit_bits,
+    unit_combine,
+    unit_nibble,
 )
 from onecard.kernels.gptq_gemm.triton import row_groups
 from onecard.kernels.triton_common import (
@@ -80,13 +86,16 @@ def _moe_decode_kernel(x_ptr, a_ptr, out_ptr, qa_ptr, za_ptr, sa_ptr, ga_ptr, qb
                        TOP_K: tl.constexpr, BLOCK_TOPK: tl.constexpr, BLOCK_T: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_K8: tl.constexpr, STAGE: tl.constexpr,
                        FLOAT_W: tl.constexpr, PER_ROW: tl.constexpr, PDL: tl.constexpr,
-                       PRE_ACT: tl.constexpr = False, INT_DOT: tl.constexpr = False):
+                       PRE_ACT: tl.constexpr = False, INT_DOT: tl.constexpr = False, ROWS: tl.constexpr = 0):
     """STAGE 1: gu[pair, mat*N + n] += x[t] @ W_mat[e] (mat 0 = gate (qa..), 1 = up (qb..)) over one K split.
     STAGE 2: out[t, n] += topk_w[pair] * (silu(gu[pair, :K]) * gu[pair, K:]) @ Wd[e] (qa.. = qb.. = down);
     PRE_ACT (T > 1): a_ptr holds silu(gate) * up already, [pairs, K] in the model dtype (paths.decode_moe_act_launch).
     INT_DOT (T > 1, fp16, one group per K tile; paths.int_dot): int4.int_dot_tile, the weights entering
     the dot as their exact n - z and the group's scale multiplying each tile's fp32 sum; stage 2 then loads the
     silu launch's rows (PRE_ACT).
+    ROWS (T > 1, int4 weights in groups of K tiles; paths.decode_rows, below sm80): no dot; the tokens routed to
+    the expert compacted, ROWS per pass over the program's K tiles, each tile the GEMV's step on ROWS rows
+    (_rows_tile_mac).
     active_ptr[slot] = expert + 1 (0: no expert in this slot, the program does nothing).
     PDL: stage 1 reads the routing the kernel just before wrote, so it waits first. Stage 2's routing is two
     kernels old (complete before any stage-2 program can start, see triton_common), so it reads the routing
@@ -135,56 +144,145 @@ def _moe_decode_kernel(x_ptr, a_ptr, out_ptr, qa_ptr, za_ptr, sa_ptr, ga_ptr, qb
         a_row = pair1
     t_begin = pid_k * tiles_per_split                                     # every split has >= 1 tile
     t_end = tl.minimum(t_begin + tiles_per_split, tl.cdiv(k8, BLOCK_K8))
-    if BLOCK_T == 1:
-        # batch 1: a program has 1-2 tiles; the first one's loads are issued before stage 2's wait. (Issuing
-        # both tiles' loads up front measured slower on the H200: fused MoE T=1 26.9 vs 21.5 us.)
-        q0, s0, z0 = _decode_tile_load(q_ptr, s_ptr, z_ptr, t_begin, t_end, live, offs_r, offs_n, n_mask, z_shift,
-                                       k8, N, group_size, num_groups, BLOCK_K8, BLOCK_N, FLOAT_W)
-        t_loop = t_begin + 1
+    if ROWS > 0:
+        _rows_program(x_ptr, a_ptr, out_ptr, q_ptr, s_ptr, z_ptr, topk_w_ptr, live, offs_t, tok_mask, pair, offs_r,
+                      offs_n, n_mask, z_shift, t_begin, t_end, k8, K, N, mat, group_size, num_groups, stride_a,
+                      stride_out, BLOCK_K8, BLOCK_N, STAGE, PRE_ACT, PDL, ROWS)
     else:
-        # batch > 1: many tiles per program; a plain pipelined loop (peeling its first tile measured slower:
-        # T=16 188 vs 172 us)
-        t_loop = t_begin
-    if INT_DOT:
-        acc = tl.zeros((BLOCK_N, INT_DOT_ROWS), dtype=tl.float32)        # transposed (int4.int_dot_tile)
-    elif BLOCK_T == 1:
-        acc = tl.zeros((BLOCK_K8, BLOCK_N), dtype=tl.float32)            # row sums deferred past the loop
-    else:
-        acc = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
+        if BLOCK_T == 1:
+            # batch 1: a program has 1-2 tiles; the first one's loads are issued before stage 2's wait. (Issuing
+            # both tiles' loads up front measured slower on the H200: fused MoE T=1 26.9 vs 21.5 us.)
+            q0, s0, z0 = _decode_tile_load(q_ptr, s_ptr, z_ptr, t_begin, t_end, live, offs_r, offs_n, n_mask, z_shift,
+                                           k8, N, group_size, num_groups, BLOCK_K8, BLOCK_N, FLOAT_W)
+            t_loop = t_begin + 1
+        else:
+            # batch > 1: many tiles per program; a plain pipelined loop (peeling its first tile measured slower:
+            # T=16 188 vs 172 us)
+            t_loop = t_begin
+        if INT_DOT:
+            acc = tl.zeros((BLOCK_N, INT_DOT_ROWS), dtype=tl.float32)        # transposed (int4.int_dot_tile)
+        elif BLOCK_T == 1:
+            acc = tl.zeros((BLOCK_K8, BLOCK_N), dtype=tl.float32)            # row sums deferred past the loop
+        else:
+            acc = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
+        if STAGE == 2:
+            pdl_enter(PDL)
+        if live:
+            if BLOCK_T == 1:
+                acc = _decode_tile_mac(acc, q0, s0, z0, t_begin, t_end, x_ptr, a_ptr, a_row, q_ptr, z_ptr, s_ptr,
+                                       g_ptr, offs_r, offs_n, n_mask, z_shift, k8, K, N, stride_a, offs_t, tok_mask,
+                                       pair, DT, BLOCK_T, BLOCK_N, BLOCK_K8, STAGE, FLOAT_W, PER_ROW, PRE_ACT, INT_DOT)
+            for it in range(t_loop, t_end):
+                q, s_u, z_u = _decode_tile_load(q_ptr, s_ptr, z_ptr, it, t_end, live, offs_r, offs_n, n_mask, z_shift,
+                                                k8, N, group_size, num_groups, BLOCK_K8, BLOCK_N, FLOAT_W)
+                acc = _decode_tile_mac(acc, q, s_u, z_u, it, t_end, x_ptr, a_ptr, a_row, q_ptr, z_ptr, s_ptr, g_ptr,
+                                       offs_r, offs_n, n_mask, z_shift, k8, K, N, stride_a, offs_t, tok_mask, pair,
+                                       DT, BLOCK_T, BLOCK_N, BLOCK_K8, STAGE, FLOAT_W, PER_ROW, PRE_ACT, INT_DOT)
+        if live:
+            if BLOCK_T == 1:
+                res = tl.sum(acc, axis=0)                                     # [BN]
+                if STAGE == 1:
+                    tl.atomic_add(out_ptr + pair1 * stride_out + mat * N + offs_n, res, mask=n_mask, sem="relaxed")
+                else:
+                    res *= tl.load(topk_w_ptr + pair1)
+                    tl.atomic_add(out_ptr + offs_n, res, mask=n_mask, sem="relaxed")
+            else:
+                if INT_DOT:
+                    res = tl.permute(acc, (1, 0))                             # [BT, BN]
+                else:
+                    res = acc
+                om = tok_mask[:, None] & n_mask[None, :]
+                if STAGE == 1:
+                    tl.atomic_add(out_ptr + pair.to(tl.int64)[:, None] * stride_out + mat * N + offs_n[None, :], res,
+                                  mask=om, sem="relaxed")
+                else:
+                    rw = tl.load(topk_w_ptr + pair, mask=tok_mask, other=0.0)    # [BT]
+                    tl.atomic_add(out_ptr + offs_t[:, None] * stride_out + offs_n[None, :], res * rw[:, None],
+                                  mask=om, sem="relaxed")
+
+
+@triton.jit
+def _rows_program(x_ptr, a_ptr, out_ptr, q_ptr, s_ptr, z_ptr, topk_w_ptr, live, offs_t, tok_mask, pair, offs_r, offs_n,
+                  n_mask, z_shift, t_begin, t_end, k8, K, N, mat, group_size, num_groups, stride_a, stride_out,
+                  BLOCK_K8: tl.constexpr, BLOCK_N: tl.constexpr, STAGE: tl.constexpr, PRE_ACT: tl.constexpr,
+                  PDL: tl.constexpr, ROWS: tl.constexpr):
+    """A ROWS program of _moe_decode_kernel (T > 1, int4 weights, one group per K tile): the tokens routed to its
+    expert (tok_mask [BT], their pairs) in order, two per pass; a pass runs the program's K tiles with the GEMV's
+    step on its two rows (_rows_tile_mac: two [BK8, BN] accumulators of the GEMV's layout, no 3-D tile) and adds
+    each row's [BN] sums as the dot path does."""
+    tl.static_assert(ROWS == 2, "the row step is written for two rows a pass")
     if STAGE == 2:
         pdl_enter(PDL)
     if live:
-        if BLOCK_T == 1:
-            acc = _decode_tile_mac(acc, q0, s0, z0, t_begin, t_end, x_ptr, a_ptr, a_row, q_ptr, z_ptr, s_ptr,
-                                   g_ptr, offs_r, offs_n, n_mask, z_shift, k8, K, N, stride_a, offs_t, tok_mask,
-                                   pair, DT, BLOCK_T, BLOCK_N, BLOCK_K8, STAGE, FLOAT_W, PER_ROW, PRE_ACT, INT_DOT)
-        for it in range(t_loop, t_end):
-            q, s_u, z_u = _decode_tile_load(q_ptr, s_ptr, z_ptr, it, t_end, live, offs_r, offs_n, n_mask, z_shift,
-                                            k8, N, group_size, num_groups, BLOCK_K8, BLOCK_N, FLOAT_W)
-            acc = _decode_tile_mac(acc, q, s_u, z_u, it, t_end, x_ptr, a_ptr, a_row, q_ptr, z_ptr, s_ptr, g_ptr,
-                                   offs_r, offs_n, n_mask, z_shift, k8, K, N, stride_a, offs_t, tok_mask, pair,
-                                   DT, BLOCK_T, BLOCK_N, BLOCK_K8, STAGE, FLOAT_W, PER_ROW, PRE_ACT, INT_DOT)
-    if live:
-        if BLOCK_T == 1:
-            res = tl.sum(acc, axis=0)                                     # [BN]
+        hits = tok_mask.to(tl.int32)                                      # [BT]
+        rank = tl.cumsum(hits, axis=0) - 1                                # [BT] each token's place among them
+        for p0 in range(0, tl.sum(hits, axis=0), ROWS):
+            sel0 = tok_mask & (rank == p0)                                # [BT]: the pass's first token
+            sel1 = tok_mask & (rank == p0 + 1)                            # ... and its second, if any
+            ok1 = tl.max(sel1.to(tl.int32), axis=0) > 0
+            tok0 = tl.sum(tl.where(sel0, offs_t, 0), axis=0).to(tl.int64)
+            tok1 = tl.sum(tl.where(sel1, offs_t, 0), axis=0).to(tl.int64)
+            pair0 = tl.sum(tl.where(sel0, pair, 0), axis=0).to(tl.int64)
+            pair1 = tl.sum(tl.where(sel1, pair, 0), axis=0).to(tl.int64)
+            if STAGE == 1:                                                # the rows the inputs come from
+                row0, row1 = tok0, tok1
+            else:
+                row0, row1 = pair0, pair1
+            acc0 = tl.zeros((BLOCK_K8, BLOCK_N), dtype=tl.float32)       # row sums deferred past the loop
+            acc1 = tl.zeros((BLOCK_K8, BLOCK_N), dtype=tl.float32)
+            for it in range(t_begin, t_end):
+                q, s_u, z_u = _decode_tile_load(q_ptr, s_ptr, z_ptr, it, t_end, live, offs_r, offs_n, n_mask,
+                                                z_shift, k8, N, group_size, num_groups, BLOCK_K8, BLOCK_N, False)
+                r = it * BLOCK_K8 + offs_r                                # [BK8] packed rows
+                acc0, acc1 = _rows_tile_mac(acc0, acc1, q, s_u, z_u, (x_ptr, a_ptr, row0, row1, ok1, stride_a, K),
+                                            r, r < k8, STAGE, PRE_ACT)
+            res0 = tl.sum(acc0, axis=0)                                   # [BN]
+            res1 = tl.sum(acc1, axis=0)
             if STAGE == 1:
-                tl.atomic_add(out_ptr + pair1 * stride_out + mat * N + offs_n, res, mask=n_mask, sem="relaxed")
+                tl.atomic_add(out_ptr + pair0 * stride_out + mat * N + offs_n, res0, mask=n_mask, sem="relaxed")
+                tl.atomic_add(out_ptr + pair1 * stride_out + mat * N + offs_n, res1, mask=n_mask & ok1,
+                              sem="relaxed")
             else:
-                res *= tl.load(topk_w_ptr + pair1)
-                tl.atomic_add(out_ptr + offs_n, res, mask=n_mask, sem="relaxed")
-        else:
-            if INT_DOT:
-                res = tl.permute(acc, (1, 0))                             # [BT, BN]
-            else:
-                res = acc
-            om = tok_mask[:, None] & n_mask[None, :]
-            if STAGE == 1:
-                tl.atomic_add(out_ptr + pair.to(tl.int64)[:, None] * stride_out + mat * N + offs_n[None, :], res,
-                              mask=om, sem="relaxed")
-            else:
-                rw = tl.load(topk_w_ptr + pair, mask=tok_mask, other=0.0)    # [BT]
-                tl.atomic_add(out_ptr + offs_t[:, None] * stride_out + offs_n[None, :], res * rw[:, None],
-                              mask=om, sem="relaxed")
+                tl.atomic_add(out_ptr + tok0 * stride_out + offs_n, res0 * tl.load(topk_w_ptr + pair0), mask=n_mask,
+                              sem="relaxed")
+                tl.atomic_add(out_ptr + tok1 * stride_out + offs_n, res1 * tl.load(topk_w_ptr + pair1), mask=n_mask & ok1,
+                              sem="relaxed")
+
+
+@triton.jit
+def _rows_tile_mac(acc0, acc1, q, s_u, z_u, src, r, r_mask, STAGE: tl.constexpr, PRE_ACT: tl.constexpr):
+    """(acc0, acc1) [BK8, BN] fp32 += x_(8r+j) * w_(8r+j) for two input rows at once: gptq_gemm/int4.unit_sums and
+    unit_combine (the batch-1 GEMV's tile step, scale and zero once per tile) with each nibble decoded once for both
+    (a shift and a LOP3 a weight, then an FMA a row). src = (x_ptr, a_ptr, row0, row1, ok1, stride_a, K): the
+    rows by token (stage 1) or pair (stage 2); row 1 reads zeros unless ok1."""
+    x_ptr, a_ptr, row0, row1, ok1, stride_a, K = src
+    one_bits = unit_bits(r)[:, None]                                      # rows r >= 0: 1.0's bits, per row
+    ux0 = tl.zeros_like(acc0)                                             # sum_j u_j x_j, row 0
+    ux1 = tl.zeros_like(acc1)
+    xs0 = tl.zeros((q.shape[0],), dtype=tl.float32)                      # sum_j x_j [BK8], row 0
+    xs1 = tl.zeros((q.shape[0],), dtype=tl.float32)
+    for j in tl.static_range(8):
+        u = unit_nibble(q, j, one_bits)                                   # [BK8, BN]
+        x0 = _rows_input(x_ptr, a_ptr, row0, stride_a, K, r, j, r_mask, STAGE, PRE_ACT)
+        x1 = _rows_input(x_ptr, a_ptr, row1, stride_a, K, r, j, r_mask & ok1, STAGE, PRE_ACT)
+        ux0 += u * x0[:, None]
+        ux1 += u * x1[:, None]
+        xs0 += x0
+        xs1 += x1
+    acc0 += unit_combine(ux0, xs0[:, None], s_u[None, :], z_u[None, :])
+    acc1 += unit_combine(ux1, xs1[:, None], s_u[None, :], z_u[None, :])
+    return acc0, acc1
+
+
+@triton.jit
+def _rows_input(x_ptr, a_ptr, row, stride_a, K, r, j: tl.constexpr, r_mask, STAGE: tl.constexpr,
+                PRE_ACT: tl.constexpr):
+    """fp32 [BK8] inputs 8r + j of one row, 0 where masked: x's row (stage 1), the silu launch's row (PRE_ACT) or
+    silu(gate) * up from the gu sums (_decode_input_row)."""
+    if STAGE == 2 and PRE_ACT:
+        return row_input(a_ptr + row * stride_a, r, j, r_mask)
+    else:
+        return _decode_input_row(x_ptr, a_ptr, row, stride_a, r, j, r_mask, K, STAGE)
 
 
 @triton.jit
@@ -338,21 +436,26 @@ def moe_stages(x: torch.Tensor, gu: torch.Tensor, out32: torch.Tensor, w_gate: M
     # the exact-integer dot: T > 1 (a 16-row block), fp16, int4 weights with one group per K tile (paths.int_dot)
     cc = compute_capability(dev)
     int_dot = bt > 1 and not float_w and x.dtype == torch.float16 and paths.int_dot(t, cc)
+    # below sm80: the compacted row step instead of the 16-row FMA dot (paths.decode_rows), one group per K tile
+    rows = paths.decode_rows(t, cc) if bt > 1 and not float_w else 0
+    assert not (rows and int_dot), "the row step and the int dot exclude each other (below / from sm80)"
     tiles1 = triton.cdiv(n1, bn)
     s1, per1 = _split(2 * tiles1 * slots, triton.cdiv(k1 // 8, bk8), dev, per_sm)
     _moe_decode_kernel[(2 * tiles1, s1, slots)](
         x, x, gu, *gate, *up, topk_ids, topk_w, active, t, n1, k1, gs1, ng1, gst1,
-        x.stride(0), 2 * n1, tiles1, per1, STAGE=1, PER_ROW=bool(pr1), INT_DOT=int_dot and not pr1, **common)
+        x.stride(0), 2 * n1, tiles1, per1, STAGE=1, PER_ROW=bool(pr1), INT_DOT=int_dot and not pr1,
+        ROWS=0 if pr1 else rows, **common)
     tiles2 = triton.cdiv(n2, bn)
     s2, per2 = _split(tiles2 * slots, triton.cdiv(k2 // 8, bk8), dev, per_sm)
     # stage 2 of the exact-integer dot (T > 1) loads silu(gate) * up (computing it there spills: 255 registers
-    # on sm90)
-    pre_act = bt > 1 and not float_w and (paths.decode_moe_act_launch(t) or int_dot)
+    # on sm90), and so does the row step's (on the gu sums its pass loop was 2,273 sm70 instructions with a
+    # 56-byte spill, against 1,355 and none)
+    pre_act = bt > 1 and not float_w and (paths.decode_moe_act_launch(t) or int_dot or rows > 0)
     a2 = silu_and_mul(gu, x.dtype) if pre_act else gu                    # [T*k, I] model dtype | [T*k, 2I] fp32
     _moe_decode_kernel[(tiles2, s2, slots)](
         x, a2, out32, *down, *down, topk_ids, topk_w, active, t, n2, k2, gs2, ng2,
         gst2, a2.stride(0), n2, tiles2, per2, STAGE=2, PER_ROW=bool(pr2), PRE_ACT=pre_act,
-        INT_DOT=int_dot and not pr2, **common)
+        INT_DOT=int_dot and not pr2, ROWS=0 if pr2 else rows, **common)
 
 
 def stages_aot_configs(act: str, min_cc: int) -> list[AotConfig]:
@@ -365,7 +468,7 @@ def stages_aot_configs(act: str, min_cc: int) -> list[AotConfig]:
         for float_w, per_row in ((False, False), (False, True), (True, False)):
             for stage in (1, 2):
                 cx = dict(TOP_K=8, BLOCK_TOPK=8, BLOCK_T=bt, BLOCK_N=bn, BLOCK_K8=bk8, STAGE=stage,
-                          FLOAT_W=float_w, PER_ROW=per_row, PDL=False, PRE_ACT=False, INT_DOT=False)
+                          FLOAT_W=float_w, PER_ROW=per_row, PDL=False, PRE_ACT=False, INT_DOT=False, ROWS=0)
                 wt = f"*{act}" if float_w else "*i32"
                 args = dict(x_ptr=f"*{act}", a_ptr=f"*{act}" if stage == 1 else "*fp32", out_ptr="*fp32",
                             qa_ptr=wt, za_ptr="*i32", sa_ptr="*fp16", ga_ptr="*i32",
@@ -383,6 +486,12 @@ def stages_aot_configs(act: str, min_cc: int) -> list[AotConfig]:
                     args = dict(args, a_ptr=f"*{act}")
                     out.append(AotConfig(_moe_decode_kernel, signature(args, cx), cx, warps, stages, cc_from,
                                          f"moe_decode[{name},stage=2,float=False,per_row={per_row},pre_act,{act}]"))
+                if not float_w and not per_row and name == "decode16-pre-sm80":
+                    # the compacted row step (paths.decode_rows); its stage 2 loads the silu launch's rows
+                    cx = dict(cx, PRE_ACT=stage == 2, ROWS=paths.DECODE_ROWS_PRE_AMPERE)
+                    args = dict(args, a_ptr=f"*{act}")
+                    out.append(AotConfig(_moe_decode_kernel, signature(args, cx), cx, warps, stages, cc_from,
+                                         f"moe_decode[{name},stage={stage},rows,{act}]"))
                 if not float_w and not per_row and act == "fp16" and name != "decode16-pre-sm80" and bt > 1:
                     # the exact-integer dot (T > 1)
                     cx = dict(cx, PRE_ACT=stage == 2, INT_DOT=True)

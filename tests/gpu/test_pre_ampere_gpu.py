@@ -1,9 +1,13 @@
-"""GPU-only: the prefill attention on SDPA's memory-efficient kernel (attention/sdpa.py: the path below sm80) at the
-served shape (32 query / 4 KV heads, D 128, fp16, 16-token blocks) on this card, the emulated sm70 choosing it:
-against the float32 reference alone and inside the Triton wrapper (a chunk beside decodes the kernel keeps), over
-fp16 and fp8_e5m2 caches, with its extra memory within sdpa.workspace_bytes. The engine's greedy text and the
-full-size logits under ONECARD_EMULATE_CC=70 (test_emulation_gpu.py) run it inside the model. Skipped without
-CUDA."""
+"""GPU-only: the two paths a card below sm80 takes where tl.dot would be FMA code, on this card with the capability
+emulated (paths.set_emulated_capability(70)), at the served shapes:
+  * the prefill attention on SDPA's memory-efficient kernel (attention/sdpa.py; 32 query / 4 KV heads, D 128,
+    fp16, 16-token blocks): against the float32 reference alone and inside the Triton wrapper (a chunk beside
+    decodes the kernel keeps), over fp16 and fp8_e5m2 caches, with its extra memory within sdpa.workspace_bytes;
+  * the decode MoE's compacted row step (fused_moe/stages.py ROWS, paths.decode_rows; H 2048, I 768, 128
+    experts, top 8, g128): against the reference at T = 2, 9, 16 and with every token on the same experts, and
+    against the 16-row dot it replaces (switch off).
+The engine's greedy text and the full-size logits under ONECARD_EMULATE_CC=70 (test_emulation_gpu.py) run both
+inside the model. Skipped without CUDA."""
 from __future__ import annotations
 
 import math
@@ -68,3 +72,33 @@ def test_sdpa_efficient_kernel_matches_reference(lens, cache_dtype):
     assert _rel(alone, want) < 1e-2 and _rel(split, want) < 1e-2
     bound = sdpa.workspace_bytes(max(seq_lens), max(q_lens), 32, 4, 128, torch.float16, kc.dtype)
     assert extra <= bound + (4 << 20), (extra, bound)                       # + the kernel half's small buffers
+
+
+@pytest.mark.parametrize("t, skew", [(2, False), (9, False), (16, False), (16, True)])
+def test_decode_moe_row_step_matches_reference(t, skew):
+    from kernels_testlib import random_gptq
+
+    from onecard.kernels import paths
+    from onecard.kernels.fused_moe import ref
+    from onecard.kernels.fused_moe import triton as tk
+
+    h, i, e, k = 2048, 768, 128, 8
+    g = torch.Generator().manual_seed(t)
+    ws = [random_gptq(h, i, 128, experts=e, seed=1)[0], random_gptq(h, i, 128, experts=e, seed=2)[0],
+          random_gptq(i, h, 128, experts=e, seed=3)[0]]
+    ws = [w.to("cuda") for w in ws]
+    x = torch.randn(t, h, generator=g).half().cuda()
+    logits = torch.randn(t, e, generator=g).cuda()
+    if skew:                                                              # every token on experts 0..7: 8 passes
+        logits[:, :k] += 20.0
+    want = ref.fused_moe(x.float(), logits, *ws, k, True)
+    paths.set_emulated_capability(70)
+    try:
+        assert paths.decode_rows(t, paths.capability()) > 0
+        rows = tk.fused_moe(x, logits, *ws, k, True)
+        paths.set_switch("pre_ampere_decode_rows", False)
+        dot = tk.fused_moe(x, logits, *ws, k, True)
+    finally:
+        paths.set_switch("pre_ampere_decode_rows", None)
+        paths.set_emulated_capability(None, clear=True)
+    assert _rel(rows, want) < 2e-3 and _rel(dot, want) < 2e-3, (_rel(rows, want), _rel(dot, want))

@@ -31,6 +31,7 @@ Usage: python bench/v100_estimate.py [OUT.json]   (CPU; prints the tables BENCHM
 """
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from dataclasses import asdict, dataclass
@@ -133,27 +134,48 @@ def expected_passes(bs: int, rows: int) -> float:
     return sum(-(-n // rows) * pmf[n] for n in range(1, bs + 1)) / (1 - pmf[0])
 
 
+@functools.cache
+def _loop(mod: str, name: str) -> tuple[int, int]:
+    """(K-loop instructions, cycles) a warp of AOT config ``name`` compiled for sm70 (inner_loop_mix)."""
+    mix = inner_loop_mix(compile_config(mod, name, 70).asm["cubin"])
+    return sum(mix.values()), loop_cycles(mix)
+
+
+def loop_seconds(mod: str, name: str, weights: float, tile: tuple[int, int, int], passes: float) -> dict:
+    """Compute seconds on a V100 of ``weights`` int4 weights through config ``name``'s K loop (tile = (BLOCK_K8,
+    BLOCK_N, warps)), ``passes`` times: the tiles' warps x cycles over 80 SMs x 4 schedulers at 1.53 GHz."""
+    bk8, bn, warps = tile
+    instructions, cycles = _loop(mod, name)
+    s = weights / (bk8 * 8 * bn) * warps * passes * cycles / (V100_SMS * V100_SCHEDULERS * V100_CLOCK)
+    return {"config": name, "loop_instructions": instructions, "cycles": cycles, "passes": passes, "us": s * 1e6}
+
+
 def moe_decode_sass(bs: int, distinct: float) -> dict:
     """The decode MoE of a ``bs``-token step (1 < bs <= 16) on sm70 from its SASS: per stage the config it takes
     (the row step or the 16-row dot), the K loop's instructions and cycles a warp, the passes; -> those and the
-    compute seconds of one launch pair."""
+    compute microseconds of one launch pair."""
     from onecard.kernels.fused_moe.stages import DECODE_CONFIGS
 
     rows = paths.decode_rows(bs, 70)
     _, bn, bk8, warps, _, _ = DECODE_CONFIGS["decode16-pre-sm80"]
     passes = expected_passes(bs, rows) if rows else 1.0
-    out = {"rows": rows, "passes": passes, "stages": {}}
-    seconds = 0.0
-    for stage, weights in ((1, 2 * H * I), (2, I * H)):
-        kind = "rows" if rows else "float=False,per_row=False"
-        name = f"moe_decode[decode16-pre-sm80,stage={stage},{kind},fp16]"
-        mix = inner_loop_mix(compile_config("fused_moe", name, 70).asm["cubin"])
-        warp_tiles = distinct * weights / (bk8 * 8 * bn) * warps
-        s = warp_tiles * passes * loop_cycles(mix) / (V100_SMS * V100_SCHEDULERS * V100_CLOCK)
-        out["stages"][name] = {"loop_instructions": sum(mix.values()), "cycles": loop_cycles(mix), "us": s * 1e6}
-        seconds += s
-    out["us"] = seconds * 1e6
-    return out
+    kind = "rows" if rows else "float=False,per_row=False"
+    stages = [loop_seconds("fused_moe", f"moe_decode[decode16-pre-sm80,stage={stage},{kind},fp16]",
+                           distinct * weights, (bk8, bn, warps), passes) for stage, weights in ((1, 2 * H * I),
+                                                                                                 (2, I * H))]
+    return {"rows": rows, "passes": passes, "stages": {st["config"]: st for st in stages},
+            "us": sum(st["us"] for st in stages)}
+
+
+def dense_sass_s(bs: int, k: int, n: int) -> float:
+    """Compute seconds on a V100 of a ``bs``-row skinny GEMM (1 < bs <= 16) of K x N int4 weights from its SASS:
+    the row step's ceil(bs / 2) passes (paths.dense_rows) or the 16-row dot's one."""
+    from onecard.kernels.gptq_gemm.triton import _CONFIGS
+
+    _, bn, bk8, _, warps, _ = _CONFIGS["skinny"]
+    rows = paths.dense_rows(bs, 70)
+    name = "w4a16[skinny,rows,fp16]" if rows else "w4a16[skinny,fp16]"
+    return loop_seconds("gptq_gemm", name, k * n, (bk8, bn, warps), -(-bs // rows) if rows else 1)["us"] * 1e-6
 
 
 def decode(bs: int, h200: dict[str, float], ctx: int = CTX) -> list[Kernel]:
@@ -171,7 +193,8 @@ def decode(bs: int, h200: dict[str, float], ctx: int = CTX) -> list[Kernel]:
         Kernel("rms_norm (input; bs16 also post-attention)", L * (1 if bs == 1 else 2), 3 * act + H * 2, 0, "fma",
                h200_us=h200.get("rms")),
         Kernel("qkv GEMV / skinny (+ memset, reduce at bs16)", L, gptq_bytes(H, qkv_n) + act, gemm(bs, H, qkv_n),
-               "fma", dequant=H * qkv_n, h200_us=h200.get("qkv")),
+               "fma", dequant=H * qkv_n, h200_us=h200.get("qkv"),
+               v100_compute_s=dense_sass_s(bs, H, qkv_n) if bs > 1 else None),
         Kernel("q/k-norm + RoPE + KV store", L, bs * qkv_n * 2 * 2, 0, "fma", h200_us=h200.get("rope")),
         Kernel(f"paged attention, {ctx:,}-token contexts (split-KV: {split['segments']} segments, "
                f"{split['working']} of {split['programs']} programs with keys)", L, kv + bs * NQ * D * 4,
@@ -183,7 +206,8 @@ def decode(bs: int, h200: dict[str, float], ctx: int = CTX) -> list[Kernel]:
         Kernel("o_proj GEMV / skinny" + (" + the folded router (M @ a + F @ r)" if fold else ""), L,
                gptq_bytes(NQ * D, H) + act + (E * (NQ * D + H) * 2 if fold else 0),
                gemm(bs, NQ * D, H) + (gemm(1, NQ * D + H, E) if fold else 0), "fma",
-               dequant=NQ * D * H, h200_us=h200.get("o")),
+               dequant=NQ * D * H, h200_us=h200.get("o"),
+               v100_compute_s=dense_sass_s(bs, NQ * D, H) if bs > 1 else None),
         *([] if fold else [Kernel("router GEMV + routing (bs1: with the norm, one launch)", L, E * H * 2 + act,
                                   gemm(bs, H, E), "fma", h200_us=h200.get("route"))]),
         # batch 1: both stages in one launch of intermediate slices (fused_moe/slices.py, no cc condition: sm70
@@ -320,6 +344,30 @@ def sass_markdown(bs: int = 16) -> tuple[str, dict]:
     return "\n".join(out), res
 
 
+BATCHES = (1, 2, 4, 8, 16)
+
+
+def batches_markdown() -> tuple[str, dict]:
+    """Decode steps at 512-token contexts for BATCHES sequences by the V100 roofline (bytes, or compute from the
+    SASS where modelled; no latency floor: the H200 has none measured between batch 1 and 16), with the row steps
+    (shipped) and with the 16-row dots (switch "pre_ampere_decode_rows" off): -> (a markdown table, the
+    figures)."""
+    res: dict = {}
+    for on in (True, False):
+        paths.set_switch("pre_ampere_decode_rows", on)
+        try:
+            res["rows" if on else "dot"] = {bs: table(decode(bs, {}), bs) for bs in BATCHES}
+        finally:
+            paths.set_switch("pre_ampere_decode_rows", None)
+    out = ["| batch | step ms, row steps | tok/s, row steps | step ms, 16-row dots | tok/s, 16-row dots |",
+           "| ---: | ---: | ---: | ---: | ---: |"]
+    for bs in BATCHES:
+        a, b = res["rows"][bs], res["dot"][bs]
+        out.append(f"| {bs} | {a['step_us']['v100_roofline_us'] / 1e3:.2f} | {a['tok_s']['v100_roofline_us']:,.0f} | "
+                   f"{b['step_us']['v100_roofline_us'] / 1e3:.2f} | {b['tok_s']['v100_roofline_us']:,.0f} |")
+    return "\n".join(out), {k: {bs: t["tok_s"]["v100_roofline_us"] for bs, t in v.items()} for k, v in res.items()}
+
+
 def main(out: str | None = None) -> dict:
     no_attn = {"attn", "reduce"}                      # measured at 512-token contexts only
     long = {f"{bs} x {ctx:,}": table(decode(bs, {k: v for k, v in (H200_BS1 if bs == 1 else H200_BS16).items()
@@ -334,6 +382,11 @@ def main(out: str | None = None) -> dict:
     table_, res["moe_decode_sass_bs16"] = sass_markdown(16)
     print("**The batch-16 decode MoE's compute on a V100, from its sm70 SASS (82 distinct experts, 202 MB: "
           f"{202.06e6 / V100['bw'] * 1e6:.0f} µs of bytes)**\n")
+    print(table_, "\n")
+    table_, res["batches_tok_s"] = batches_markdown()
+    print("**Decode at 1-16 sequences of 512 tokens on a V100 (roofline column: no latency floor): the row steps "
+          "below sm80 (the MoE's and the skinny GEMM's, paths.decode_rows / dense_rows) against the 16-row FMA "
+          "dots**\n")
     print(table_, "\n")
     print(markdown("Prefill, one 4,096-token prompt", res["prefill4096"]), "\n")
     print("**Split-KV launches of the decode graph (policy fill, bound 65,536; derived from kernels/paths.py)**\n")

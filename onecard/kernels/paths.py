@@ -457,6 +457,20 @@ def decode_rows(tokens: int, cc: int) -> int:
     return 0
 
 
+# The same step for the dense skinny GEMM below sm80 (gptq_gemm/small_m.py ROWS: qkv, o_proj at 2..16 tokens),
+# whose 16-row FMA dot costs the same at M = 2 as at 16: there every row is real, so the passes grow with M
+# (ceil(M / 2)) and the step wins only while they stay few. sm70 cycles a warp and 16K-weight tile (the pipe
+# model of bench/v100_estimate.py): the dot 4,660 at any M, a pass 1,076 (the MoE's step; its SASS is
+# the same loop); up to DENSE_ROWS_MAX_M rows (3 passes: 3,228) it takes the step, above it the dot (4 passes at
+# M = 7, 8: 4,304, ~8% less compute for 4 reads of the weights). The same switch.
+DENSE_ROWS_MAX_M = 6
+
+
+def dense_rows(m: int, cc: int) -> int:
+    """Rows per pass of the dense skinny GEMM's row step for ``m`` rows (0: the dot)."""
+    return decode_rows(m, cc) if m <= DENSE_ROWS_MAX_M else 0
+
+
 # Not kept (measured and removed): the decode MoE's silu with libdevice's fast exp and division (6 instructions a
 # value instead of 13; sm90 SASS of the down stage's K loop at batch 1 1,112 -> 934): alone it won (H100,
 # 2026-12-06, switchab: batch 1 at 512 tokens 418.8 -> 427.9 tok/s), but with the decode configs shipped the same
@@ -783,6 +797,7 @@ __all__ = [
     "decode_moe_act_launch",
     "decode_rows",
     "dense_cublas_min_m",
+    "dense_rows",
     "describe",
     "device_props",
     "emulated_capability",

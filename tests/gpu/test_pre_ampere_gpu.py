@@ -5,7 +5,9 @@ emulated (paths.set_emulated_capability(70)), at the served shapes:
     decodes the kernel keeps), over fp16 and fp8_e5m2 caches, with its extra memory within sdpa.workspace_bytes;
   * the decode MoE's compacted row step (fused_moe/stages.py ROWS, paths.decode_rows; H 2048, I 768, 128
     experts, top 8, g128): against the reference at T = 2, 9, 16 and with every token on the same experts, and
-    against the 16-row dot it replaces (switch off).
+    the 16-row dot it replaces (switch off) too;
+  * the skinny GEMM's row step (gptq_gemm/small_m.py ROWS, paths.dense_rows) at the served qkv and o_proj
+    shapes, M = 2, 3, 4, 6, likewise.
 The engine's greedy text and the full-size logits under ONECARD_EMULATE_CC=70 (test_emulation_gpu.py) run both
 inside the model. Skipped without CUDA."""
 from __future__ import annotations
@@ -98,6 +100,31 @@ def test_decode_moe_row_step_matches_reference(t, skew):
         rows = tk.fused_moe(x, logits, *ws, k, True)
         paths.set_switch("pre_ampere_decode_rows", False)
         dot = tk.fused_moe(x, logits, *ws, k, True)
+    finally:
+        paths.set_switch("pre_ampere_decode_rows", None)
+        paths.set_emulated_capability(None, clear=True)
+    assert _rel(rows, want) < 2e-3 and _rel(dot, want) < 2e-3, (_rel(rows, want), _rel(dot, want))
+
+
+@pytest.mark.parametrize("m", [2, 3, 4, 6])
+@pytest.mark.parametrize("k, n", [(2048, 5120), (4096, 2048)], ids=["qkv", "o_proj"])
+def test_skinny_gemm_row_step_matches_reference(m, k, n):
+    from kernels_testlib import random_gptq
+
+    from onecard.kernels import paths
+    from onecard.kernels.gptq_gemm import ref
+    from onecard.kernels.gptq_gemm import triton as tk
+
+    w = random_gptq(k, n, 128, seed=m)[0].to("cuda")
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).half().cuda()
+    bias = torch.randn(n).half().cuda()
+    want = ref.w4a16_gemm(x.float(), w, bias.float())
+    paths.set_emulated_capability(70)
+    try:
+        assert paths.dense_rows(m, paths.capability()) > 0
+        rows = tk.w4a16_gemm(x, w, bias)
+        paths.set_switch("pre_ampere_decode_rows", False)
+        dot = tk.w4a16_gemm(x, w, bias)
     finally:
         paths.set_switch("pre_ampere_decode_rows", None)
         paths.set_emulated_capability(None, clear=True)

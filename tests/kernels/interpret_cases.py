@@ -32,6 +32,11 @@ GEMM = [(1, 64, 40, 32, False, True), (1, 256, 16, 256, True, False), (3, 136, 4
 # (int4.int_dot_tile; switch "decode_int_dot"): M = 3 with K = 136 (one group; 17 packed rows, the last row pair
 # half outside K), M = 2, 16 (N = 264: a partial column tile), 4
 GEMM_INT = (2, 6, 8, 11)
+# GEMM cases at 1 < M <= paths.DENSE_ROWS_MAX_M with one group per K tile under the emulated sm70, where the skinny
+# GEMM takes the GEMV's step two rows a pass (switch "pre_ampere_decode_rows"; small_m._small_rows): M = 3 (the
+# last pass one row), 2, 4; each through split-K (atomics, reduce), and M = 4 (N 1,536) also in one split (stored,
+# bias added)
+GEMM_ROWS = (2, 6, 11)
 INT_CASES = ("gemmint", "g128moeint")
 # (T, H, E): the decode router GEMV: one H chunk, several chunks (T > 1), H past one chunk at T = 1
 ROUTER = [(1, 64, 8), (3, 72, 6), (16, 256, 12), (5, 2048, 16), (1, 5000, 3)]
@@ -145,6 +150,7 @@ CASES = ([f"gemm{i}-{dt}" for i in range(len(GEMM)) for dt in (F32, F16)] + ["de
          + [f"g128moerows{i}-{dt}" for i in MOE_ROWS for dt in (F32, F16)]
          + [f"g128moerowsskew{i}-{F16}" for i in MOE_ROWS] + [f"g128moerowsact{i}-{F16}" for i in MOE_ROWS]
          + [f"gemmint{i}-{F16}" for i in GEMM_INT]
+         + [f"gemmrows{i}-{dt}" for i in GEMM_ROWS for dt in (F32, F16)]
          # the same at 1 < T <= 16 with the int dot forced off (on by default there): the dequantized-fp16 paths
          + [f"g128moenoint{i}-{F16}" for i in MOE_INT if MOE_G128[i][0] > 1]
          + [f"gemmnoint{i}-{F16}" for i in GEMM_INT if GEMM[i][0] > 1]
@@ -750,6 +756,24 @@ def run_case(name: str, seed: int, skew: bool = False) -> float:
         return _attn_block_case(int(i), dt, seed, attn_qk=True, split=int(j))
     if kind.startswith("attnblock"):
         return _attn_block_case(int(kind[9:]), dt, seed)
+    if kind.startswith("gemmrows"):
+        from onecard.kernels import paths
+        from onecard.kernels.gptq_gemm import ref
+        from onecard.kernels.gptq_gemm import triton as tk
+        m, k, n, gs, desc, has_bias = GEMM[int(kind[8:])]
+        w, _ = random_gptq(k, n, gs, desc_act=desc, seed=seed)
+        x = torch.randn(m, k).to(dt)
+        bias = torch.randn(n).to(dt) if has_bias else None
+        want = ref.w4a16_gemm(x, w, bias)
+        paths.set_emulated_capability(70)
+        try:
+            assert paths.dense_rows(m, 70) == paths.DECODE_ROWS_PRE_AMPERE, m
+            one = tk.small_grid(m, n, k, x.device, (128, 16, 4, 2, 1)).splits == 1   # case 11's 12 column tiles
+            assert tk.small_grid(m, n, k, x.device).splits > 1 and one == (n > 1024), (m, k, n)
+            return max(_rel(tk.small_m_gemm(x, w, bias), want),
+                       _rel(tk.small_m_gemm(x, w, bias, tuning=(128, 16, 4, 2, 1)), want))
+        finally:
+            paths.set_emulated_capability(None, clear=True)
     if kind.startswith("gemm"):
         from onecard.kernels.gptq_gemm import ref
         from onecard.kernels.gptq_gemm import triton as tk

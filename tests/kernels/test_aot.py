@@ -201,8 +201,8 @@ def test_jit_aligned_variants_are_the_vectorized_code(compiled):
 
 
 def test_pre_sm80_tiles_do_not_spill(compiled):
-    """Below sm80 tl.dot is FMA code holding its tiles in registers; the attention tiles and the MoE configs
-    chosen there up to the per-expert cuBLAS prefill (attention.triton.attn_tiles, fused_moe.triton.choose_config)
+    """Below sm80 tl.dot is FMA code holding its tiles in registers; the attention tiles, the MoE configs and the
+    skinny GEMM's row step chosen there up to the per-expert cuBLAS prefill (attention.triton.attn_tiles, fused_moe.triton.choose_config)
     compile for sm70, as the JIT specializes them, with no stack frame (GPTQ without g_idx: the served
     checkpoint)."""
     from onecard.kernels import paths
@@ -215,6 +215,8 @@ def test_pre_sm80_tiles_do_not_spill(compiled):
     chosen.add(f"moe_decode[{choose_decode_config(16, 70)},stage=2,float=False,per_row=False,pre_act,fp16]")
     assert paths.decode_rows(16, 70) > 0                                  # T > 1: the compacted row step
     chosen |= {f"moe_decode[{choose_decode_config(16, 70)},stage={s},rows,fp16]" for s in (1, 2)}
+    assert paths.dense_rows(2, 70) > 0                                    # the skinny GEMM at few rows too
+    chosen.add("w4a16[skinny,rows,fp16]")
     chosen |= {f"moe[{choose_config(t, 70)},gated={g},float=False,fp16]"
                for t in range(17, GROUPED_MIN_TOKENS) for g in (True, False)}
     rows = [r for r in compiled if r[1] == 70 and r[2].endswith("(JIT-aligned)") and (
@@ -223,9 +225,9 @@ def test_pre_sm80_tiles_do_not_spill(compiled):
     # attention: decode, prefill, each with an fp16 and an fp8_e5m2 cache, and decode at the kernel's prefetch
     # levels 1 and 2 (fp16; bench/attn_sweep.py's A/B); MoE: decode 1, 16 (stage 2 also on the separate silu
     # launch's output, paths.decode_moe_act_launch), 16 on the row step (paths.decode_rows, both stages); sorted;
-    # the split-KV reduce at each BLOCK_S (2 .. 128 segments merged per step), and its row-wise variant (split
-    # small-q launches) at BLOCK_Q 2, 8
-    assert len(rows) == 2 * 2 + 2 + 4 + 1 + 2 + 2 + 7 + 7 * 2, [r[2] for r in rows]
+    # the skinny GEMM's row step (paths.dense_rows); the split-KV reduce at each BLOCK_S (2 .. 128 segments merged
+    # per step), and its row-wise variant (split small-q launches) at BLOCK_Q 2, 8
+    assert len(rows) == 2 * 2 + 2 + 4 + 1 + 2 + 2 + 1 + 7 + 7 * 2, [r[2] for r in rows]
     assert all(r[6] == 0 for r in rows), [(r[2], r[6]) for r in rows]
 
 

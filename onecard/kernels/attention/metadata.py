@@ -42,9 +42,9 @@ class AttentionMetadata:
         return self.host_query_start_loc is not None and self.host_seq_lens is not None
 
 
-def select(md: AttentionMetadata, seqs: Sequence[int]) -> tuple[AttentionMetadata, np.ndarray]:
+def select(md: AttentionMetadata, seqs: Sequence[int]) -> tuple[AttentionMetadata, torch.Tensor]:
     """-> (the metadata of sequences ``seqs`` of md alone, in that order; their query rows in md's flattening
-    [T'] int64). Needs the host copies; a decode among ``seqs`` must be one of md's leading decodes and they must
+    [T'] int64, on md's device). Needs the host copies; a decode among ``seqs`` must be one of md's leading decodes and they must
     all come first, in order (they stay the new batch's leading decodes). The block table and lengths are
     gathered on the device (no sync); the new query_start_loc goes up with the rows."""
     assert md.has_host_lens, "select needs the host copies of query_start_loc and seq_lens"
@@ -67,4 +67,4 @@ def select(md: AttentionMetadata, seqs: Sequence[int]) -> tuple[AttentionMetadat
         seq_lens=md.seq_lens.index_select(0, idx_t), block_table=md.block_table.index_select(0, idx_t),
         max_query_len=int(q_lens.max()), max_seq_len=int(lens[idx].max()), num_decode_tokens=decodes,
         host_query_start_loc=new_qsl, host_seq_lens=lens[idx].astype(np.int32))
-    return sub, rows
+    return sub, rows_t

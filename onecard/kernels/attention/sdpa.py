@@ -34,7 +34,7 @@ from onecard.kernels.attention.metadata import AttentionMetadata
 def long_sequences(md: AttentionMetadata, cc: int) -> list[int]:
     """The sequences of md that take this path on capability ``cc`` (paths.prefill_sdpa of their query length);
     none without md's host copies (CUDA graphs: every sequence stays on the Triton kernel)."""
-    if not md.has_host_lens or md.max_query_len <= paths.SPLIT_MAX_QUERY:
+    if not md.has_host_lens or not paths.prefill_sdpa(md.max_query_len, cc):   # no sequence can (sm80+: never)
         return []
     qsl = md.host_query_start_loc
     return [i for i in range(md.num_seqs) if paths.prefill_sdpa(int(qsl[i + 1] - qsl[i]), cc)]

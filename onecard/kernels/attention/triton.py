@@ -490,9 +490,8 @@ def _with_sdpa(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, md
     short = [i for i in range(md.num_seqs) if i not in taken]
     if short:
         sub, rows = select(md, short)
-        idx = torch.from_numpy(rows).to(q.device, non_blocking=True)
-        out.index_copy_(0, idx, paged_attention(q.index_select(0, idx), k_cache, v_cache, sub, scale, k_scale,
-                                                v_scale))
+        out.index_copy_(0, rows, paged_attention(q.index_select(0, rows), k_cache, v_cache, sub, scale, k_scale,
+                                                 v_scale))
     return out
 
 

@@ -34,15 +34,13 @@ from onecard.kernels.gptq_gemm.int4 import (
     INT_DOT_ROWS,
     _dequant_tile_j,
     _group_sz,
+    gemv2_tile_mac,
     gemv_tile_mac,
     int_dot_tile,
     magic_zero_scale,
     nibbles,
     row_input,
     rows_input_t,
-    unit_bits,
-    unit_combine,
-    unit_nibble,
 )
 from onecard.kernels.gptq_gemm.triton import row_groups
 from onecard.kernels.triton_common import (
@@ -93,9 +91,9 @@ def _moe_decode_kernel(x_ptr, a_ptr, out_ptr, qa_ptr, za_ptr, sa_ptr, ga_ptr, qb
     INT_DOT (T > 1, fp16, one group per K tile; paths.int_dot): int4.int_dot_tile, the weights entering
     the dot as their exact n - z and the group's scale multiplying each tile's fp32 sum; stage 2 then loads the
     silu launch's rows (PRE_ACT).
-    ROWS (T > 1, int4 weights in groups of K tiles; paths.decode_rows, below sm80): no dot; the tokens routed to
+    ROWS (T > 1, int4 weights with one group per K tile; paths.decode_rows, below sm80): no dot; the tokens routed to
     the expert compacted, ROWS per pass over the program's K tiles, each tile the GEMV's step on ROWS rows
-    (_rows_tile_mac).
+    (_rows_program).
     active_ptr[slot] = expert + 1 (0: no expert in this slot, the program does nothing).
     PDL: stage 1 reads the routing the kernel just before wrote, so it waits first. Stage 2's routing is two
     kernels old (complete before any stage-2 program can start, see triton_common), so it reads the routing
@@ -208,8 +206,8 @@ def _rows_program(x_ptr, a_ptr, out_ptr, q_ptr, s_ptr, z_ptr, topk_w_ptr, live, 
                   PDL: tl.constexpr, ROWS: tl.constexpr):
     """A ROWS program of _moe_decode_kernel (T > 1, int4 weights, one group per K tile): the tokens routed to its
     expert (tok_mask [BT], their pairs) in order, two per pass; a pass runs the program's K tiles with the GEMV's
-    step on its two rows (_rows_tile_mac: two [BK8, BN] accumulators of the GEMV's layout, no 3-D tile) and adds
-    each row's [BN] sums as the dot path does."""
+    step on its two rows (int4.gemv2_tile_mac: two [BK8, BN] accumulators of the GEMV's layout, no 3-D tile) and
+    adds each row's [BN] sums as the dot path does."""
     tl.static_assert(ROWS == 2, "the row step is written for two rows a pass")
     if STAGE == 2:
         pdl_enter(PDL)
@@ -234,8 +232,16 @@ def _rows_program(x_ptr, a_ptr, out_ptr, q_ptr, s_ptr, z_ptr, topk_w_ptr, live, 
                 q, s_u, z_u = _decode_tile_load(q_ptr, s_ptr, z_ptr, it, t_end, live, offs_r, offs_n, n_mask,
                                                 z_shift, k8, N, group_size, num_groups, BLOCK_K8, BLOCK_N, False)
                 r = it * BLOCK_K8 + offs_r                                # [BK8] packed rows
-                acc0, acc1 = _rows_tile_mac(acc0, acc1, q, s_u, z_u, (x_ptr, a_ptr, row0, row1, ok1, stride_a, K),
-                                            r, r < k8, STAGE, PRE_ACT)
+                r_mask = r < k8
+                if STAGE == 1:                                            # x's rows
+                    acc0, acc1 = gemv2_tile_mac(acc0, acc1, q, s_u, z_u, x_ptr + row0 * stride_a,
+                                                x_ptr + row1 * stride_a, r, r_mask, r_mask & ok1, row_input)
+                elif PRE_ACT:                                             # the silu launch's rows
+                    acc0, acc1 = gemv2_tile_mac(acc0, acc1, q, s_u, z_u, a_ptr + row0 * stride_a,
+                                                a_ptr + row1 * stride_a, r, r_mask, r_mask & ok1, row_input)
+                else:                                                     # silu(gate) * up from the gu sums
+                    acc0, acc1 = gemv2_tile_mac(acc0, acc1, q, s_u, z_u, (a_ptr, row0, stride_a, K),
+                                                (a_ptr, row1, stride_a, K), r, r_mask, r_mask & ok1, _gated_input)
             res0 = tl.sum(acc0, axis=0)                                   # [BN]
             res1 = tl.sum(acc1, axis=0)
             if STAGE == 1:
@@ -247,42 +253,6 @@ def _rows_program(x_ptr, a_ptr, out_ptr, q_ptr, s_ptr, z_ptr, topk_w_ptr, live, 
                               sem="relaxed")
                 tl.atomic_add(out_ptr + tok1 * stride_out + offs_n, res1 * tl.load(topk_w_ptr + pair1), mask=n_mask & ok1,
                               sem="relaxed")
-
-
-@triton.jit
-def _rows_tile_mac(acc0, acc1, q, s_u, z_u, src, r, r_mask, STAGE: tl.constexpr, PRE_ACT: tl.constexpr):
-    """(acc0, acc1) [BK8, BN] fp32 += x_(8r+j) * w_(8r+j) for two input rows at once: gptq_gemm/int4.unit_sums and
-    unit_combine (the batch-1 GEMV's tile step, scale and zero once per tile) with each nibble decoded once for both
-    (a shift and a LOP3 a weight, then an FMA a row). src = (x_ptr, a_ptr, row0, row1, ok1, stride_a, K): the
-    rows by token (stage 1) or pair (stage 2); row 1 reads zeros unless ok1."""
-    x_ptr, a_ptr, row0, row1, ok1, stride_a, K = src
-    one_bits = unit_bits(r)[:, None]                                      # rows r >= 0: 1.0's bits, per row
-    ux0 = tl.zeros_like(acc0)                                             # sum_j u_j x_j, row 0
-    ux1 = tl.zeros_like(acc1)
-    xs0 = tl.zeros((q.shape[0],), dtype=tl.float32)                      # sum_j x_j [BK8], row 0
-    xs1 = tl.zeros((q.shape[0],), dtype=tl.float32)
-    for j in tl.static_range(8):
-        u = unit_nibble(q, j, one_bits)                                   # [BK8, BN]
-        x0 = _rows_input(x_ptr, a_ptr, row0, stride_a, K, r, j, r_mask, STAGE, PRE_ACT)
-        x1 = _rows_input(x_ptr, a_ptr, row1, stride_a, K, r, j, r_mask & ok1, STAGE, PRE_ACT)
-        ux0 += u * x0[:, None]
-        ux1 += u * x1[:, None]
-        xs0 += x0
-        xs1 += x1
-    acc0 += unit_combine(ux0, xs0[:, None], s_u[None, :], z_u[None, :])
-    acc1 += unit_combine(ux1, xs1[:, None], s_u[None, :], z_u[None, :])
-    return acc0, acc1
-
-
-@triton.jit
-def _rows_input(x_ptr, a_ptr, row, stride_a, K, r, j: tl.constexpr, r_mask, STAGE: tl.constexpr,
-                PRE_ACT: tl.constexpr):
-    """fp32 [BK8] inputs 8r + j of one row, 0 where masked: x's row (stage 1), the silu launch's row (PRE_ACT) or
-    silu(gate) * up from the gu sums (_decode_input_row)."""
-    if STAGE == 2 and PRE_ACT:
-        return row_input(a_ptr + row * stride_a, r, j, r_mask)
-    else:
-        return _decode_input_row(x_ptr, a_ptr, row, stride_a, r, j, r_mask, K, STAGE)
 
 
 @triton.jit

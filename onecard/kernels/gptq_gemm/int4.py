@@ -103,6 +103,30 @@ def gemv_tile_mac(acc, q, s_u, z_u, src, r, r_mask, INPUT: tl.constexpr, BLOCK_K
 
 
 @triton.jit
+def gemv2_tile_mac(acc0, acc1, q, s_u, z_u, src0, src1, r, mask0, mask1, INPUT: tl.constexpr):
+    """gemv_tile_mac on two input rows at once: (acc0, acc1) [BK8, BN] fp32 += x_(8r+j) * w_(8r+j) with x from
+    ``INPUT(src0, r, j, mask0)`` and ``INPUT(src1, r, j, mask1)``, each nibble decoded once for both (a shift and
+    a LOP3 a weight, then an FMA a row; unit_sums' steps), the scale and zero once per tile (unit_combine). Below
+    sm80 it replaces a tl.dot of 16 rows (FMA code there) when few rows are real (paths.decode_rows)."""
+    one_bits = unit_bits(r)[:, None]                                      # rows r >= 0: 1.0's bits, per row
+    ux0 = tl.zeros_like(acc0)                                             # sum_j u_j x_j, row 0
+    ux1 = tl.zeros_like(acc1)
+    xs0 = tl.zeros((q.shape[0],), dtype=tl.float32)                      # sum_j x_j [BK8], row 0
+    xs1 = tl.zeros((q.shape[0],), dtype=tl.float32)
+    for j in tl.static_range(8):
+        u = unit_nibble(q, j, one_bits)                                   # [BK8, BN]
+        x0 = INPUT(src0, r, j, mask0)
+        x1 = INPUT(src1, r, j, mask1)
+        ux0 += u * x0[:, None]
+        ux1 += u * x1[:, None]
+        xs0 += x0
+        xs1 += x1
+    acc0 += unit_combine(ux0, xs0[:, None], s_u[None, :], z_u[None, :])
+    acc1 += unit_combine(ux1, xs1[:, None], s_u[None, :], z_u[None, :])
+    return acc0, acc1
+
+
+@triton.jit
 def unit_sums(q, src, r, r_mask, INPUT: tl.constexpr, BLOCK_K8: tl.constexpr, BLOCK_N: tl.constexpr):
     """-> (ux [BK8, BN], xs [BK8]) fp32: sum_j u_j x_j per packed row and column, with u_j = 1 + n_j/16
     (unit_nibble), and sum_j x_j per packed row, over the 8 inputs x_(8r+j) = INPUT(src, r, j, r_mask) of the

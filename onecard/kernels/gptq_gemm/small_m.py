@@ -4,7 +4,8 @@ One launch per GEMM (plus a reduce kernel when 1 < M with split-K); the host sid
 split-K choice are in triton.py (``small_m_gemm``), which also says why the two split-K reductions differ.
 A program streams one or two [BK8, BN] int32 tiles of its K split (16-byte loads along N, scales/zeros once
 per tile: a tile lies in one group unless PER_ROW). M == 1 keeps a [BK8, BN] fp32 accumulator and reduces
-it once after the K loop; M > 1 uses tl.dot on a 16-row block. With the exact-integer dot (INT_DOT, M > 1,
+it once after the K loop; M > 1 uses tl.dot on a 16-row block, or below sm80 for few rows (ROWS:
+paths.dense_rows) the M == 1 step on two rows a program (_small_rows; tl.dot is FMA code there). With the exact-integer dot (INT_DOT, M > 1,
 fp16, one group per tile: paths.int_dot) it takes int4.int_dot_tile, a tensor-core dot on 16 input rows into a
 transposed [BN, 16] accumulator.
 """
@@ -17,6 +18,7 @@ from onecard.kernels.gptq_gemm.int4 import (
     INT_DOT_ROWS,
     _dequant_tile_j,
     _group_sz,
+    gemv2_tile_mac,
     gemv_tile_mac,
     int_dot_tile,
     magic_zero_scale,
@@ -79,7 +81,7 @@ def _w4a16_small_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_p
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K8: tl.constexpr,
                         PER_ROW: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
                         INT_DOT: tl.constexpr = False, ACCUM: tl.constexpr = False, ROUTER: tl.constexpr = False,
-                        BLOCK_RE: tl.constexpr = 1, BLOCK_R: tl.constexpr = 1):
+                        BLOCK_RE: tl.constexpr = 1, BLOCK_R: tl.constexpr = 1, ROWS: tl.constexpr = 0):
     """Decode GEMM, M <= 16, one launch. BLOCK_M == 1: GEMV with a [BK8, BN] fp32 accumulator whose row sum is
     deferred past the K loop; the scale and zero are applied once per tile (int4.gemv_tile_mac), so the inner
     loop is a shift, a LOP3 and an FMA per weight. Else tl.dot on a 16-row block with
@@ -96,7 +98,9 @@ def _w4a16_small_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_p
     the zeroed fp32 raw_ptr [E] its share of the folded router, rows pid_n * BLOCK_RE + [0, BLOCK_RE): M[rows, its
     split's K range] @ x[that range] + F[rows, pid_k's rn_chunk of N] @ residual[that chunk] (rm_ptr M [E, K],
     rf_ptr F [E, N], rr_ptr the residual [N]; M and F load before the PDL wait: weights), both as [BLOCK_RE,
-    BLOCK_R] tiles (BLOCK_R covers either range), so that one reduction sums them."""
+    BLOCK_R] tiles (BLOCK_R covers either range), so that one reduction sums them.
+    ROWS (1 < M, not PER_ROW; paths.dense_rows, below sm80): no dot; grid dim 2 takes the rows two at a time,
+    each tile the GEMV's step on both (_small_rows)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)                      # [BN]
@@ -107,75 +111,115 @@ def _w4a16_small_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, gidx_ptr, bias_ptr, out_p
     k8 = K // 8
     z_shift = (offs_n % 8) * 4
     DT: tl.constexpr = x_ptr.dtype.element_ty
-    tl.static_assert(not INT_DOT or BLOCK_M == INT_DOT_ROWS)
-    if INT_DOT:
-        acc = tl.zeros((BLOCK_N, INT_DOT_ROWS), dtype=tl.float32)             # transposed (int_dot_tile)
-    elif BLOCK_M == 1:
-        acc = tl.zeros((BLOCK_K8, BLOCK_N), dtype=tl.float32)
+    if ROWS > 0:
+        _small_rows(x_ptr, qw_ptr, qz_ptr, sc_ptr, bias_ptr, out_ptr, part_ptr, M, N, group_size, num_groups,
+                    tiles_per_split, stride_xm, has_bias, pid_k, offs_r, offs_n, n_mask, z_shift, k8, BLOCK_K8, PDL,
+                    ROWS)
     else:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        tl.static_assert(not INT_DOT or BLOCK_M == INT_DOT_ROWS)
+        if INT_DOT:
+            acc = tl.zeros((BLOCK_N, INT_DOT_ROWS), dtype=tl.float32)             # transposed (int_dot_tile)
+        elif BLOCK_M == 1:
+            acc = tl.zeros((BLOCK_K8, BLOCK_N), dtype=tl.float32)
+        else:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        t_begin = pid_k * tiles_per_split                                     # every split has >= 1 tile
+        t_end = tl.minimum(t_begin + tiles_per_split, tl.cdiv(k8, BLOCK_K8))
+        if BLOCK_M == 1:
+            # the first two tiles' weights (all of them at the tuned splits) stream before the PDL wait
+            q0, s0, z0 = _small_tile_load(qw_ptr, sc_ptr, qz_ptr, t_begin, t_end, offs_r, offs_n, n_mask, z_shift, k8,
+                                          N, group_size, num_groups, BLOCK_K8)
+            q1, s1, z1 = _small_tile_load(qw_ptr, sc_ptr, qz_ptr, t_begin + 1, t_end, offs_r, offs_n, n_mask, z_shift,
+                                          k8, N, group_size, num_groups, BLOCK_K8)
+            if ROUTER:
+                m_t, f_t, rk, rk_mask, rn, rn_mask, re, re_mask = _router_load(
+                    rm_ptr, rf_ptr, pid_n, pid_k, t_begin, t_end, E, N, K, rn_chunk, BLOCK_K8, BLOCK_RE, BLOCK_R)
+            pdl_enter(PDL)
+            if ROUTER:                      # the router's inputs now: their round trips overlap the K loop's
+                # loaded in the tiles' shape (each row its copy, from L1) so that no layout conversion goes through
+                # shared memory: [BRE, BR] this split's inputs, [BRE, BR] the residual's chunk
+                av = tl.load(x_ptr + re[:, None] * 0 + rk[None, :], mask=rk_mask[None, :], other=0.0).to(tl.float32)
+                rv = tl.load(rr_ptr + re[:, None] * 0 + rn[None, :], mask=rn_mask[None, :], other=0.0).to(tl.float32)
+            acc = _small_tile_mac(acc, q0, s0, z0, t_begin, t_end, x_ptr, sc_ptr, qz_ptr, gidx_ptr, offs_r, offs_m,
+                                  m_mask, offs_n, n_mask, z_shift, k8, N, stride_xm, DT, BLOCK_M, BLOCK_N, BLOCK_K8,
+                                  PER_ROW, INT_DOT)
+            acc = _small_tile_mac(acc, q1, s1, z1, t_begin + 1, t_end, x_ptr, sc_ptr, qz_ptr, gidx_ptr, offs_r,
+                                  offs_m, m_mask, offs_n, n_mask, z_shift, k8, N, stride_xm, DT, BLOCK_M, BLOCK_N,
+                                  BLOCK_K8, PER_ROW, INT_DOT)
+            t_loop = t_begin + 2
+        else:
+            # M > 1: a plain pipelined loop (peeling the first tiles measured slower for tl.dot)
+            pdl_enter(PDL)
+            t_loop = t_begin
+        for t in range(t_loop, t_end):
+            q, s_u, z_u = _small_tile_load(qw_ptr, sc_ptr, qz_ptr, t, t_end, offs_r, offs_n, n_mask, z_shift, k8, N,
+                                           group_size, num_groups, BLOCK_K8)
+            acc = _small_tile_mac(acc, q, s_u, z_u, t, t_end, x_ptr, sc_ptr, qz_ptr, gidx_ptr, offs_r, offs_m,
+                                  m_mask, offs_n, n_mask, z_shift, k8, N, stride_xm, DT, BLOCK_M, BLOCK_N, BLOCK_K8,
+                                  PER_ROW, INT_DOT)
+        if INT_DOT:
+            res = tl.permute(acc, (1, 0))                                     # [BM, BN]
+        elif BLOCK_M == 1:
+            res = tl.sum(acc, axis=0)[None, :]                                # [1, BN]
+        else:
+            res = acc
+        o_off = offs_m[:, None] * N + offs_n[None, :]
+        o_mask = m_mask[:, None] & n_mask[None, :]
+        splits = tl.num_programs(1)
+        if ACCUM:
+            tl.static_assert(BLOCK_M == 1, "ACCUM: batch 1 only")
+            if has_bias != 0:                                                 # once: split 0 adds the bias
+                res += tl.load(bias_ptr + offs_n, mask=n_mask & (pid_k == 0), other=0.0).to(tl.float32)[None, :]
+            tl.atomic_add(out_ptr + o_off, res, mask=o_mask, sem="relaxed")
+            if ROUTER:
+                raw = tl.sum(m_t.to(tl.float32) * av + f_t.to(tl.float32) * rv, axis=1)   # [BRE]
+                tl.atomic_add(raw_ptr + re, raw, mask=re_mask, sem="relaxed")
+        elif splits > 1 and BLOCK_M == 1:
+            tl.store(part_ptr + pid_k * N + o_off, res, mask=o_mask)
+            if last_arrival(cnt_ptr + pid_n, splits):
+                offs_s = tl.arange(0, BLOCK_S)                                # every split's row at once
+                p = tl.load(part_ptr + offs_s[:, None] * N + offs_n[None, :],
+                            mask=(offs_s < splits)[:, None] & n_mask[None, :], other=0.0, cache_modifier=".cg")
+                _store_out(out_ptr, o_off, o_mask, tl.sum(p, axis=0)[None, :], bias_ptr, offs_n, n_mask, has_bias)
+        elif splits > 1:
+            tl.atomic_add(part_ptr + o_off, res, mask=o_mask, sem="relaxed")
+        else:
+            _store_out(out_ptr, o_off, o_mask, res, bias_ptr, offs_n, n_mask, has_bias)
+
+
+@triton.jit
+def _small_rows(x_ptr, qw_ptr, qz_ptr, sc_ptr, bias_ptr, out_ptr, part_ptr, M, N, group_size, num_groups,
+                tiles_per_split, stride_xm, has_bias, pid_k, offs_r, offs_n, n_mask, z_shift, k8,
+                BLOCK_K8: tl.constexpr, PDL: tl.constexpr, ROWS: tl.constexpr):
+    """A ROWS program of _w4a16_small_kernel: rows m0 = ROWS * program_id(2) and m0 + 1 (if < M) over its K split,
+    int4.gemv2_tile_mac a tile; split-K: fp32 atomics into part_ptr [M, N] (the reduce finishes), else stored."""
+    tl.static_assert(ROWS == 2, "the row step is written for two rows a pass")
+    m0 = tl.program_id(2) * ROWS
+    ok1 = m0 + 1 < M
     t_begin = pid_k * tiles_per_split                                     # every split has >= 1 tile
     t_end = tl.minimum(t_begin + tiles_per_split, tl.cdiv(k8, BLOCK_K8))
-    if BLOCK_M == 1:
-        # the first two tiles' weights (all of them at the tuned splits) stream before the PDL wait
-        q0, s0, z0 = _small_tile_load(qw_ptr, sc_ptr, qz_ptr, t_begin, t_end, offs_r, offs_n, n_mask, z_shift, k8,
-                                      N, group_size, num_groups, BLOCK_K8)
-        q1, s1, z1 = _small_tile_load(qw_ptr, sc_ptr, qz_ptr, t_begin + 1, t_end, offs_r, offs_n, n_mask, z_shift,
-                                      k8, N, group_size, num_groups, BLOCK_K8)
-        if ROUTER:
-            m_t, f_t, rk, rk_mask, rn, rn_mask, re, re_mask = _router_load(
-                rm_ptr, rf_ptr, pid_n, pid_k, t_begin, t_end, E, N, K, rn_chunk, BLOCK_K8, BLOCK_RE, BLOCK_R)
-        pdl_enter(PDL)
-        if ROUTER:                      # the router's inputs now: their round trips overlap the K loop's
-            # loaded in the tiles' shape (each row its copy, from L1) so that no layout conversion goes through
-            # shared memory: [BRE, BR] this split's inputs, [BRE, BR] the residual's chunk
-            av = tl.load(x_ptr + re[:, None] * 0 + rk[None, :], mask=rk_mask[None, :], other=0.0).to(tl.float32)
-            rv = tl.load(rr_ptr + re[:, None] * 0 + rn[None, :], mask=rn_mask[None, :], other=0.0).to(tl.float32)
-        acc = _small_tile_mac(acc, q0, s0, z0, t_begin, t_end, x_ptr, sc_ptr, qz_ptr, gidx_ptr, offs_r, offs_m,
-                              m_mask, offs_n, n_mask, z_shift, k8, N, stride_xm, DT, BLOCK_M, BLOCK_N, BLOCK_K8,
-                              PER_ROW, INT_DOT)
-        acc = _small_tile_mac(acc, q1, s1, z1, t_begin + 1, t_end, x_ptr, sc_ptr, qz_ptr, gidx_ptr, offs_r,
-                              offs_m, m_mask, offs_n, n_mask, z_shift, k8, N, stride_xm, DT, BLOCK_M, BLOCK_N,
-                              BLOCK_K8, PER_ROW, INT_DOT)
-        t_loop = t_begin + 2
-    else:
-        # M > 1: a plain pipelined loop (peeling the first tiles measured slower for tl.dot)
-        pdl_enter(PDL)
-        t_loop = t_begin
-    for t in range(t_loop, t_end):
+    acc0 = tl.zeros((BLOCK_K8, offs_n.shape[0]), dtype=tl.float32)       # row sums deferred past the loop
+    acc1 = tl.zeros((BLOCK_K8, offs_n.shape[0]), dtype=tl.float32)
+    pdl_enter(PDL)
+    for t in range(t_begin, t_end):
         q, s_u, z_u = _small_tile_load(qw_ptr, sc_ptr, qz_ptr, t, t_end, offs_r, offs_n, n_mask, z_shift, k8, N,
                                        group_size, num_groups, BLOCK_K8)
-        acc = _small_tile_mac(acc, q, s_u, z_u, t, t_end, x_ptr, sc_ptr, qz_ptr, gidx_ptr, offs_r, offs_m,
-                              m_mask, offs_n, n_mask, z_shift, k8, N, stride_xm, DT, BLOCK_M, BLOCK_N, BLOCK_K8,
-                              PER_ROW, INT_DOT)
-    if INT_DOT:
-        res = tl.permute(acc, (1, 0))                                     # [BM, BN]
-    elif BLOCK_M == 1:
-        res = tl.sum(acc, axis=0)[None, :]                                # [1, BN]
+        r = t * BLOCK_K8 + offs_r                                         # [BK8] packed rows
+        r_mask = r < k8
+        acc0, acc1 = gemv2_tile_mac(acc0, acc1, q, s_u, z_u, x_ptr + m0 * stride_xm, x_ptr + (m0 + 1) * stride_xm,
+                                    r, r_mask, r_mask & ok1, row_input)
+    res0 = tl.sum(acc0, axis=0)                                           # [BN]
+    res1 = tl.sum(acc1, axis=0)
+    if tl.num_programs(1) > 1:
+        tl.atomic_add(part_ptr + m0 * N + offs_n, res0, mask=n_mask, sem="relaxed")
+        tl.atomic_add(part_ptr + (m0 + 1) * N + offs_n, res1, mask=n_mask & ok1, sem="relaxed")
     else:
-        res = acc
-    o_off = offs_m[:, None] * N + offs_n[None, :]
-    o_mask = m_mask[:, None] & n_mask[None, :]
-    splits = tl.num_programs(1)
-    if ACCUM:
-        tl.static_assert(BLOCK_M == 1, "ACCUM: batch 1 only")
-        if has_bias != 0:                                                 # once: split 0 adds the bias
-            res += tl.load(bias_ptr + offs_n, mask=n_mask & (pid_k == 0), other=0.0).to(tl.float32)[None, :]
-        tl.atomic_add(out_ptr + o_off, res, mask=o_mask, sem="relaxed")
-        if ROUTER:
-            raw = tl.sum(m_t.to(tl.float32) * av + f_t.to(tl.float32) * rv, axis=1)   # [BRE]
-            tl.atomic_add(raw_ptr + re, raw, mask=re_mask, sem="relaxed")
-    elif splits > 1 and BLOCK_M == 1:
-        tl.store(part_ptr + pid_k * N + o_off, res, mask=o_mask)
-        if last_arrival(cnt_ptr + pid_n, splits):
-            offs_s = tl.arange(0, BLOCK_S)                                # every split's row at once
-            p = tl.load(part_ptr + offs_s[:, None] * N + offs_n[None, :],
-                        mask=(offs_s < splits)[:, None] & n_mask[None, :], other=0.0, cache_modifier=".cg")
-            _store_out(out_ptr, o_off, o_mask, tl.sum(p, axis=0)[None, :], bias_ptr, offs_n, n_mask, has_bias)
-    elif splits > 1:
-        tl.atomic_add(part_ptr + o_off, res, mask=o_mask, sem="relaxed")
-    else:
-        _store_out(out_ptr, o_off, o_mask, res, bias_ptr, offs_n, n_mask, has_bias)
+        if has_bias != 0:
+            b = tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+            res0 += b
+            res1 += b
+        tl.store(out_ptr + m0 * N + offs_n, res0.to(out_ptr.dtype.element_ty), mask=n_mask)
+        tl.store(out_ptr + (m0 + 1) * N + offs_n, res1.to(out_ptr.dtype.element_ty), mask=n_mask & ok1)
 
 
 @triton.jit

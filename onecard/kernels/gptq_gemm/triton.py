@@ -234,6 +234,8 @@ def small_m_gemm(x: torch.Tensor, w: GPTQWeight, bias: torch.Tensor | None = Non
     # the exact-integer dot (int4.int_dot_tile): fp16, one group per K tile, the paths switch for M rows
     int_dot = (not per_row and x.dtype == torch.float16
                and paths.int_dot(m, cc))
+    # below sm80, few rows: the GEMV's step two rows at a time instead of the 16-row FMA dot (paths.dense_rows)
+    rows = 0 if per_row or router is not None or accumulate is not None else paths.dense_rows(m, cc)
     g = small_grid(m, n, k, dev, tuning)
     bm, bn, bk8, warps, stages = g.block_m, g.block_n, g.block_k8, g.num_warps, g.num_stages
     grid_n, splits, tiles_per_split = g.grid_n, g.splits, g.tiles_per_split
@@ -263,11 +265,11 @@ def small_m_gemm(x: torch.Tensor, w: GPTQWeight, bias: torch.Tensor | None = Non
         rargs = (rm, rf, rres, raw, e, rn_chunk)
     else:
         rargs = (out, out, out, out, 0, 0)                                # unused without ROUTER
-    _w4a16_small_kernel[(grid_n, splits)](
+    _w4a16_small_kernel[(grid_n, splits, triton.cdiv(m, rows) if rows else 1)](
         x, w.qweight, w.qzeros, w.scales, gidx, bias_arg, out, part, workspace.counters(dev, "gemm", grid_n),
         m, n, k, w.group_size, w.num_groups, tiles_per_split, x.stride(0), int(bias is not None), *rargs,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K8=bk8, PER_ROW=bool(per_row), BLOCK_S=GEMV_MAX_SPLITS, PDL=use_pdl,
-        INT_DOT=int_dot, ACCUM=accum, num_warps=warps, num_stages=stages, launch_pdl=use_pdl, **rt)
+        INT_DOT=int_dot, ACCUM=accum, ROWS=rows, num_warps=warps, num_stages=stages, launch_pdl=use_pdl, **rt)
     if splits > 1 and m > 1:
         _splitk_reduce_kernel[(triton.cdiv(m * n, _REDUCE_BLOCK),)](
             part, bias_arg, out, m * n, n, 1, BLOCK=_REDUCE_BLOCK, HAS_BIAS=bias is not None, PDL=use_pdl,
@@ -333,7 +335,7 @@ def aot_configs() -> list[AotConfig]:
             if bm <= SMALL_M_MAX:
                 for per_row in (False, True):
                     cx = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K8=bk8, PER_ROW=per_row, BLOCK_S=GEMV_MAX_SPLITS,
-                              PDL=False, INT_DOT=False, ACCUM=False, ROUTER=False, BLOCK_RE=1, BLOCK_R=1)
+                              PDL=False, INT_DOT=False, ACCUM=False, ROUTER=False, BLOCK_RE=1, BLOCK_R=1, ROWS=0)
                     args = dict(x_ptr=f"*{act}", qw_ptr="*i32", qz_ptr="*i32", sc_ptr="*fp16", gidx_ptr="*i32",
                                 bias_ptr=f"*{act}", out_ptr=f"*{act}", part_ptr="*fp32", cnt_ptr="*i32",
                                 M="i32", N="i32",
@@ -353,6 +355,10 @@ def aot_configs() -> list[AotConfig]:
                         rx = dict(cx, ACCUM=True, ROUTER=True, BLOCK_RE=4, BLOCK_R=256)
                         out.append(AotConfig(_w4a16_small_kernel, signature(dict(args, out_ptr="*fp32"), rx), rx,
                                              warps, stages, min_cc, f"w4a16[{name},accum,router,{act}]"))
+                    if name != "gemv" and not per_row and act == "fp16":      # the row step (paths.dense_rows)
+                        rx = dict(cx, ROWS=paths.DECODE_ROWS_PRE_AMPERE)
+                        out.append(AotConfig(_w4a16_small_kernel, signature(args, rx), rx, warps, stages, min_cc,
+                                             f"w4a16[{name},rows,{act}]"))
                     if name != "gemv" and not per_row and act == "fp16":      # the exact-integer dot
                         out.append(AotConfig(_w4a16_small_kernel, signature(args, dict(cx, INT_DOT=True)),
                                              dict(cx, INT_DOT=True), warps, stages, max(min_cc, 80),

@@ -763,10 +763,11 @@ def describe(cc: int | None, quantized: bool) -> dict[str, str]:
                  f"prefill (>= {DENSE_CUBLAS_MIN_M} tokens): dequantize + cuBLAS")
     else:
         dense = (f"prefill (>= {CUBLAS_MIN_M_PRE_AMPERE} tokens): dequantize + cuBLAS (tl.dot has no tensor "
-                 "cores before sm80); decode: triton w4a16 GEMV (memory-bound)")
+                 f"cores before sm80); decode: triton w4a16 GEMV (memory-bound), two rows a program up to "
+                 f"{DENSE_ROWS_MAX_M} rows")
     if per_expert_moe(cc):
         moe = (f"prefill (>= {GROUPED_MIN_TOKENS} tokens): dequantize + one cuBLAS GEMM per expert; "
-               f"smaller batches: triton fused MoE (FMA on sm70/75)")
+               f"smaller batches: triton fused MoE (FMA on sm70/75; decode: each expert's tokens two a pass)")
     else:
         gd = "bf16" if cc >= GROUPED_BF16_MIN_CC else "the serving dtype"
         moe = (f"prefill (>= {GROUPED_MIN_TOKENS} tokens): dequantize + PyTorch grouped GEMM in {gd}; "

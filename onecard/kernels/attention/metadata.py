@@ -44,9 +44,9 @@ class AttentionMetadata:
 
 def select(md: AttentionMetadata, seqs: Sequence[int]) -> tuple[AttentionMetadata, torch.Tensor]:
     """-> (the metadata of sequences ``seqs`` of md alone, in that order; their query rows in md's flattening
-    [T'] int64, on md's device). Needs the host copies; a decode among ``seqs`` must be one of md's leading decodes and they must
-    all come first, in order (they stay the new batch's leading decodes). The block table and lengths are
-    gathered on the device (no sync); the new query_start_loc goes up with the rows."""
+    [T'] int64, on md's device). Needs the host copies; a decode among ``seqs`` must be one of md's leading
+    decodes and they must all come first, in order (they stay the new batch's leading decodes). The block table
+    and lengths are gathered on the device (no sync); the new query_start_loc goes up with the rows."""
     assert md.has_host_lens, "select needs the host copies of query_start_loc and seq_lens"
     qsl, lens = md.host_query_start_loc, md.host_seq_lens
     idx = np.asarray(seqs, dtype=np.int64)

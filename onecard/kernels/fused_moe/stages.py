@@ -251,8 +251,8 @@ def _rows_program(x_ptr, a_ptr, out_ptr, q_ptr, s_ptr, z_ptr, topk_w_ptr, live, 
             else:
                 tl.atomic_add(out_ptr + tok0 * stride_out + offs_n, res0 * tl.load(topk_w_ptr + pair0), mask=n_mask,
                               sem="relaxed")
-                tl.atomic_add(out_ptr + tok1 * stride_out + offs_n, res1 * tl.load(topk_w_ptr + pair1), mask=n_mask & ok1,
-                              sem="relaxed")
+                tl.atomic_add(out_ptr + tok1 * stride_out + offs_n, res1 * tl.load(topk_w_ptr + pair1),
+                              mask=n_mask & ok1, sem="relaxed")
 
 
 @triton.jit

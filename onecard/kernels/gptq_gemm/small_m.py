@@ -5,9 +5,9 @@ split-K choice are in triton.py (``small_m_gemm``), which also says why the two 
 A program streams one or two [BK8, BN] int32 tiles of its K split (16-byte loads along N, scales/zeros once
 per tile: a tile lies in one group unless PER_ROW). M == 1 keeps a [BK8, BN] fp32 accumulator and reduces
 it once after the K loop; M > 1 uses tl.dot on a 16-row block, or below sm80 for few rows (ROWS:
-paths.dense_rows) the M == 1 step on two rows a program (_small_rows; tl.dot is FMA code there). With the exact-integer dot (INT_DOT, M > 1,
-fp16, one group per tile: paths.int_dot) it takes int4.int_dot_tile, a tensor-core dot on 16 input rows into a
-transposed [BN, 16] accumulator.
+paths.dense_rows) the M == 1 step on two rows a program (_small_rows; tl.dot is FMA code there). With the
+exact-integer dot (INT_DOT, M > 1, fp16, one group per tile: paths.int_dot) it takes int4.int_dot_tile, a
+tensor-core dot on 16 input rows into a transposed [BN, 16] accumulator.
 """
 from __future__ import annotations
 

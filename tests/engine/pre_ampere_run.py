@@ -1,7 +1,7 @@
 """Run by test_pre_ampere_engine.py in a process of its own (TRITON_INTERPRET, the capability and the backend are
-read once per process): the bundled tiny coder through the real engine on the Triton kernels, greedy, two
-prompts; prints JSON: each prompt's tokens, and how often each pre-sm80 path answered yes (the decisions are
-wrapped to count, then answer as they do)."""
+read once per process): the bundled tiny coder through the real engine on the Triton kernels, greedy, in the
+SCENARIOS; prints JSON: each scenario's tokens per prompt, and how often each pre-sm80 path answered yes (the
+decisions are wrapped to count, then answer as they do)."""
 from __future__ import annotations
 
 import json
@@ -13,16 +13,22 @@ from onecard import LLM, SamplingParams
 from onecard.kernels import paths
 from onecard.kernels.attention import sdpa
 
-PROMPTS = [list(range(3, 43)), list(range(50, 70))]     # 40 and 20 tokens: both past the verify rows (> 16)
+# (prompts, max_num_batched_tokens): a 60-token prompt in chunks of 36 (SDPA) and 24, its second chunk over the
+# first one's cached KV beside the 20-token prompt's first 12 rows (one launch: SDPA for the chunk, the kernel for
+# the 12 rows), then the 20-token prompt's last 8 beside a decode, then batch-2 decode steps (both row steps)
+SCENARIOS = [([list(range(100, 160)), list(range(50, 70))], 36)]
 
 
 def main(model: str) -> None:
-    seen = {"sdpa_sequences": 0, "moe_rows": 0, "dense_rows": 0}
+    seen = {"sdpa_sequences": 0, "sdpa_over_prefix": 0, "split_launches": 0, "moe_rows": 0, "dense_rows": 0}
     long_sequences, decode_rows, dense_rows = sdpa.long_sequences, paths.decode_rows, paths.dense_rows
 
     def count_long(md, cc):
         out = long_sequences(md, cc)
         seen["sdpa_sequences"] += len(out)
+        qsl, lens = md.host_query_start_loc, md.host_seq_lens
+        seen["sdpa_over_prefix"] += sum(int(lens[i]) > int(qsl[i + 1] - qsl[i]) for i in out)
+        seen["split_launches"] += 0 < len(out) < md.num_seqs                 # SDPA and the kernel in one launch
         return out
 
     def count(key, fn):
@@ -34,10 +40,12 @@ def main(model: str) -> None:
 
     sdpa.long_sequences = count_long
     paths.decode_rows, paths.dense_rows = count("moe_rows", decode_rows), count("dense_rows", dense_rows)
-    llm = LLM(model, device="cpu", max_model_len=256)
-    outs = llm.generate(PROMPTS, SamplingParams(max_tokens=4, temperature=0))
-    print(json.dumps({"tokens": [list(o.outputs[0].token_ids) for o in outs], "seen": seen,
-                      "capability": paths.capability(torch.device("cpu"))}))
+    tokens = []
+    for prompts, budget in SCENARIOS:
+        llm = LLM(model, device="cpu", max_model_len=256, max_num_batched_tokens=budget)
+        outs = llm.generate(prompts, SamplingParams(max_tokens=4, temperature=0))
+        tokens.append([list(o.outputs[0].token_ids) for o in outs])
+    print(json.dumps({"tokens": tokens, "seen": seen, "capability": paths.capability(torch.device("cpu"))}))
 
 
 if __name__ == "__main__":

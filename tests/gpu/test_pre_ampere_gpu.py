@@ -1,4 +1,4 @@
-"""GPU-only: the two paths a card below sm80 takes where tl.dot would be FMA code, on this card with the capability
+"""GPU-only: the paths a card below sm80 takes where tl.dot would be FMA code, on this card with the capability
 emulated (paths.set_emulated_capability(70)), at the served shapes:
   * the prefill attention on SDPA's memory-efficient kernel (attention/sdpa.py; 32 query / 4 KV heads, D 128,
     fp16, 16-token blocks): against the float32 reference alone and inside the Triton wrapper (a chunk beside

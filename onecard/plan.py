@@ -66,6 +66,7 @@ from onecard.gpus import GPUS, GpuSpec, find_gpu  # noqa: F401 - the plan's card
 from onecard.hardware import decide, host_memory, sm
 from onecard.kernels import paths
 from onecard.kv_dtype import bytes_per_token, kv_shape
+from onecard.kv_dtype import element_bytes as kv_element_bytes
 from onecard.kv_dtype import resolve as resolve_kv_dtype
 
 GIB = 2**30
@@ -125,6 +126,7 @@ class PlanReport:
     allowed: bool = True
     refusal: str | None = None
     largest_max_model_len: int | None = None
+    activation_bytes_per_position: int = 0            # the part of activation_bytes that grows with --max-model-len
     largest_max_num_seqs: int | None = None
     backends: dict[str, str] = field(default_factory=dict)
     reasons: list[str] = field(default_factory=list)
@@ -199,7 +201,9 @@ def weight_bytes(meta: CheckpointMeta, dtype: str, device: str = "cuda") -> tupl
 
 
 def activation_bytes(meta: CheckpointMeta, tokens: int, seqs: int, act_bytes: int,
-                     cc: tuple[int, int] | None) -> tuple[int, dict[str, int]]:
+                     cc: tuple[int, int] | None, max_model_len: int = 0, kv_bytes: int = 0) -> tuple[int, dict[str, int]]:
+    """Activation bytes of a ``tokens``-token step by part; ``max_model_len`` and ``kv_bytes`` (the KV cache's
+    element size) size the prefill attention's SDPA workspace where the card takes that path (below sm80)."""
     c = meta.hf_config
     h, heads = int(c["hidden_size"]), int(c["num_attention_heads"])
     _, kv_heads, d = kv_shape(c)
@@ -224,6 +228,9 @@ def activation_bytes(meta: CheckpointMeta, tokens: int, seqs: int, act_bytes: in
         per_expert = max((t.shape[-2] * 8 * t.shape[-1] for t in meta.tensors.values()
                           if t.name.endswith(".qweight") and ".experts." in t.name), default=0)
         out["expert_dequant_scratch"] = experts * per_expert * act_bytes
+    if cci is not None and max_model_len and paths.prefill_sdpa(paths.SPLIT_MAX_QUERY + 1, cci):
+        out["prefill_attention_sdpa"] = paths.prefill_sdpa_workspace(max_model_len, tokens, heads, kv_heads, d,
+                                                                     act_bytes, kv_bytes or act_bytes)
     out["fixed_overhead"] = FIXED_OVERHEAD
     return sum(out.values()), out
 
@@ -265,7 +272,11 @@ def plan_from_config(meta: CheckpointMeta, config: EngineConfig, total_memory: i
     w_total, w_parts = weight_bytes(meta, dtype)
     try:
         kv_tok = bytes_per_token(m.num_layers, m.num_kv_heads, m.head_dim, kv_dt)
-        a_total, a_parts = activation_bytes(meta, tokens, sched.max_num_seqs, DTYPE_BYTES.get(dtype, 2), cc)
+        a_total, a_parts = activation_bytes(meta, tokens, sched.max_num_seqs, DTYPE_BYTES.get(dtype, 2), cc,
+                                            sched.max_model_len, kv_element_bytes(kv_dt))
+        per_position = (paths.prefill_sdpa_workspace(1, 0, 0, m.num_kv_heads, m.head_dim, DTYPE_BYTES.get(dtype, 2),
+                                                     kv_element_bytes(kv_dt))
+                        if "prefill_attention_sdpa" in a_parts else 0)
     except KeyError as e:
         raise ConfigError(f"{meta.path / 'config.json'} lacks {e.args[0]!r}; cannot size the KV cache "
                           + (f"({refusal})" if refusal else "(not a decoder-only LLM config?)")) from None
@@ -276,6 +287,7 @@ def plan_from_config(meta: CheckpointMeta, config: EngineConfig, total_memory: i
         gpu_memory_utilization=cache.gpu_memory_utilization, dtype=dtype, kv_cache_dtype=kv_dt,
         quantization=quantization, weights_bytes=w_total, weights_gib=w_total / GIB, weights_breakdown=w_parts,
         kv_bytes_per_token=kv_tok, activation_bytes=a_total, activation_breakdown=a_parts,
+        activation_bytes_per_position=per_position,
         max_model_len=m.max_model_len, max_num_seqs=sched.max_num_seqs, max_num_batched_tokens=tokens,
         block_size=cache.block_size, allowed=refusal is None, refusal=refusal, backends=decision.backends,
         reasons=reasons)
@@ -324,7 +336,11 @@ def _fit(r: PlanReport, total_memory: int, max_pos: int, vocab: int, kv_override
             f"{r.activation_bytes / GIB:.2f} GiB exceed the budget of {where}; one {r.max_model_len}-token "
             f"sequence needs a card with at least {need / GIB:.1f} GiB (or a 4-bit GPTQ checkpoint).")
         return
-    r.largest_max_model_len = min(r.kv_capacity_tokens, max_pos) if r.kv_capacity_tokens else None
+    # the longest sequence whose KV fits beside the activations at that length (the SDPA gather grows with it)
+    free_at_zero = free_for_kv + r.activation_bytes_per_position * r.max_model_len
+    longest = free_at_zero // (r.kv_bytes_per_token + r.activation_bytes_per_position) // r.block_size * r.block_size
+    longest = min(longest, r.kv_capacity_tokens) if kv_override is not None else longest
+    r.largest_max_model_len = min(longest, max_pos) if longest > 0 else None
     # Largest --max-num-seqs: the sampler's logits rows are the only activation term that grows with it.
     per_seq = vocab * 4 * 2
     spare = free_for_kv - blocks_per_seq * block_bytes + min(r.max_num_seqs, r.max_num_batched_tokens) * per_seq

@@ -554,6 +554,17 @@ def prefill_sdpa(query_len: int, cc: int) -> bool:
     return query_len > SPLIT_MAX_QUERY and not tensor_core_dot(cc) and switch("prefill_sdpa")
 
 
+def prefill_sdpa_workspace(max_seq_len: int, max_query_len: int, q_heads: int, kv_heads: int, head_dim: int,
+                           elem_bytes: int, cache_elem_bytes: int) -> int:
+    """Bytes the SDPA path holds at once beyond its launch's output, at most (the runner's memory profile reserves
+    them, ``onecard plan`` counts them): one sequence's gathered K and V (in the cache's element size, and in the
+    model's too where they differ: the fp8 conversion) and two copies of its chunk's output (SDPA's, then the one
+    put back in token order)."""
+    kv = 2 * max_seq_len * kv_heads * head_dim * (elem_bytes + (cache_elem_bytes if cache_elem_bytes != elem_bytes
+                                                                else 0))
+    return kv + 2 * max_query_len * q_heads * head_dim * elem_bytes
+
+
 # The knobs of a decode-only attention launch that ``set_decode_attention_override`` may replace (benchmarks,
 # tests; bench/attn_sweep.py sweeps them): DecodeAttention's fields.
 DECODE_ATTN_KNOBS = ("segments", "min_seg_tiles", "block_n", "num_warps", "num_stages", "reduce_block_s",
@@ -807,6 +818,7 @@ __all__ = [
     "next_pow2",
     "per_expert_moe",
     "prefill_sdpa",
+    "prefill_sdpa_workspace",
     "real_capability",
     "set_decode_attention_override",
     "set_emulated_capability",

@@ -187,7 +187,7 @@ class ModelRunner:
     def _attention_reserve(self) -> int:
         """Bytes the prefill attention on SDPA (below sm80: paths.prefill_sdpa) may hold beyond what the profile's
         short sequences showed: a max_model_len sequence's gathered K and V and a full chunk's output copies
-        (attention/sdpa.workspace_bytes); 0 where the Triton kernel takes every chunk."""
+        (paths.prefill_sdpa_workspace); 0 where the Triton kernel takes every chunk."""
         from onecard.kernels import paths
         from onecard.kernels.attention import sdpa
 
@@ -197,8 +197,8 @@ class ModelRunner:
             return 0
         sched = self.config.scheduler
         hq = int(self.config.model.hf_config["num_attention_heads"])
-        return sdpa.workspace_bytes(sched.max_model_len, sched.max_num_batched_tokens, hq, self.num_kv_heads,
-                                    self.head_dim, self.dtype, self.kv_torch_dtype)
+        return paths.prefill_sdpa_workspace(sched.max_model_len, sched.max_num_batched_tokens, hq, self.num_kv_heads,
+                                            self.head_dim, self.dtype.itemsize, self.kv_torch_dtype.itemsize)
 
     @torch.inference_mode()
     def profile_forward(self, tokens: int, seqs: int, layer_ids: list[int] | None = None) -> None:

@@ -2,7 +2,7 @@
 emulated (paths.set_emulated_capability(70)), at the served shapes:
   * the prefill attention on SDPA's memory-efficient kernel (attention/sdpa.py; 32 query / 4 KV heads, D 128,
     fp16, 16-token blocks): against the float32 reference alone and inside the Triton wrapper (a chunk beside
-    decodes the kernel keeps), over fp16 and fp8_e5m2 caches, with its extra memory within sdpa.workspace_bytes;
+    decodes the kernel keeps), over fp16 and fp8_e5m2 caches, with its extra memory within paths.prefill_sdpa_workspace;
   * the decode MoE's compacted row step (fused_moe/stages.py ROWS, paths.decode_rows; H 2048, I 768, 128
     experts, top 8, g128): against the reference at T = 2, 9, 16 and with every token on the same experts, and
     the 16-row dot it replaces (switch off) too;
@@ -72,7 +72,7 @@ def test_sdpa_efficient_kernel_matches_reference(lens, cache_dtype):
     finally:
         paths.set_emulated_capability(None, clear=True)
     assert _rel(alone, want) < 1e-2 and _rel(split, want) < 1e-2
-    bound = sdpa.workspace_bytes(max(seq_lens), max(q_lens), 32, 4, 128, torch.float16, kc.dtype)
+    bound = paths.prefill_sdpa_workspace(max(seq_lens), max(q_lens), 32, 4, 128, 2, kc.dtype.itemsize)
     assert extra <= bound + (4 << 20), (extra, bound)                       # + the kernel half's small buffers
 
 

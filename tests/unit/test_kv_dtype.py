@@ -12,6 +12,7 @@ import pytest
 
 from onecard import kv_dtype
 from onecard.config import ConfigError, EngineArgs
+from onecard.kernels import paths
 from onecard.plan import AGENT_CONTEXT, PlanSettings, find_gpu, plan_from_meta
 from tests.unit._sparse_ckpt import qwen3_coder_30b
 
@@ -70,8 +71,13 @@ def test_plan_v100_fp8_e5m2_twice_the_tokens(coder_meta):
     fp16, fp8 = _plan(coder_meta, "V100-32GB", "auto"), _plan(coder_meta, "V100-32GB", "fp8_e5m2")
     assert fp8.ok and fp16.ok and fp8.kv_cache_dtype == "fp8_e5m2"
     assert fp8.kv_bytes_per_token * 2 == fp16.kv_bytes_per_token == 98_304
-    assert fp8.kv_capacity_bytes == fp16.kv_capacity_bytes
-    assert fp8.kv_capacity_tokens in (2 * fp16.kv_capacity_tokens, 2 * fp16.kv_capacity_tokens + 16)
+    # the same budget, less the fp8 bytes the prefill attention gathers before converting them (below sm80 it runs
+    # SDPA over a sequence's K and V in fp16: paths.prefill_sdpa_workspace), so twice the tokens less those bytes'
+    gather_fp8 = (paths.prefill_sdpa_workspace(65536, 0, 0, 4, 128, 2, 1)
+                  - paths.prefill_sdpa_workspace(65536, 0, 0, 4, 128, 2, 2))
+    assert gather_fp8 == 2 * 65536 * 4 * 128
+    assert fp16.kv_capacity_bytes - fp8.kv_capacity_bytes == gather_fp8
+    assert 0 <= 2 * fp16.kv_capacity_tokens - fp8.kv_capacity_tokens <= gather_fp8 // fp8.kv_bytes_per_token + 16
     assert fp8.max_concurrent_at_max_len >= 2 * fp16.max_concurrent_at_max_len
     blocks_32k = math.ceil(AGENT_CONTEXT / 16)
     assert fp8.agent_context == AGENT_CONTEXT

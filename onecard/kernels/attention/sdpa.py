@@ -13,7 +13,7 @@ G = Hq / Hkv query heads of a KV head (GQA as a broadcast, no copy: SDPA's own G
 memory-efficient kernel); a lower-right causal bias (query j sits at position L - n + j). On CUDA only the
 memory-efficient backend may run (a V100 has no flash attention; an emulated-sm70 run on a newer card then takes
 the same kernel family), and ``available`` probes it once at start-up: where it is missing the Triton kernel keeps
-every sequence. Memory: the gathered K and V of one sequence at a time (``workspace_bytes``).
+every sequence. Memory: the gathered K and V of one sequence at a time (paths.prefill_sdpa_workspace).
 """
 from __future__ import annotations
 
@@ -38,16 +38,6 @@ def long_sequences(md: AttentionMetadata, cc: int) -> list[int]:
         return []
     qsl = md.host_query_start_loc
     return [i for i in range(md.num_seqs) if paths.prefill_sdpa(int(qsl[i + 1] - qsl[i]), cc)]
-
-
-def workspace_bytes(max_seq_len: int, max_query_len: int, q_heads: int, kv_heads: int, head_dim: int,
-                    dtype: torch.dtype, cache_dtype: torch.dtype) -> int:
-    """Bytes this path holds at once beyond the launch's output, at most: one sequence's gathered K and V (in the
-    cache's dtype, and in ``dtype`` too where they differ: the fp8 conversion) and two copies of its chunk's
-    output (SDPA's, then the one put back in token order)."""
-    kv = 2 * max_seq_len * kv_heads * head_dim * (dtype.itemsize + (cache_dtype.itemsize if cache_dtype != dtype
-                                                                    else 0))
-    return kv + 2 * max_query_len * q_heads * head_dim * dtype.itemsize
 
 
 def _gather(cache: torch.Tensor, block_row: torch.Tensor, seq_len: int, dtype: torch.dtype) -> torch.Tensor:

@@ -62,7 +62,7 @@ MOE_INT = (2, 3, 4)
 # MOE_G128 cases at T > 1 under the emulated sm70, where the decode MoE takes the compacted row step instead of the
 # 16-row dot (switch "pre_ampere_decode_rows"; stages._rows_program: rows 2 at a time): as drawn; "skew": the
 # logits favour k experts by far, so that every token picks them and each has T rows (ceil(T / 2) passes); "act":
-# with silu(gate) * up as a launch of its own (stage 2 loads its rows)
+# with switch "decode_moe_act_launch" on too (the row step's stage 2 loads the silu launch's rows either way)
 MOE_ROWS = (2, 3, 4)
 # (T, H, I, E, top_k, renormalize, residual?): the batch-1 block (one chunk of H per program; H not a multiple
 # of E; no residual; E not a power of two) on its two-launch expert stages (switch "batch1_moe_slices" off: the

@@ -91,9 +91,9 @@ def _moe_decode_kernel(x_ptr, a_ptr, out_ptr, qa_ptr, za_ptr, sa_ptr, ga_ptr, qb
     INT_DOT (T > 1, fp16, one group per K tile; paths.int_dot): int4.int_dot_tile, the weights entering
     the dot as their exact n - z and the group's scale multiplying each tile's fp32 sum; stage 2 then loads the
     silu launch's rows (PRE_ACT).
-    ROWS (T > 1, int4 weights with one group per K tile; paths.decode_rows, below sm80): no dot; the tokens routed to
-    the expert compacted, ROWS per pass over the program's K tiles, each tile the GEMV's step on ROWS rows
-    (_rows_program).
+    ROWS (T > 1, int4 weights with one group per K tile; paths.decode_rows, below sm80; stage 2 with PRE_ACT): no
+    dot; the tokens routed to the expert compacted, ROWS per pass over the program's K tiles, each tile the GEMV's
+    step on ROWS rows (_rows_program).
     active_ptr[slot] = expert + 1 (0: no expert in this slot, the program does nothing).
     PDL: stage 1 reads the routing the kernel just before wrote, so it waits first. Stage 2's routing is two
     kernels old (complete before any stage-2 program can start, see triton_common), so it reads the routing
@@ -144,7 +144,7 @@ def _moe_decode_kernel(x_ptr, a_ptr, out_ptr, qa_ptr, za_ptr, sa_ptr, ga_ptr, qb
     t_end = tl.minimum(t_begin + tiles_per_split, tl.cdiv(k8, BLOCK_K8))
     if ROWS > 0:
         _rows_program(x_ptr, a_ptr, out_ptr, q_ptr, s_ptr, z_ptr, topk_w_ptr, live, offs_t, tok_mask, pair, offs_r,
-                      offs_n, n_mask, z_shift, t_begin, t_end, k8, K, N, mat, group_size, num_groups, stride_a,
+                      offs_n, n_mask, z_shift, t_begin, t_end, k8, N, mat, group_size, num_groups, stride_a,
                       stride_out, BLOCK_K8, BLOCK_N, STAGE, PRE_ACT, PDL, ROWS)
     else:
         if BLOCK_T == 1:
@@ -201,7 +201,7 @@ def _moe_decode_kernel(x_ptr, a_ptr, out_ptr, qa_ptr, za_ptr, sa_ptr, ga_ptr, qb
 
 @triton.jit
 def _rows_program(x_ptr, a_ptr, out_ptr, q_ptr, s_ptr, z_ptr, topk_w_ptr, live, offs_t, tok_mask, pair, offs_r, offs_n,
-                  n_mask, z_shift, t_begin, t_end, k8, K, N, mat, group_size, num_groups, stride_a, stride_out,
+                  n_mask, z_shift, t_begin, t_end, k8, N, mat, group_size, num_groups, stride_a, stride_out,
                   BLOCK_K8: tl.constexpr, BLOCK_N: tl.constexpr, STAGE: tl.constexpr, PRE_ACT: tl.constexpr,
                   PDL: tl.constexpr, ROWS: tl.constexpr):
     """A ROWS program of _moe_decode_kernel (T > 1, int4 weights, one group per K tile): the tokens routed to its
@@ -209,6 +209,7 @@ def _rows_program(x_ptr, a_ptr, out_ptr, q_ptr, s_ptr, z_ptr, topk_w_ptr, live, 
     step on its two rows (int4.gemv2_tile_mac: two [BK8, BN] accumulators of the GEMV's layout, no 3-D tile) and
     adds each row's [BN] sums as the dot path does."""
     tl.static_assert(ROWS == 2, "the row step is written for two rows a pass")
+    tl.static_assert(STAGE == 1 or PRE_ACT, "the row step's stage 2 loads the silu launch's rows")
     if STAGE == 2:
         pdl_enter(PDL)
     if live:
@@ -222,10 +223,10 @@ def _rows_program(x_ptr, a_ptr, out_ptr, q_ptr, s_ptr, z_ptr, topk_w_ptr, live, 
             tok1 = tl.sum(tl.where(sel1, offs_t, 0), axis=0).to(tl.int64)
             pair0 = tl.sum(tl.where(sel0, pair, 0), axis=0).to(tl.int64)
             pair1 = tl.sum(tl.where(sel1, pair, 0), axis=0).to(tl.int64)
-            if STAGE == 1:                                                # the rows the inputs come from
-                row0, row1 = tok0, tok1
-            else:
-                row0, row1 = pair0, pair1
+            if STAGE == 1:                                                # x's rows by token
+                in0, in1 = x_ptr + tok0 * stride_a, x_ptr + tok1 * stride_a
+            else:                                                         # the silu launch's rows by pair
+                in0, in1 = a_ptr + pair0 * stride_a, a_ptr + pair1 * stride_a
             acc0 = tl.zeros((BLOCK_K8, BLOCK_N), dtype=tl.float32)       # row sums deferred past the loop
             acc1 = tl.zeros((BLOCK_K8, BLOCK_N), dtype=tl.float32)
             for it in range(t_begin, t_end):
@@ -233,15 +234,7 @@ def _rows_program(x_ptr, a_ptr, out_ptr, q_ptr, s_ptr, z_ptr, topk_w_ptr, live, 
                                                 z_shift, k8, N, group_size, num_groups, BLOCK_K8, BLOCK_N, False)
                 r = it * BLOCK_K8 + offs_r                                # [BK8] packed rows
                 r_mask = r < k8
-                if STAGE == 1:                                            # x's rows
-                    acc0, acc1 = gemv2_tile_mac(acc0, acc1, q, s_u, z_u, x_ptr + row0 * stride_a,
-                                                x_ptr + row1 * stride_a, r, r_mask, r_mask & ok1, row_input)
-                elif PRE_ACT:                                             # the silu launch's rows
-                    acc0, acc1 = gemv2_tile_mac(acc0, acc1, q, s_u, z_u, a_ptr + row0 * stride_a,
-                                                a_ptr + row1 * stride_a, r, r_mask, r_mask & ok1, row_input)
-                else:                                                     # silu(gate) * up from the gu sums
-                    acc0, acc1 = gemv2_tile_mac(acc0, acc1, q, s_u, z_u, (a_ptr, row0, stride_a, K),
-                                                (a_ptr, row1, stride_a, K), r, r_mask, r_mask & ok1, _gated_input)
+                acc0, acc1 = gemv2_tile_mac(acc0, acc1, q, s_u, z_u, in0, in1, r, r_mask, r_mask & ok1, row_input)
             res0 = tl.sum(acc0, axis=0)                                   # [BN]
             res1 = tl.sum(acc1, axis=0)
             if STAGE == 1:

@@ -228,7 +228,7 @@ def activation_bytes(meta: CheckpointMeta, tokens: int, seqs: int, act_bytes: in
         per_expert = max((t.shape[-2] * 8 * t.shape[-1] for t in meta.tensors.values()
                           if t.name.endswith(".qweight") and ".experts." in t.name), default=0)
         out["expert_dequant_scratch"] = experts * per_expert * act_bytes
-    if cci is not None and max_model_len and paths.prefill_sdpa(paths.SPLIT_MAX_QUERY + 1, cci):
+    if cci is not None and max_model_len and paths.prefill_sdpa_on(cci):
         out["prefill_attention_sdpa"] = paths.prefill_sdpa_workspace(max_model_len, tokens, heads, kv_heads, d,
                                                                      act_bytes, kv_bytes or act_bytes)
     out["fixed_overhead"] = FIXED_OVERHEAD

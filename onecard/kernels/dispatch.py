@@ -124,7 +124,7 @@ def init_paths(device: torch.device) -> dict[str, object]:
     out: dict[str, object] = {"capability": cc, "real_capability": paths.real_capability(device),
                               "emulated": paths.emulated_capability() is not None}
     out["grouped_gemm_dtypes"] = sorted(grouped.supported_dtypes(device)) if not grouped.per_expert(device) else []
-    if paths.prefill_sdpa(paths.SPLIT_MAX_QUERY + 1, cc):                # below sm80: SDPA's kernel probed
+    if paths.prefill_sdpa_on(cc):                                        # below sm80: SDPA's kernel probed
         from onecard.kernels.attention import sdpa
 
         out["prefill_attention_sdpa"] = sdpa.available(device)

@@ -554,6 +554,11 @@ def prefill_sdpa(query_len: int, cc: int) -> bool:
     return query_len > SPLIT_MAX_QUERY and not tensor_core_dot(cc) and switch("prefill_sdpa")
 
 
+def prefill_sdpa_on(cc: int) -> bool:
+    """Does capability ``cc`` send any prefill chunk to SDPA (the start-up probe, the memory reserve, the plan)?"""
+    return prefill_sdpa(SPLIT_MAX_QUERY + 1, cc)
+
+
 def prefill_sdpa_workspace(max_seq_len: int, max_query_len: int, q_heads: int, kv_heads: int, head_dim: int,
                            elem_bytes: int, cache_elem_bytes: int) -> int:
     """Bytes the SDPA path holds at once beyond its launch's output, at most (the runner's memory profile reserves
@@ -784,7 +789,7 @@ def describe(cc: int | None, quantized: bool) -> dict[str, str]:
         moe = (f"prefill (>= {GROUPED_MIN_TOKENS} tokens): dequantize + PyTorch grouped GEMM in {gd}; "
                f"smaller batches: triton fused MoE (tl.dot tensor cores)")
     attention = f"triton paged attention ({dot}){pdl}"
-    if prefill_sdpa(SPLIT_MAX_QUERY + 1, cc):
+    if prefill_sdpa_on(cc):
         attention += (f"; prefill chunks of > {SPLIT_MAX_QUERY} tokens: PyTorch SDPA, memory-efficient kernel "
                       "(tensor cores)")
     return {"attention": attention, "dense_gemm": dense, "moe": moe,
@@ -818,6 +823,7 @@ __all__ = [
     "next_pow2",
     "per_expert_moe",
     "prefill_sdpa",
+    "prefill_sdpa_on",
     "prefill_sdpa_workspace",
     "real_capability",
     "set_decode_attention_override",

@@ -192,7 +192,7 @@ class ModelRunner:
         from onecard.kernels.attention import sdpa
 
         if (dispatch.backend_for(self.device) != "triton"
-                or not paths.prefill_sdpa(paths.SPLIT_MAX_QUERY + 1, paths.capability(self.device))
+                or not paths.prefill_sdpa_on(paths.capability(self.device))
                 or not sdpa.available(self.device, self.head_dim)):
             return 0
         sched = self.config.scheduler

@@ -355,11 +355,11 @@ def aot_configs() -> list[AotConfig]:
                         rx = dict(cx, ACCUM=True, ROUTER=True, BLOCK_RE=4, BLOCK_R=256)
                         out.append(AotConfig(_w4a16_small_kernel, signature(dict(args, out_ptr="*fp32"), rx), rx,
                                              warps, stages, min_cc, f"w4a16[{name},accum,router,{act}]"))
-                    if name != "gemv" and not per_row and act == "fp16":      # the row step (paths.dense_rows)
-                        rx = dict(cx, ROWS=paths.DECODE_ROWS_PRE_AMPERE)
+                    if name != "gemv" and not per_row and act == "fp16":
+                        rx = dict(cx, ROWS=paths.DECODE_ROWS_PRE_AMPERE)          # the row step (paths.dense_rows)
                         out.append(AotConfig(_w4a16_small_kernel, signature(args, rx), rx, warps, stages, min_cc,
                                              f"w4a16[{name},rows,{act}]"))
-                    if name != "gemv" and not per_row and act == "fp16":      # the exact-integer dot
+                        # the exact-integer dot
                         out.append(AotConfig(_w4a16_small_kernel, signature(args, dict(cx, INT_DOT=True)),
                                              dict(cx, INT_DOT=True), warps, stages, max(min_cc, 80),
                                              f"w4a16[{name},int_dot,{act}]"))

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from onecard import LLM, SamplingParams
 from tests.engine.pre_ampere_run import SCENARIOS
 
@@ -20,6 +22,7 @@ CODER = ROOT / "onecard" / "data" / "onecard-tiny-coder"
 MARGIN = 0.05                     # logprob gap top-1 vs top-2 below which a token may flip between backends
 
 
+@pytest.mark.interpret
 def test_tiny_coder_under_emulated_sm70_matches_reference():
     env = dict(os.environ, TRITON_INTERPRET="1", ONECARD_KERNEL_BACKEND="triton", ONECARD_EMULATE_CC="70",
                PYTHONPATH=str(ROOT))

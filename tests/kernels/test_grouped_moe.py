@@ -26,17 +26,19 @@ SCRIPT = textwrap.dedent("""
         wu, _ = random_gptq(H, I, 32, experts=E, seed=seed + 2, desc_act=desc_act)
         wd, _ = random_gptq(I, H, 32, experts=E, seed=seed + 3, desc_act=desc_act)
         x = torch.randn(T, H) * 0.3
-        lg = torch.randn(T, E)
-        want = ref.fused_moe(x, lg, wg, wu, wd, k, True)
         wf = [torch.randn(E, H, I) * 0.1, torch.randn(E, H, I) * 0.1, torch.randn(E, I, H) * 0.1]
-        want_f = ref.fused_moe(x, lg, *wf, k, False)
-        for loop in (False, True):      # PyTorch's grouped GEMM / one GEMM per expert (below sm80)
-            got = grouped.fused_moe(x, lg, wg, wu, wd, k, True, per_expert_gemm=loop)
-            err = ((got - want).norm() / want.norm()).item()
-            print(seed, desc_act, loop, err)
-            assert err < 1e-4, (seed, desc_act, loop, err)
-            got = grouped.fused_moe(x, lg, *wf, k, False, per_expert_gemm=loop)
-            assert ((got - want_f).norm() / want_f.norm()).item() < 1e-4, (seed, desc_act, loop)
+        lg = torch.randn(T, E)
+        skew = lg - 100 * (torch.arange(E) >= E // 2)           # experts E/2.. get no rows: empty runs
+        for lgs in (lg, skew):
+            want = ref.fused_moe(x, lgs, wg, wu, wd, k, True)
+            want_f = ref.fused_moe(x, lgs, *wf, k, False)
+            for loop in (False, True):      # PyTorch's grouped GEMM / one GEMM per expert (below sm80)
+                got = grouped.fused_moe(x, lgs, wg, wu, wd, k, True, per_expert_gemm=loop)
+                err = ((got - want).norm() / want.norm()).item()
+                print(seed, desc_act, loop, err)
+                assert err < 1e-4, (seed, desc_act, loop, err)
+                got = grouped.fused_moe(x, lgs, *wf, k, False, per_expert_gemm=loop)
+                assert ((got - want_f).norm() / want_f.norm()).item() < 1e-4, (seed, desc_act, loop)
     print("ok")
 """)
 

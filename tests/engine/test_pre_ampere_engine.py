@@ -1,7 +1,7 @@
 """The pre-sm80 paths end to end on the CPU: the bundled tiny coder (g128 GPTQ MoE, fp16) through the real engine on
 the Triton kernels under the interpreter with the capability emulated as sm70 (ONECARD_EMULATE_CC=70), so that
-its prompts' attention takes SDPA (paths.prefill_sdpa: whole prompts, and a chunk over its cached prefix in
-the same launch as another prompt's short chunk on the kernel) and its batch-2 decode steps the MoE's and the
+a prompt's attention takes SDPA (paths.prefill_sdpa: its first chunk, and its second over the cached prefix in
+the same launch as another prompt's short chunk on the kernel) and its batch-2 decode step the MoE's and the
 skinny GEMM's row steps (paths.decode_rows / dense_rows): the greedy tokens must equal the reference backend's,
 where the reference's top-2 margin leaves no room for a rounding to flip them, and each path must have run."""
 from __future__ import annotations
@@ -35,8 +35,8 @@ def test_tiny_coder_under_emulated_sm70_matches_reference():
     assert seen["sdpa_sequences"] >= 2 * 4 and seen["sdpa_over_prefix"] >= 4 and seen["split_launches"] >= 4, seen
     assert seen["moe_rows"] > 0 and seen["dense_rows"] > 0, seen
     llm = LLM(str(CODER), device="cpu", max_model_len=256)                  # the reference backend (CPU default)
-    outs = [o for prompts, _ in SCENARIOS
-            for o in llm.generate(prompts, SamplingParams(max_tokens=4, temperature=0, logprobs=2))]
+    outs = [o for prompts, _, max_tokens in SCENARIOS
+            for o in llm.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0, logprobs=2))]
     compared = 0
     for want, out in zip([t for scenario in got["tokens"] for t in scenario], outs, strict=True):
         ref = list(out.outputs[0].token_ids)
@@ -47,4 +47,4 @@ def test_tiny_coder_under_emulated_sm70_matches_reference():
                 break
         assert want == ref, (want, ref)
         compared += len(ref)
-    assert compared >= 4, compared                      # (today: all 8 tokens; the closest margin 0.059)
+    assert compared >= 3, compared                      # (today: all 4 tokens; the closest margin 0.075)

@@ -344,6 +344,52 @@ def sass_markdown(bs: int = 16) -> tuple[str, dict]:
     return "\n".join(out), res
 
 
+PREFILL_MOE_TOKENS = (64, 128, 192, 256, 320, 384, 448, 512, 768, 1024)
+HOST_LOW_S = 5e-6                                     # the per-expert loop's launch at half HOST_MATMUL_S
+
+
+def expected_blocks(tokens: int, rows: int = 16) -> float:
+    """E[sum over experts of ceil(n_e / rows)], n_e ~ Binomial(tokens, TOPK / E) (uniform routing)."""
+    p = TOPK / E
+    pmf, total = (1 - p) ** tokens, 0.0
+    for n in range(1, tokens + 1):
+        pmf *= (tokens - n + 1) / n * p / (1 - p)
+        total += -(-n // rows) * pmf
+    return E * total
+
+
+def prefill_moe_markdown() -> tuple[str, dict]:
+    """The prefill MoE of one layer below sm80 at PREFILL_MOE_TOKENS tokens, on its two paths: sorted16 (the
+    Triton kernel's FMA dot, 16-row blocks of each expert's pairs: its sm70 SASS through the pipe model, per block)
+    against the per-expert path (all experts dequantized: bytes; one cuBLAS GEMM per active expert and projection:
+    tensor-core FLOPs or host launches at HOST_MATMUL_S / HOST_LOW_S, whichever is longer). The parts both share
+    (routing, the top-k sum) are left out. -> (a markdown table, the figures)."""
+    from onecard.kernels.fused_moe.triton import _CONFIGS
+
+    bm, bn1, bn2, bk8, warps, _ = _CONFIGS["sorted16"]
+    gate = loop_seconds("fused_moe", "moe[sorted16,gated=True,float=False,fp16]", H * I, (bk8, bn1, warps), 1)
+    down = loop_seconds("fused_moe", "moe[sorted16,gated=False,float=False,fp16]", I * H, (bk8, bn2, warps), 1)
+    per_block = gate["us"] + down["us"]
+    dequant = (3 * E * gptq_bytes(H, I) + 3 * E * H * I * 2) / V100["bw"] * 1e6
+    head = ("| tokens | shipped (paths.choose_moe, sm70) | sorted16 blocks | sorted16 µs | per-expert µs, "
+            f"host {HOST_MATMUL_S * 1e6:.0f} µs a GEMM | per-expert µs, host {HOST_LOW_S * 1e6:.0f} µs |")
+    res, out = {}, [head, "| ---: | --- | ---: | ---: | ---: | ---: |"]
+    for t in PREFILL_MOE_TOKENS:
+        blocks = expected_blocks(t, bm)
+        active = E * (1 - (1 - TOPK / E) ** t)
+        tc = t * TOPK * (gemm(1, H, 2 * I) + gemm(1, I, H)) / V100["tc"] * 1e6
+        r = {"path": paths.choose_moe(t, 70, grouped_dtypes=()), "blocks": blocks, "sorted16_us": blocks * per_block,
+             "per_expert_us": dequant + max(tc, 3 * active * HOST_MATMUL_S * 1e6),
+             "per_expert_low_host_us": dequant + max(tc, 3 * active * HOST_LOW_S * 1e6)}
+        res[t] = r
+        out.append(f"| {t:,} | {r['path']} | {blocks:.0f} | {r['sorted16_us']:,.0f} | {r['per_expert_us']:,.0f} | "
+                   f"{r['per_expert_low_host_us']:,.0f} |")
+    res["per_block_us"], res["dequant_us"] = per_block, dequant
+    res["sass"] = {st["config"]: {"loop_instructions": st["loop_instructions"], "cycles": st["cycles"]}
+                   for st in (gate, down)}
+    return "\n".join(out), res
+
+
 BATCHES = (1, 2, 4, 8, 16)
 
 
@@ -389,6 +435,11 @@ def main(out: str | None = None) -> dict:
           "dots**\n")
     print(table_, "\n")
     print(markdown("Prefill, one 4,096-token prompt", res["prefill4096"]), "\n")
+    table_, res["prefill_moe_paths"] = prefill_moe_markdown()
+    print("**The prefill MoE below sm80, one layer: sorted16 (FMA dot, its sm70 SASS) against the per-expert path "
+          f"(dequantize all experts: {res['prefill_moe_paths']['dequant_us']:,.0f} µs of bytes; then cuBLAS, bound "
+          "by tensor-core FLOPs or by the host's launches)**\n")
+    print(table_, "\n")
     print("**Split-KV launches of the decode graph (policy fill, bound 65,536; derived from kernels/paths.py)**\n")
     print(split_markdown(), "\n")
     print("**Decode at long contexts on a V100 (derived; the attention rows at 750 GB/s, no measured time)**\n")

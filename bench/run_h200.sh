@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU facts, kernel checks, tiny-checkpoint engine checks, the full-size benchmark.
 # Usage (repo root, on the H200): OUT=/some/dir bash bench/run_h200.sh [parts...]
-# parts: next15 removaltests kvl2 kvpf kvpftests preamperetests half2tests slicestests slicestrace3 switchab ab resttests specverify apimem probe kernels checks full asyncab kvdtype capab capbisect hosttier loadab nopdl pdl16 emu70 longctx attnsweep gputests startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
+# parts: next15 removaltests moehost kvl2 kvpf kvpftests preamperetests half2tests slicestests slicestrace3 switchab ab resttests specverify apimem probe kernels checks full asyncab kvdtype capab capbisect hosttier loadab nopdl pdl16 emu70 longctx attnsweep gputests startup serve rss overhead hf floor profile tune diag   (default: probe kernels checks full floor)
 #   emu70: the full-size bench with every kernel-path decision on sm70's branch (ONECARD_EMULATE_CC=70): run it
 #          beside `full` in one call for the relative figure (a functional check, not a V100 timing)
 #   specverify: issue 30: verify-step latency vs tokens per sequence (1..9) at batch 1 and 16 (the cost model's
@@ -111,6 +111,9 @@ for p in $parts; do
           [ -d /tmp/q30 ] || timeout 240 python3 bench/full_size.py build /tmp/q30 > /dev/null
           timeout 500 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_pre_ampere_gpu.py \
             tests/gpu/test_emulation_gpu.py 2>&1 | tail -8 ;;
+    moehost) log moehost  # the per-expert prefill MoE's host cost (~1 min): µs a GEMM of its loop (and of PyTorch's
+          # _grouped_mm fallback) and host vs wall time at 256 / 512 / 4,096 tokens: the V100 estimate's assumption
+          timeout 240 python3 bench/prefill_moe_host.py "$OUT/prefill_moe_host.json" ;;
     kvl2) log kvl2  # issue 25 item 3, a probe (~1 min): one layer's batch-1 decode attention at 32k and 64k after an
           # L2 flush, with the first 25/40/60% of its KV read into L2 first (evict_last or not, with a layer's other
           # weights streamed between or not): would prefetching the next layer's KV during the MoE pay?

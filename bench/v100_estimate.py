@@ -125,12 +125,19 @@ def loop_cycles(mix: dict[str, int]) -> int:
     return max(sum(mix.values()), 2 * fp, 2 * alu)
 
 
-def expected_passes(bs: int, rows: int) -> float:
-    """E[ceil(n / rows) | n >= 1] for an expert's n tokens, n ~ Binomial(bs, TOPK / E) (uniform routing)."""
-    from math import comb
-
+def routed_pmf(tokens: int) -> list[float]:
+    """P(n) for an expert's n of ``tokens`` tokens, n ~ Binomial(tokens, TOPK / E) (uniform routing); by the
+    ratio of successive terms, so that thousands of tokens do not overflow."""
     p = TOPK / E
-    pmf = [comb(bs, n) * p ** n * (1 - p) ** (bs - n) for n in range(bs + 1)]
+    pmf = [(1 - p) ** tokens]
+    for n in range(1, tokens + 1):
+        pmf.append(pmf[-1] * (tokens - n + 1) / n * p / (1 - p))
+    return pmf
+
+
+def expected_passes(bs: int, rows: int) -> float:
+    """E[ceil(n / rows) | n >= 1] for an expert's n tokens of ``bs`` (routed_pmf)."""
+    pmf = routed_pmf(bs)
     return sum(-(-n // rows) * pmf[n] for n in range(1, bs + 1)) / (1 - pmf[0])
 
 
@@ -348,16 +355,6 @@ PREFILL_MOE_TOKENS = (64, 128, 192, 256, 320, 384, 448, 512, 768, 1024)
 HOST_LOW_S = 5e-6                                     # the per-expert loop's launch at half HOST_MATMUL_S
 
 
-def expected_blocks(tokens: int, rows: int = 16) -> float:
-    """E[sum over experts of ceil(n_e / rows)], n_e ~ Binomial(tokens, TOPK / E) (uniform routing)."""
-    p = TOPK / E
-    pmf, total = (1 - p) ** tokens, 0.0
-    for n in range(1, tokens + 1):
-        pmf *= (tokens - n + 1) / n * p / (1 - p)
-        total += -(-n // rows) * pmf
-    return E * total
-
-
 def prefill_moe_markdown() -> tuple[str, dict]:
     """The prefill MoE of one layer below sm80 at PREFILL_MOE_TOKENS tokens, on its two paths: sorted16 (the
     Triton kernel's FMA dot, 16-row blocks of each expert's pairs: its sm70 SASS through the pipe model, per block)
@@ -375,8 +372,8 @@ def prefill_moe_markdown() -> tuple[str, dict]:
             f"host {HOST_MATMUL_S * 1e6:.0f} µs a GEMM | per-expert µs, host {HOST_LOW_S * 1e6:.0f} µs |")
     res, out = {}, [head, "| ---: | --- | ---: | ---: | ---: | ---: |"]
     for t in PREFILL_MOE_TOKENS:
-        blocks = expected_blocks(t, bm)
-        active = E * (1 - (1 - TOPK / E) ** t)
+        active = E * (1 - routed_pmf(t)[0])                             # experts with tokens
+        blocks = active * expected_passes(t, bm)                        # their 16-row blocks
         tc = t * TOPK * (gemm(1, H, 2 * I) + gemm(1, I, H)) / V100["tc"] * 1e6
         r = {"path": paths.choose_moe(t, 70, grouped_dtypes=()), "blocks": blocks, "sorted16_us": blocks * per_block,
              "per_expert_us": dequant + max(tc, 3 * active * HOST_MATMUL_S * 1e6),

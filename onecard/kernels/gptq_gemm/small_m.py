@@ -214,12 +214,10 @@ def _small_rows(x_ptr, qw_ptr, qz_ptr, sc_ptr, bias_ptr, out_ptr, part_ptr, M, N
         tl.atomic_add(part_ptr + m0 * N + offs_n, res0, mask=n_mask, sem="relaxed")
         tl.atomic_add(part_ptr + (m0 + 1) * N + offs_n, res1, mask=n_mask & ok1, sem="relaxed")
     else:
-        if has_bias != 0:
-            b = tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-            res0 += b
-            res1 += b
-        tl.store(out_ptr + m0 * N + offs_n, res0.to(out_ptr.dtype.element_ty), mask=n_mask)
-        tl.store(out_ptr + (m0 + 1) * N + offs_n, res1.to(out_ptr.dtype.element_ty), mask=n_mask & ok1)
+        _store_out(out_ptr, (m0 * N + offs_n)[None, :], n_mask[None, :], res0[None, :], bias_ptr, offs_n, n_mask,
+                   has_bias)
+        _store_out(out_ptr, ((m0 + 1) * N + offs_n)[None, :], (n_mask & ok1)[None, :], res1[None, :], bias_ptr,
+                   offs_n, n_mask, has_bias)
 
 
 @triton.jit
